@@ -1,0 +1,110 @@
+"""PolyGateway: a governed asyncio gateway for model calls.
+
+    client = GatewayClient.from_env()
+    resp = await client.chat(messages)
+
+Types, errors and ports import eagerly (they are light); the client and its implementations are
+imported on first use so that ``import polygateway`` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from polygateway.errors import (
+    AllSourcesExhausted,
+    CircuitOpenError,
+    ConfigError,
+    GovernanceBackendError,
+    PluginError,
+    PolyGatewayError,
+    RequestRejectedError,
+    ResultInvalidError,
+    ScopeUnavailableError,
+    SourceDeadError,
+    StreamLivenessTimeout,
+    TransientError,
+)
+from polygateway.hookspecs import hookimpl
+from polygateway.settings import (
+    BackpressureSettings,
+    BreakerSettings,
+    GatewaySettings,
+    Limits,
+    RetrySettings,
+    ScopeSettings,
+    Secret,
+    SourceConfig,
+)
+from polygateway.types import (
+    ChatRequest,
+    EmbeddingResponse,
+    LLMResponse,
+    OcrElement,
+    OcrLayoutResult,
+    OcrTextResult,
+    TelemetryRecord,
+    TransportResult,
+    Usage,
+)
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from polygateway.client import GatewayClient, gather_bounded
+    from polygateway.telemetry.pricing import PricingTable
+
+_LAZY = {
+    "GatewayClient": "polygateway.client",
+    "gather_bounded": "polygateway.client",
+    "PricingTable": "polygateway.telemetry.pricing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'polygateway' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "AllSourcesExhausted",
+    "BackpressureSettings",
+    "BreakerSettings",
+    "ChatRequest",
+    "CircuitOpenError",
+    "ConfigError",
+    "EmbeddingResponse",
+    "GatewayClient",
+    "GatewaySettings",
+    "GovernanceBackendError",
+    "LLMResponse",
+    "Limits",
+    "OcrElement",
+    "OcrLayoutResult",
+    "OcrTextResult",
+    "PluginError",
+    "PolyGatewayError",
+    "PricingTable",
+    "RequestRejectedError",
+    "ResultInvalidError",
+    "RetrySettings",
+    "ScopeSettings",
+    "ScopeUnavailableError",
+    "Secret",
+    "SourceConfig",
+    "SourceDeadError",
+    "StreamLivenessTimeout",
+    "TelemetryRecord",
+    "TransientError",
+    "TransportResult",
+    "Usage",
+    "__version__",
+    "gather_bounded",
+    "hookimpl",
+]

@@ -1,0 +1,156 @@
+"""The core's own implementations, registered through the same hooks as any plugin.
+
+Imports are deferred into the factories so that ``import polygateway`` stays fast and a
+capability that is never assembled is never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from polygateway.hookspecs import hookimpl
+from polygateway.ports import BuildContext, Register
+from polygateway.settings import SourceConfig
+
+
+@hookimpl
+def pgw_register_transports(register: Register) -> None:
+    def openai_compat(source: SourceConfig) -> Any:
+        from polygateway.transports.openai_compat import OpenAICompatTransport
+
+        return OpenAICompatTransport(source)
+
+    register("openai-compat", openai_compat)
+
+
+@hookimpl
+def pgw_register_providers(register: Register) -> None:
+    from polygateway.providers import BUILTIN_PROFILES
+
+    for profile in BUILTIN_PROFILES:
+        register(profile.name, profile)
+
+
+@hookimpl
+def pgw_register_limiters(register: Register) -> None:
+    def memory(ctx: BuildContext) -> Any:
+        from polygateway.backends.memory.limiter import InMemoryLimiter
+
+        return InMemoryLimiter(
+            global_limits=ctx.settings.global_limits,
+            lease_ttl_s=ctx.settings.lease_ttl_s,
+            clock=ctx.clock,
+        )
+
+    register("memory", memory)
+
+
+@hookimpl
+def pgw_register_breakers(register: Register) -> None:
+    def memory(ctx: BuildContext) -> Any:
+        from polygateway.backends.memory.breaker import InMemoryGate
+
+        return InMemoryGate(
+            fail_threshold=ctx.settings.breaker.fail_threshold,
+            cooldown_s=ctx.settings.breaker.cooldown_s,
+            probe_ttl_s=ctx.settings.probe_ttl_s,
+            clock=ctx.clock,
+        )
+
+    register("memory", memory)
+
+
+@hookimpl
+def pgw_register_caches(register: Register) -> None:
+    def memory(ctx: BuildContext) -> Any:
+        from polygateway.backends.memory.cache import MemoryCache
+
+        return MemoryCache(clock=ctx.clock, max_entries=int(ctx.options.get("max_entries", 10000)))
+
+    register("memory", memory)
+
+
+@hookimpl
+def pgw_register_selectors(register: Register) -> None:
+    def round_robin(ctx: BuildContext) -> Any:
+        from polygateway.selectors import RoundRobinSelector
+
+        return RoundRobinSelector()
+
+    def least_inflight(ctx: BuildContext) -> Any:
+        from polygateway.selectors import LeastInflightSelector
+
+        return LeastInflightSelector()
+
+    register("round_robin", round_robin)
+    register("least_inflight", least_inflight)
+
+
+@hookimpl
+def pgw_register_structured(register: Register) -> None:
+    def auto(ctx: BuildContext) -> Any:
+        from polygateway.structured.native_schema import NativeSchemaStrategy
+
+        return NativeSchemaStrategy()
+
+    def json_repair(ctx: BuildContext) -> Any:
+        from polygateway.structured.json_repair import JsonRepairStrategy
+
+        return JsonRepairStrategy()
+
+    register("auto", auto)
+    register("native-schema", auto)
+    register("json-repair", json_repair)
+
+
+@hookimpl
+def pgw_register_pricing(register: Register) -> None:
+    def table(ctx: BuildContext) -> Any:
+        from polygateway.telemetry.pricing import PricingTable
+
+        path = ctx.settings.pricing_path
+        return PricingTable.from_file(path) if path else None
+
+    register("table", table)
+
+
+@hookimpl
+def pgw_register_telemetry(register: Register) -> None:
+    def sqlite(ctx: BuildContext) -> Any:
+        from polygateway.telemetry.sqlite import SQLiteRecorder
+
+        return SQLiteRecorder(ctx.settings.telemetry.sqlite_path, **dict(ctx.options))
+
+    register("sqlite", sqlite)
+
+
+@hookimpl
+def pgw_register_middleware(register: Register) -> None:
+    from polygateway.middleware import builtin_layers
+
+    for name, factory in builtin_layers().items():
+        register(name, factory)
+
+
+@hookimpl
+def pgw_register_commands(register: Register) -> None:
+    def lazy(module: str) -> Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]:
+        def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+            import importlib
+
+            mod = importlib.import_module(module)
+            configure_fn: Callable[
+                [argparse.ArgumentParser], Callable[[argparse.Namespace], int]
+            ] = mod.configure
+            return configure_fn(parser)
+
+        return configure
+
+    register("plugins", lazy("polygateway.cli.plugins_cmd"))
+    register("config", lazy("polygateway.cli.config_cmd"))
+    register("chat", lazy("polygateway.cli.chat_cmd"))
+    register("demo", lazy("polygateway.cli.demo_cmd"))
+    register("telemetry", lazy("polygateway.cli.telemetry_cmd"))
+    register("fake-upstream", lazy("polygateway.cli.fake_upstream_cmd"))

@@ -1,0 +1,150 @@
+"""Plugin hook specifications (pluggy project ``polygateway``, entry-point group ``polygateway``).
+
+Every capability kind has one registration hook. Each hook receives a ``register(name, obj)``
+callback; call it once per thing the plugin provides. Hooks run once per assembly, at startup;
+requests never pass through pluggy. The core's own implementations register through these same
+hooks (``polygateway.builtin``).
+
+A minimal plugin module::
+
+    from polygateway import hookimpl
+
+    @hookimpl
+    def pgw_register_transports(register):
+        register("my-transport", MyTransport)   # MyTransport(source: SourceConfig) -> Transport
+
+and in its ``pyproject.toml``::
+
+    [project.entry-points.polygateway]
+    my_plugin = "my_plugin"
+
+Two plugins registering the same name for the same kind is an error naming both. Every hook
+is documented in ``docs/plugins.md``.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from polygateway.ports import Register
+
+PROJECT_NAME = "polygateway"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+# Hook name -> capability kind (the keys of ``provides`` in ``pgw plugins list --json``).
+HOOK_KINDS: dict[str, str] = {
+    "pgw_register_transports": "transport",
+    "pgw_register_providers": "provider",
+    "pgw_register_limiters": "limiter",
+    "pgw_register_breakers": "breaker",
+    "pgw_register_caches": "cache",
+    "pgw_register_selectors": "selector",
+    "pgw_register_structured": "structured",
+    "pgw_register_pricing": "pricing",
+    "pgw_register_telemetry": "telemetry",
+    "pgw_register_middleware": "middleware",
+    "pgw_register_commands": "command",
+}
+
+
+@hookspec
+def pgw_register_transports(register: Register) -> None:
+    """Register chat transports.
+
+    :param register: ``register(name, factory)`` where ``factory(source: SourceConfig) ->
+        Transport``. Called once per source that names this transport (``{SCOPE}__{P}__{N}__
+        TRANSPORT`` or ``transport = "..."`` in the pipeline file); one instance per source.
+    """
+
+
+@hookspec
+def pgw_register_providers(register: Register) -> None:
+    """Register provider profiles (thinking parameters, reasoning fields, native schema).
+
+    :param register: ``register(name, profile: ProviderProfile)``; ``name`` is what
+        ``{SCOPE}__{PROVIDER}__{N}__...`` spells in lower case (``qwen``, ``deepseek``).
+    """
+
+
+@hookspec
+def pgw_register_limiters(register: Register) -> None:
+    """Register rate limiter backends.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        RateLimiter``. Picked by ``PGW_LIMITER_BACKEND`` or ``[scope.limiter] name``.
+    """
+
+
+@hookspec
+def pgw_register_breakers(register: Register) -> None:
+    """Register circuit breaker backends.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        ProviderGate``. Picked by ``PGW_BREAKER_BACKEND`` or ``[scope.breaker] backend``.
+    """
+
+
+@hookspec
+def pgw_register_caches(register: Register) -> None:
+    """Register response cache backends.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        CacheBackend``. Picked by ``PGW_CACHE_BACKEND`` or ``[scope.cache] backend``.
+    """
+
+
+@hookspec
+def pgw_register_selectors(register: Register) -> None:
+    """Register source selection strategies.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        SourceSelector``. Picked by ``{SCOPE}__SELECTOR`` or ``selector = "..."``.
+    """
+
+
+@hookspec
+def pgw_register_structured(register: Register) -> None:
+    """Register structured-output strategies.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        StructuredOutputStrategy``.
+    """
+
+
+@hookspec
+def pgw_register_pricing(register: Register) -> None:
+    """Register pricing sources.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        Pricing | None`` (``None`` when nothing is configured).
+    """
+
+
+@hookspec
+def pgw_register_telemetry(register: Register) -> None:
+    """Register telemetry recorders.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        TelemetryRecorder``. Picked by ``PGW_TELEMETRY_BACKEND`` or ``[scope.telemetry]``.
+    """
+
+
+@hookspec
+def pgw_register_middleware(register: Register) -> None:
+    """Register middleware layers the pipeline file can name in ``middleware = [...]``.
+
+    :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
+        Middleware``; ``ctx.components`` holds the assembled parts. Order comes from the
+        pipeline file, never from install order.
+    """
+
+
+@hookspec
+def pgw_register_commands(register: Register) -> None:
+    """Add ``pgw`` subcommands.
+
+    :param register: ``register(name, factory)`` with ``factory(parser: argparse.
+        ArgumentParser) -> Callable[[argparse.Namespace], int]``: configure the subcommand's
+        arguments and return the function that runs it (returning the exit code).
+    """

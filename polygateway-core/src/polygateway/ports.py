@@ -1,0 +1,385 @@
+"""Ports: the seams every implementation plugs into. Protocols only, nothing concrete.
+
+Semantics that every backend must share are written here and enforced by the contract suites
+in ``polygateway.testing.contracts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+from polygateway.settings import Limits, ScopeSettings, SourceConfig
+from polygateway.types import (
+    ChatRequest,
+    EmbeddingTransportResult,
+    LLMResponse,
+    OcrLayoutResult,
+    OcrTextResult,
+    TelemetryRecord,
+    TransportResult,
+)
+
+# --------------------------------------------------------------------------- clock
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Time source injected into every time-dependent component (deterministic tests)."""
+
+    def monotonic(self) -> float:
+        """Seconds on a monotonic scale (for deadlines, windows, cooldowns)."""
+        ...
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch (for telemetry timestamps)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep; a fake clock may advance itself instead of waiting."""
+        ...
+
+
+# --------------------------------------------------------------------------- pipeline
+
+Handler: TypeAlias = Callable[[ChatRequest], Awaitable[LLMResponse]]
+"""The inner part of the onion as seen by one layer."""
+
+
+@runtime_checkable
+class Middleware(Protocol):
+    """One layer of the onion (starlette style): it may act before and after ``call_next``."""
+
+    async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse: ...
+
+
+@runtime_checkable
+class CallObserver(Protocol):
+    """Installed on ``ChatRequest.observer`` by the telemetry layer; told about every attempt."""
+
+    def on_attempt(
+        self,
+        request: ChatRequest,
+        source: SourceConfig,
+        call_id: str,
+        outcome: LLMResponse | BaseException,
+        latency_ms: int,
+    ) -> None:
+        """Called once per attempt that reached the transport, success or not (incl. cancel)."""
+        ...
+
+
+# --------------------------------------------------------------------------- transports
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Sends one attempt to one source: body assembly, streaming parse, error translation.
+
+    Errors are translated into the four classes of ``polygateway.errors`` (ARCHITECTURE §6.2).
+    No retry, no limits, no cache: those belong to middleware.
+    """
+
+    async def send(
+        self, request: ChatRequest, source: SourceConfig, *, call_id: str
+    ) -> TransportResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+TransportFactory: TypeAlias = Callable[[SourceConfig], Transport]
+
+
+@runtime_checkable
+class EmbeddingTransport(Protocol):
+    async def embed(
+        self, *, texts: list[str], source: SourceConfig, call_id: str
+    ) -> EmbeddingTransportResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class OcrTextPort(Protocol):
+    async def recognize_text(self, image: bytes) -> OcrTextResult: ...
+
+    async def check_health(self) -> bool: ...
+
+
+@runtime_checkable
+class OcrLayoutPort(Protocol):
+    async def parse_layout(self, image: bytes) -> OcrLayoutResult: ...
+
+    async def check_health(self) -> bool: ...
+
+
+@runtime_checkable
+class AudioPort(Protocol):
+    """Placeholder (ARCHITECTURE D10): no implementation ships; the protocol shape is open."""
+
+    async def transcribe(self, audio: bytes, *, mime_type: str) -> str: ...
+
+
+# --------------------------------------------------------------------------- providers
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderProfile:
+    """What differs between OpenAI-compatible providers (ARCHITECTURE D11), declared not guessed.
+
+    ``thinking_body`` maps ``enable_thinking`` to the top-level body fields to merge
+    (e.g. qwen ``{"enable_thinking": True}``, deepseek ``{"thinking": {"type": "enabled"}}``).
+    """
+
+    name: str
+    thinking_body: Callable[[bool], Mapping[str, Any]] | None = None
+    reasoning_fields: tuple[str, ...] = ("reasoning_content", "reasoning")
+    think_tags: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
+    supports_native_schema: bool = False
+    thinking_requires_stream: bool = False
+
+
+# --------------------------------------------------------------------------- limiter
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A refused admission: which gate said no and how long until it may say yes."""
+
+    gate: Literal[
+        "global_concurrency",
+        "source_concurrency",
+        "global_rpm",
+        "source_rpm",
+        "global_tpm",
+        "source_tpm",
+    ]
+    wait_s: float
+
+
+@runtime_checkable
+class Permit(Protocol):
+    """An admitted attempt. ``settle`` and ``release`` are idempotent; release runs in finally."""
+
+    @property
+    def lease_id(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def est_tokens(self) -> int: ...
+
+    async def settle(self, actual_tokens: int) -> None:
+        """Charge real usage: TPM of the acquire-time window moves by ``actual - est``."""
+        ...
+
+    async def release(self) -> None:
+        """Free the concurrency lease. Never raises for backend trouble (warning instead)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStats:
+    inflight: int
+    rpm_used: int
+    tpm_used: int
+
+
+@runtime_checkable
+class RateLimiter(Protocol):
+    """Six gates, checked in order: global concurrency -> source concurrency -> global RPM ->
+    source RPM -> global TPM -> source TPM. Concurrency and RPM refuse at ``used >= limit``;
+    TPM refuses at ``used + est > limit``. A limit of 0 disables its gate. A refusal changes
+    nothing. Leases expire after ``lease_ttl_s`` so a dead holder cannot leak them.
+
+    Admission-side backend failures raise ``GovernanceBackendError``.
+    """
+
+    async def try_acquire(
+        self, source: str, est_tokens: int, source_limits: Limits
+    ) -> Permit | Denial: ...
+
+    async def source_stats(self, source: str) -> SourceStats: ...
+
+    async def inflight(self) -> int:
+        """Leases currently held scope-wide (expired ones excluded)."""
+        ...
+
+    async def mark_progress(self) -> None:
+        """Record "a call just completed" for the stall verdict (accounting side: warns)."""
+        ...
+
+    async def progress_age_s(self) -> float:
+        """Seconds since the last progress mark; ``inf`` if never; never negative."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- breaker
+
+GateState: TypeAlias = Literal["closed", "open", "half_open"]
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """The answer of ``try_enter``. Write-backs quote it so stale epochs can be fenced."""
+
+    source: str
+    allowed: bool
+    state: GateState
+    epoch: int
+    probe_owner: str | None = None
+    retry_after_s: float = 0.0
+
+    @property
+    def is_probe(self) -> bool:
+        return self.probe_owner is not None
+
+
+@dataclass(frozen=True, slots=True)
+class GateUpdate:
+    """The result of a write-back. ``applied=False`` means the decision was stale (fenced)."""
+
+    source: str
+    applied: bool
+    state: GateState
+    epoch: int
+    failures: int
+
+
+@runtime_checkable
+class ProviderGate(Protocol):
+    """Per-source circuit breaker: closed -> (threshold failures) -> open (cooldown) ->
+    half_open (exactly one probe, leased for ``probe_ttl_s``) -> closed on success / open on
+    failure. The epoch increments only when entering OPEN; write-backs carrying an older epoch
+    (or a probe owner that no longer holds the probe) are not applied.
+    """
+
+    async def try_enter(self, source: str) -> GateDecision: ...
+
+    async def record_success(self, decision: GateDecision) -> GateUpdate: ...
+
+    async def record_failure(
+        self, decision: GateDecision, *, threshold: int | None = None, force_open: bool = False
+    ) -> GateUpdate:
+        """Count a failure; ``force_open`` (and a failed probe) jumps straight to threshold."""
+        ...
+
+    async def release_probe(self, decision: GateDecision) -> None:
+        """Hand the probe back without a verdict (cancellation): the next caller probes at once."""
+        ...
+
+    async def force_open(self, source: str) -> GateUpdate: ...
+
+    async def state(self, source: str) -> GateState: ...
+
+    async def retry_after_s(self, sources: Sequence[str]) -> float:
+        """Minimum wait until one of ``sources`` admits again, >= 0. Empty -> ValueError."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- cache, telemetry
+
+
+@runtime_checkable
+class CacheBackend(Protocol):
+    """Key/value store with mandatory TTL. Failures degrade: get -> None, set -> warning."""
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class TelemetryRecorder(Protocol):
+    """Append-only, idempotent on ``call_id``. Never raises into the call; never blocks the loop.
+
+    ``flush``/``aclose`` write everything buffered so a graceful shutdown loses nothing.
+    """
+
+    async def record(self, record: TelemetryRecord) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class Pricing(Protocol):
+    def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """Money for one call; ``None`` when the model has no price."""
+        ...
+
+
+# --------------------------------------------------------------------------- selection, structured
+
+
+@runtime_checkable
+class SourceSelector(Protocol):
+    """Picks one of the runnable sources (already filtered: not cooling, not excluded)."""
+
+    def choose(self, sources: Sequence[SourceConfig], inflight: Mapping[str, int]) -> SourceConfig:
+        ...
+
+
+@runtime_checkable
+class StructuredOutputStrategy(Protocol):
+    """Turns raw completion text into data (ARCHITECTURE D7/D14)."""
+
+    def prepare(
+        self, request: ChatRequest, schema: Any, profile: ProviderProfile | None
+    ) -> ChatRequest:
+        """Return the request to send (e.g. with ``response_format`` for native schema)."""
+        ...
+
+    def parse(self, text: str, schema: Any) -> Any:
+        """Repair (and validate against ``schema`` when it is a model class).
+
+        Raises ``ResultInvalidError`` with ``repair_errors``/``validation_errors`` filled.
+        """
+        ...
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+@dataclass(frozen=True, slots=True)
+class Components:
+    """The parts one client is assembled from; middleware factories receive them."""
+
+    limiter: RateLimiter
+    breaker: ProviderGate
+    selector: SourceSelector
+    transports: Mapping[str, Transport]
+    """Source name -> the transport instance serving it."""
+    providers: Mapping[str, ProviderProfile]
+    """Provider name -> profile (every registered profile)."""
+    strategy: StructuredOutputStrategy
+    cache: CacheBackend | None = None
+    telemetry: TelemetryRecorder | None = None
+    pricing: Pricing | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What a component factory gets: the resolved scope, its own options, the clock.
+
+    ``components`` is set only for middleware factories (built after every other part).
+    """
+
+    settings: ScopeSettings
+    options: Mapping[str, Any]
+    clock: Clock
+    components: Components | None = None
+
+
+ComponentFactory: TypeAlias = Callable[[BuildContext], Any]
+Register: TypeAlias = Callable[[str, Any], None]
+"""The callback every registration hook receives: ``register(name, factory_or_profile)``."""

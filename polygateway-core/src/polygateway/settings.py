@@ -1,0 +1,192 @@
+"""Resolved settings: plain frozen dataclasses, already validated.
+
+Reading the environment, ``.env`` and the pipeline file is ``polygateway.config``'s job; this
+module only describes the result so that ports, middleware and plugins can depend on it without
+importing the loader. Secrets are held in ``Secret`` so that no repr, log line or error shows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class Secret:
+    """A string that never shows itself in ``repr``/``str``. ``reveal()`` returns the value."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def masked(self) -> str:
+        return "***" if self._value else ""
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = masked
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Concurrency / requests per minute / tokens per minute. 0 disables that gate."""
+
+    max_concurrency: int = 0
+    rpm: int = 0
+    tpm: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    """One upstream account: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` aggregated.
+
+    Invariant (checked by the config loader): ``0 < inter_token_timeout_s < ttft_timeout_s <
+    timeout_s`` for whichever of the three are set.
+    """
+
+    name: str
+    """Unique within the scope, ``{provider}-{n}`` by default (e.g. ``qwen-1``)."""
+    provider: str
+    base_url: str
+    model: str
+    api_key: Secret = field(default_factory=lambda: Secret(""), repr=False)
+    scope: str = "LLM"
+    timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    ttft_timeout_s: float | None = None
+    inter_token_timeout_s: float | None = None
+    limits: Limits = field(default_factory=Limits)
+    est_tokens: int = 1000
+    """TPM pre-charge per attempt, and the conservative usage when the stream reports none."""
+    enable_thinking: bool | None = None
+    missing_done: Literal["retry", "salvage"] = "retry"
+    transport: str = "openai-compat"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Transport options (e.g. ``engine``, ``trust_env``) from env or the pipeline file."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    max_attempts: int = 3
+    base_delay_s: float = 1.0
+    max_delay_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    fail_threshold: int = 5
+    cooldown_s: float = 30.0
+    probe_ttl_s: float | None = None
+    """``None`` derives ``max(2 x max timeout, cooldown, max timeout + 5)`` at assembly."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackpressureSettings:
+    quota_full: Literal["wait", "fail_fast"] = "wait"
+    stall_window_s: float = 300.0
+    poll_interval_s: float = 0.5
+    lease_ttl_s: float | None = None
+    """Limiter lease TTL; ``None`` derives ``max timeout + 30``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ComponentChoice:
+    """A registered implementation picked by name, with its options from the pipeline file."""
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSettings:
+    backend: str = "memory"
+    """Registered cache name, or ``none``."""
+    namespace: str | None = None
+    ttl_s: float | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    backend: str = "sqlite"
+    """Registered telemetry recorder name, or ``none``."""
+    sqlite_path: str = "pgw_telemetry.db"
+    pg_dsn: Secret | None = field(default=None, repr=False)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeSettings:
+    """Everything needed to assemble one client for one scope (logical role)."""
+
+    scope: str
+    sources: tuple[SourceConfig, ...]
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    backpressure: BackpressureSettings = field(default_factory=BackpressureSettings)
+    global_limits: Limits = field(default_factory=Limits)
+    selector: str = "round_robin"
+    limiter: ComponentChoice = field(default_factory=lambda: ComponentChoice("memory"))
+    breaker_backend: ComponentChoice = field(default_factory=lambda: ComponentChoice("memory"))
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    pricing_path: str | None = None
+    structured_strategy: str = "json-repair"
+    max_structured_retries: int = 1
+    middleware: tuple[str, ...] = ("telemetry", "cache", "structured", "retry")
+    """Outer -> inner; the transport is always innermost and ``retry`` always last."""
+    middleware_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    redis_url: Secret | None = field(default=None, repr=False)
+    batch_size: int | None = None
+    """Embedding scopes only."""
+
+    @property
+    def max_timeout_s(self) -> float:
+        return max((s.timeout_s for s in self.sources), default=0.0)
+
+    @property
+    def max_ttft_s(self) -> float:
+        return max((s.ttft_timeout_s or 0.0 for s in self.sources), default=0.0)
+
+    @property
+    def lease_ttl_s(self) -> float:
+        configured = self.backpressure.lease_ttl_s
+        return configured if configured is not None else self.max_timeout_s + 30.0
+
+    @property
+    def probe_ttl_s(self) -> float:
+        configured = self.breaker.probe_ttl_s
+        if configured is not None:
+            return configured
+        t = self.max_timeout_s
+        return max(2 * t, self.breaker.cooldown_s, t + 5.0)
+
+    def source(self, name: str) -> SourceConfig:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """All scopes found in env and the pipeline file."""
+
+    scopes: Mapping[str, ScopeSettings]
+
+    def scope(self, name: str) -> ScopeSettings:
+        return self.scopes[name]

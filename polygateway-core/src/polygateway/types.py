@@ -1,0 +1,188 @@
+"""Public value types. Frozen dataclasses; every field added after 0.1 carries a default.
+
+These types import nothing concrete: transports, backends and middleware all speak them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+Message: TypeAlias = Mapping[str, Any]
+"""One OpenAI-style chat message: ``{"role": ..., "content": str | list[part]}``."""
+
+UsageSource: TypeAlias = Literal["measured", "estimated"]
+StructuredSpec: TypeAlias = Any
+"""``None`` (raw text), ``"json"`` (repair only) or a pydantic model class (full ladder)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage of one call. OCR has no token billing: tokens are 0, elapsed is still set."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_ms: int = 0
+    usage_source: UsageSource = "measured"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    """The result of one governed chat call (ARCHITECTURE §5.1).
+
+    The first eleven fields are the frozen consumer surface; later fields have defaults.
+    ``structured_data`` is never serialized into the cache; a cache hit rebuilds it.
+    """
+
+    content: str
+    thinking: str = ""
+    model: str = ""
+    provider: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: int = 0
+    ttft_ms: float | None = None
+    max_inter_token_ms: float | None = None
+    cache_hit: bool = False
+    call_id: str = ""
+    source_name: str = ""
+    cost: float | None = None
+    usage_source: UsageSource = "measured"
+    structured_data: Any = field(default=None, compare=False)
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransportResult:
+    """What a transport returns for one attempt, before middleware adds provenance."""
+
+    content: str
+    thinking: str = ""
+    model: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usage_source: UsageSource = "measured"
+    latency_ms: int = 0
+    ttft_ms: float | None = None
+    max_inter_token_ms: float | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat call as it travels through the middleware onion.
+
+    Middleware never mutates a request; it derives a new one with ``dataclasses.replace``.
+    ``messages`` is the caller's list and is never modified in place.
+    """
+
+    messages: Sequence[Message]
+    session_id: str | None = None
+    parent_call_id: str | None = None
+    cache_salt: str | None = None
+    cache_namespace: str | None = None
+    structured: StructuredSpec = None
+    stream: bool = True
+    response_format: Mapping[str, Any] | None = None
+    """Set by the native-schema strategy; sent as the body's ``response_format``."""
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    """Extra top-level body fields merged into every attempt's request body."""
+    observer: Any = field(default=None, compare=False, repr=False)
+    """A ``ports.CallObserver`` installed by the telemetry layer; ``None`` when telemetry is off."""
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryRecord:
+    """One telemetry row: the 18 fields of ARCHITECTURE §7.8. One row per attempt or cache hit."""
+
+    call_id: str
+    parent_call_id: str | None
+    session_id: str | None
+    model: str
+    provider: str
+    source_name: str
+    messages: str
+    """JSON of the request messages with multimodal parts replaced by their digests."""
+    response: str
+    thinking: str
+    prompt_tokens: int
+    completion_tokens: int
+    usage_source: UsageSource
+    latency_ms: int
+    ttft_ms: float | None
+    max_inter_token_ms: float | None
+    cache_hit: bool
+    error: str | None
+    """``None`` on success; otherwise the error class name or ``"cancelled"``."""
+    cost: float | None
+    created_at: float = 0.0
+    """Wall-clock seconds since the epoch when the row was made (not one of the 18 fields)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OcrTextResult:
+    """``/ocr/text``: plain transcription. Empty text means "legitimately nothing found"."""
+
+    text: str
+    source_name: str = ""
+    usage: Usage = field(default_factory=Usage)
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OcrElement:
+    """One layout element in the OCR service's own page coordinates."""
+
+    type: str
+    bbox: tuple[float, float, float, float]
+    page_idx: int = 0
+    text: str = ""
+    html: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OcrLayoutResult:
+    """``/parse``: structured elements with native bboxes and page sizes."""
+
+    elements: tuple[OcrElement, ...]
+    page_sizes: tuple[tuple[float, float], ...] = ()
+    source_name: str = ""
+    usage: Usage = field(default_factory=Usage)
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def page_size(self) -> tuple[float, float] | None:
+        return self.page_sizes[0] if self.page_sizes else None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingTransportResult:
+    """One embedding batch as returned by a transport (vectors ordered by input index)."""
+
+    vectors: list[list[float]]
+    dim: int
+    prompt_tokens: int
+    usage_source: UsageSource = "measured"
+    model: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingResponse:
+    """All batches of one ``EmbeddingClient.embed`` call merged (M2 §7.2)."""
+
+    vectors: list[list[float]]
+    dim: int
+    model: str
+    provider: str
+    prompt_tokens: int
+    usage_source: UsageSource
+    latency_ms: int
+    call_id: str
+    source_name: str
+    cost: float | None = None
