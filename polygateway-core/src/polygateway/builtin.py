@@ -7,20 +7,20 @@ capability that is never assembled is never imported.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from polygateway.hookspecs import hookimpl
-from polygateway.ports import BuildContext, Register
+from polygateway.ports import BuildContext, ProviderProfile, Register
 from polygateway.settings import SourceConfig
 
 
 @hookimpl
 def pgw_register_transports(register: Register) -> None:
-    def openai_compat(source: SourceConfig) -> Any:
+    def openai_compat(source: SourceConfig, providers: Mapping[str, ProviderProfile]) -> Any:
         from polygateway.transports.openai_compat import OpenAICompatTransport
 
-        return OpenAICompatTransport(source)
+        return OpenAICompatTransport(source, providers=providers)
 
     register("openai-compat", openai_compat)
 

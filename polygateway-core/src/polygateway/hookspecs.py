@@ -11,7 +11,7 @@ A minimal plugin module::
 
     @hookimpl
     def pgw_register_transports(register):
-        register("my-transport", MyTransport)   # MyTransport(source: SourceConfig) -> Transport
+        register("my-transport", MyTransport)   # MyTransport(source, providers) -> Transport
 
 and in its ``pyproject.toml``::
 
@@ -52,9 +52,11 @@ HOOK_KINDS: dict[str, str] = {
 def pgw_register_transports(register: Register) -> None:
     """Register chat transports.
 
-    :param register: ``register(name, factory)`` where ``factory(source: SourceConfig) ->
-        Transport``. Called once per source that names this transport (``{SCOPE}__{P}__{N}__
-        TRANSPORT`` or ``transport = "..."`` in the pipeline file); one instance per source.
+    :param register: ``register(name, factory)`` where ``factory(source: SourceConfig,
+        providers: Mapping[str, ProviderProfile]) -> Transport``. Called once per source that
+        names this transport (``{SCOPE}__{P}__{N}__TRANSPORT`` or ``transport = "..."`` in the
+        pipeline file); one instance per source. ``providers`` holds every registered provider
+        profile, so profiles added by other plugins reach the transport.
     """
 
 

@@ -88,7 +88,7 @@ class Transport(Protocol):
     async def aclose(self) -> None: ...
 
 
-TransportFactory: TypeAlias = Callable[[SourceConfig], Transport]
+TransportFactory: TypeAlias = Callable[[SourceConfig, Mapping[str, "ProviderProfile"]], Transport]
 
 
 @runtime_checkable

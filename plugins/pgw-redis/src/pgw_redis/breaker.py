@@ -1,0 +1,319 @@
+"""The shared circuit breaker: one HASH per source, one Lua script per operation (M2 §3).
+
+Same algorithm as the in-memory gate, field for field (``state``, ``epoch``, ``failures``,
+``open_until``, ``probe_until``, ``probe_owner``), with the Redis server's clock:
+
+- closed: every caller passes; failures count; ``threshold`` failures -> open.
+- open: refused until ``open_until``; the first caller after it becomes the probe.
+- half_open: one probe, leased until ``probe_until``; a lapsed or handed-back lease goes to
+  the next caller (lazy reissue, no watchdog).
+- The epoch increments only when entering open. A write-back quoting another epoch (or, for a
+  probe, another owner) is fenced: ``applied=False`` with the current state, nothing written.
+- Probe ids are made here before the script is sent: a ``try_enter`` cancelled after sending
+  hands back the probe it may have been given, so nobody waits for the probe TTL.
+
+The hash carries a TTL refreshed on every write (``max(1 h, 2 x (cooldown + probe TTL))``):
+no key is left without one, and it outlives any open period or probe lease.
+
+Round trips: one per operation, except ``record_success`` on a closed breaker that this
+instance last saw closed, in the same epoch, with no failures (the common success). That
+write-back would write nothing, so it is answered from that view without a round trip
+(``elide_clean_success``, default on). Fencing is unaffected: nothing is ever written from a
+stale decision. The one difference is the answer when another process opened the breaker
+since this instance last heard from Redis: ``applied=True`` instead of ``False``. Turn the
+option off to ask Redis every time.
+
+Degradation: ``try_enter``, ``state`` and ``retry_after_s`` (admission) and the write-backs
+that return an answer (``record_success``, ``record_failure``, ``force_open``) raise
+``GovernanceBackendError`` when Redis fails; the retry layer turns the write-back ones into
+warnings. ``release_probe`` only warns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+from typing import Any, Final, cast
+
+from polygateway.errors import GovernanceBackendError
+from polygateway.ports import GateDecision, GateState, GateUpdate
+
+from pgw_redis._warn import WarnOnce
+from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient, as_text
+from pgw_redis.keys import gate_key, scope_tag
+from pgw_redis.scripts import (
+    GATE_FORCE_OPEN,
+    GATE_RECORD_FAILURE,
+    GATE_RECORD_SUCCESS,
+    GATE_RELEASE_PROBE,
+    GATE_RETRY_AFTER,
+    GATE_TRY_ENTER,
+)
+
+logger = logging.getLogger(__name__)
+
+_STATES: Final = frozenset(("closed", "open", "half_open"))
+_MIN_KEY_TTL_S: Final = 3600.0
+
+
+class RedisGate:
+    """``ports.ProviderGate`` shared through Redis by every process using the same scope.
+
+    ``client`` is a ``redis.asyncio.Redis`` or ``RedisCluster``; ``aclose()`` closes it only
+    when ``owns_client`` is true.
+    """
+
+    __slots__ = (
+        "_background",
+        "_client",
+        "_closed_decisions",
+        "_cooldown_ms",
+        "_cooldown_s",
+        "_elide",
+        "_fail_threshold",
+        "_key_ttl_ms",
+        "_keys",
+        "_owns_client",
+        "_probe_ttl_ms",
+        "_probe_ttl_s",
+        "_scope",
+        "_scripts",
+        "_tag",
+        "_views",
+        "_warn",
+    )
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        scope: str,
+        fail_threshold: int,
+        cooldown_s: float,
+        probe_ttl_s: float,
+        elide_clean_success: bool = True,
+        owns_client: bool = False,
+    ) -> None:
+        _check_threshold(fail_threshold, "fail_threshold")
+        if not (cooldown_s >= 0.0 and math.isfinite(cooldown_s)):
+            raise ValueError(f"cooldown_s must be a finite number >= 0, got {cooldown_s!r}")
+        if not (probe_ttl_s > 0.0 and math.isfinite(probe_ttl_s)):
+            raise ValueError(f"probe_ttl_s must be a finite number > 0, got {probe_ttl_s!r}")
+        self._client = client
+        self._scripts = ScriptClient(client)
+        self._scope = scope
+        self._tag = scope_tag(scope)
+        self._fail_threshold = fail_threshold
+        self._cooldown_s = float(cooldown_s)
+        self._probe_ttl_s = float(probe_ttl_s)
+        self._cooldown_ms = round(cooldown_s * 1000.0)
+        self._probe_ttl_ms = max(1, round(probe_ttl_s * 1000.0))
+        self._key_ttl_ms = round(max(_MIN_KEY_TTL_S, 2.0 * (cooldown_s + probe_ttl_s)) * 1000.0)
+        self._elide = elide_clean_success
+        self._owns_client = owns_client
+        self._keys: dict[str, str] = {}
+        # source -> (epoch, state, failures) as last answered by Redis to this instance.
+        self._views: dict[str, tuple[int, str, int]] = {}
+        # Decisions are immutable: one closed-state decision per source and epoch is shared.
+        self._closed_decisions: dict[str, GateDecision] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._warn = WarnOnce(logger, f"Redis breaker (scope {scope!r})")
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    # ------------------------------------------------------------------ admission
+
+    async def try_enter(self, source: str) -> GateDecision:
+        key = self._key(source)
+        owner = uuid.uuid4().hex
+        call = ScriptCall(GATE_TRY_ENTER, (key,), (owner, self._probe_ttl_ms, self._key_ttl_ms))
+        try:
+            reply = await self._run(call, "try_enter")
+        except (asyncio.CancelledError, GovernanceBackendError):
+            # The script may have run and made this caller the probe: hand it back.
+            self._in_background(self._hand_back(key, owner))
+            raise
+        allowed, state, epoch, failures, probe_owner, wait_ms = reply
+        state = as_text(state)
+        epoch = int(epoch)
+        self._views[source] = (epoch, state, int(failures))
+        if state == "closed":
+            decision = self._closed_decisions.get(source)
+            if decision is None or decision.epoch != epoch:
+                decision = self._closed_decisions[source] = GateDecision(
+                    source, True, "closed", epoch
+                )
+            return decision
+        if int(allowed):
+            return GateDecision(
+                source, True, _state(state), epoch, probe_owner=as_text(probe_owner)
+            )
+        return GateDecision(
+            source, False, _state(state), epoch, retry_after_s=max(0.0, int(wait_ms) / 1000.0)
+        )
+
+    async def retry_after_s(self, sources: Sequence[str]) -> float:
+        if isinstance(sources, str):
+            raise ValueError("retry_after_s needs a sequence of source names, not one string")
+        if not sources:
+            raise ValueError("retry_after_s needs at least one source name")
+        keys = tuple(self._key(source) for source in sources)
+        wait_ms = await self._run(ScriptCall(GATE_RETRY_AFTER, keys, ()), "retry_after_s")
+        return max(0.0, int(wait_ms) / 1000.0)
+
+    async def state(self, source: str) -> GateState:
+        """The stored state; open -> half_open happens on the next ``try_enter``."""
+        key = self._key(source)
+        try:
+            fields = await self._client.hmget(key, ["state", "epoch", "failures"])
+        except BACKEND_ERRORS as exc:
+            raise self._backend_error("state", exc) from exc
+        state = _state(as_text(fields[0] or "closed"))
+        self._views[source] = (int(fields[1] or 0), state, int(fields[2] or 0))
+        return state
+
+    # ------------------------------------------------------------------ write-backs
+
+    async def record_success(self, decision: GateDecision) -> GateUpdate:
+        _check_allowed(decision, "record_success")
+        source = decision.source
+        if (
+            self._elide
+            and decision.probe_owner is None
+            and self._views.get(source) == (decision.epoch, "closed", 0)
+        ):
+            return GateUpdate(source, True, "closed", decision.epoch, 0)
+        call = ScriptCall(
+            GATE_RECORD_SUCCESS,
+            (self._key(source),),
+            (decision.epoch, decision.probe_owner or "", self._key_ttl_ms),
+        )
+        return self._update(source, await self._run(call, "record_success"))
+
+    async def record_failure(
+        self, decision: GateDecision, *, threshold: int | None = None, force_open: bool = False
+    ) -> GateUpdate:
+        if threshold is None:
+            threshold = self._fail_threshold
+        else:
+            _check_threshold(threshold, "threshold")
+        _check_allowed(decision, "record_failure")
+        call = ScriptCall(
+            GATE_RECORD_FAILURE,
+            (self._key(decision.source),),
+            (
+                decision.epoch,
+                decision.probe_owner or "",
+                threshold,
+                1 if force_open else 0,
+                self._cooldown_ms,
+                self._key_ttl_ms,
+            ),
+        )
+        return self._update(decision.source, await self._run(call, "record_failure"))
+
+    async def release_probe(self, decision: GateDecision) -> None:
+        """Hand the probe back (no verdict): the next ``try_enter`` becomes the probe at once.
+
+        A no-op for non-probe decisions and probes no longer held. Never raises for backend
+        trouble (a warning; the probe lease then runs out by itself).
+        """
+        if decision.probe_owner is None:
+            return
+        call = ScriptCall(
+            GATE_RELEASE_PROBE,
+            (self._key(decision.source),),
+            (decision.epoch, decision.probe_owner, self._key_ttl_ms),
+        )
+        try:
+            await self._run(call, "release_probe")
+        except GovernanceBackendError as exc:
+            self._warn.failed("release_probe", exc, "the probe lease expires by itself")
+
+    async def force_open(self, source: str) -> GateUpdate:
+        """Open now, whatever the state. Already open: the cooldown restarts, same epoch."""
+        call = ScriptCall(
+            GATE_FORCE_OPEN,
+            (self._key(source),),
+            (self._fail_threshold, self._cooldown_ms, self._key_ttl_ms),
+        )
+        return self._update(source, await self._run(call, "force_open"))
+
+    async def aclose(self) -> None:
+        """Wait for probe hand-backs still in flight; close the client if owned."""
+        if self._background:
+            await asyncio.wait(tuple(self._background))
+        if self._owns_client:
+            await self._client.aclose()
+
+    # ------------------------------------------------------------------ internals
+
+    def _key(self, source: str) -> str:
+        key = self._keys.get(source)
+        if key is None:
+            key = self._keys[source] = gate_key(self._tag, source)
+        return key
+
+    async def _run(self, call: ScriptCall, operation: str) -> Any:
+        try:
+            reply = await self._scripts.run(call)
+        except BACKEND_ERRORS as exc:
+            raise self._backend_error(operation, exc) from exc
+        self._warn.succeeded()
+        return reply
+
+    def _backend_error(self, operation: str, exc: BaseException) -> GovernanceBackendError:
+        return GovernanceBackendError(
+            f"Redis breaker (scope {self._scope!r}): {operation} failed: "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    def _update(self, source: str, reply: Any) -> GateUpdate:
+        applied, state, epoch, failures = reply
+        update = GateUpdate(
+            source, bool(int(applied)), _state(as_text(state)), int(epoch), int(failures)
+        )
+        self._views[source] = (update.epoch, update.state, update.failures)
+        return update
+
+    async def _hand_back(self, key: str, owner: str) -> None:
+        call = ScriptCall(GATE_RELEASE_PROBE, (key,), ("", owner, self._key_ttl_ms))
+        try:
+            await self._scripts.run(call)
+        except BACKEND_ERRORS as exc:
+            self._warn.failed("release_probe", exc, "the probe lease expires by itself")
+
+    def _in_background(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisGate(scope={self._scope!r}, fail_threshold={self._fail_threshold}, "
+            f"cooldown_s={self._cooldown_s}, probe_ttl_s={self._probe_ttl_s})"
+        )
+
+
+def _state(value: str) -> GateState:
+    if value not in _STATES:
+        raise GovernanceBackendError(f"Redis breaker: unknown state {value!r} in Redis")
+    return cast(GateState, value)
+
+
+def _check_allowed(decision: GateDecision, method: str) -> None:
+    if not decision.allowed:
+        raise ValueError(
+            f"{method} got a refused decision for source {decision.source!r}: "
+            "only admitted attempts report an outcome"
+        )
+
+
+def _check_threshold(value: int, what: str) -> None:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")

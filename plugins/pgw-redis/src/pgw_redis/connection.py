@@ -1,0 +1,247 @@
+"""Clients and script execution.
+
+``connect(url)`` makes the asyncio client: ``redis://``, ``rediss://`` and ``unix://`` give a
+``redis.asyncio.Redis``; ``redis+cluster://host:port`` (or ``rediss+cluster://``) gives a
+``redis.asyncio.cluster.RedisCluster`` seeded from that node. The scheme is the one switch:
+``REDIS_URL`` is shared by the limiter, the breaker and the cache, so one value selects Cluster
+for all three.
+
+Clients are made with socket and connect timeouts (a dead or black-holed Redis fails a call
+within them instead of hanging it) and with redis-py's automatic command retries turned off:
+re-sending a script whose reply was lost could apply it twice (two RPM charges), and a failed
+admission must surface as ``GovernanceBackendError`` promptly rather than after a retry ladder.
+
+Scripts are called by SHA (``EVALSHA``) through ``ScriptClient``, which loads them once and
+recovers from ``NOSCRIPT`` (server restart, failover, ``SCRIPT FLUSH``) by loading them again
+and repeating the calls that missed. That works the same inside a pipeline, where redis-py's
+own ``register_script`` would add a ``SCRIPT EXISTS`` round trip before every pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit, urlunsplit
+
+from polygateway.errors import ConfigError
+from polygateway.ports import BuildContext
+from polygateway.settings import Secret
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.retry import Retry
+
+from pgw_redis.scripts import ALL_SCRIPTS, LuaScript
+
+RedisClient: TypeAlias = "Redis | RedisCluster"
+
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
+"""What a failing Redis raises through redis-py: refused/reset connections, timeouts, server
+errors (OOM, READONLY, CLUSTERDOWN), and plain socket errors."""
+
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+DEFAULT_SOCKET_TIMEOUT_S = 2.0
+DEFAULT_CONNECT_TIMEOUT_S = 2.0
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_CLUSTER_MAX_CONNECTIONS = 512
+
+CONNECTION_OPTIONS = ("socket_timeout_s", "connect_timeout_s", "max_connections")
+"""Component options (pipeline file) every Redis-backed factory accepts."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One script invocation: what ``EVALSHA`` needs."""
+
+    script: LuaScript
+    keys: Sequence[str]
+    args: Sequence[str | int]
+
+
+def as_text(value: object) -> str:
+    """A reply field as ``str`` (clients made without ``decode_responses`` answer bytes)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme.lower() in _CLUSTER_SCHEMES
+
+
+def connect(
+    url: str | Secret,
+    *,
+    socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    max_connections: int | None = None,
+) -> RedisClient:
+    """A new asyncio client for ``url`` (see the module docstring for the schemes).
+
+    No I/O happens here: the first command connects.
+    """
+    raw = url.reveal() if isinstance(url, Secret) else url
+    for name, value in (
+        ("socket_timeout_s", socket_timeout_s),
+        ("connect_timeout_s", connect_timeout_s),
+    ):
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if max_connections is not None and (type(max_connections) is not int or max_connections < 1):
+        raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
+    parts = urlsplit(raw)
+    scheme = parts.scheme.lower()
+    common: dict[str, Any] = {
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        "decode_responses": True,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if scheme in _CLUSTER_SCHEMES:
+        plain = urlunsplit(parts._replace(scheme=_CLUSTER_SCHEMES[scheme]))
+        # Per node; the Cluster client refuses (rather than waits) beyond it.
+        common["max_connections"] = max_connections or DEFAULT_CLUSTER_MAX_CONNECTIONS
+        return RedisCluster.from_url(plain, **common)
+    if scheme not in ("redis", "rediss", "unix"):
+        # The URL may hold a password: name the scheme only.
+        raise ValueError(
+            f"unsupported Redis URL scheme {parts.scheme!r}; use redis://, rediss://, unix://, "
+            "redis+cluster:// or rediss+cluster://"
+        )
+    # A blocking pool: beyond max_connections a command waits for a free connection (at most
+    # socket_timeout_s) instead of failing at once under a burst of concurrent calls.
+    pool = BlockingConnectionPool.from_url(
+        raw,
+        max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
+        timeout=socket_timeout_s,
+        **common,
+    )
+    return Redis.from_pool(pool)
+
+
+def connect_for(ctx: BuildContext, component: str, own_options: Sequence[str] = ()) -> RedisClient:
+    """The client of one Redis-backed component, from ``REDIS_URL`` and its options.
+
+    ``own_options`` are the component's other accepted option names (checked here too, so a
+    misspelled option fails at assembly). ``ConfigError`` when ``REDIS_URL`` is missing or an
+    option is unknown or invalid.
+    """
+    url = ctx.settings.redis_url
+    if url is None or not url:
+        raise ConfigError(
+            f"REDIS_URL is required when the {component} backend is redis "
+            f"(scope {ctx.settings.scope!r})"
+        )
+    check_options(ctx.options, component, (*CONNECTION_OPTIONS, *own_options))
+    options = {key: ctx.options[key] for key in CONNECTION_OPTIONS if key in ctx.options}
+    try:
+        return connect(url, **options)
+    except ValueError as exc:
+        raise ConfigError(f"{component} backend redis: {exc}") from None
+
+
+def check_options(options: Mapping[str, Any], component: str, allowed: Sequence[str]) -> None:
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{component} backend redis: unknown option(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+
+
+async def initialize_cluster(client: RedisClient) -> None:
+    """Learn a Cluster's topology before the first command (a no-op for plain Redis).
+
+    redis-py initializes a Cluster client on its first command; several first commands in
+    flight at once each start that initialization and close each other's connections. Doing
+    it once, up front, under the caller's lock, avoids the spurious connection errors.
+    """
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+
+
+class ScriptClient:
+    """A client plus what scripts need: every script loaded once, ``NOSCRIPT`` recovered.
+
+    All scripts are loaded (``SCRIPT LOAD``, on every primary of a Cluster) before the first
+    call, so that a pipeline never finds some of its scripts cached and others not: a
+    ``NOSCRIPT`` call is repeated after the ones behind it, which would reorder the pipeline.
+    After a restart, failover or ``SCRIPT FLUSH`` every call of a pipeline misses alike; the
+    scripts are loaded again and the missed calls repeated in their order.
+    """
+
+    __slots__ = ("_load_lock", "_loaded", "client")
+
+    def __init__(self, client: RedisClient) -> None:
+        self.client = client
+        self._loaded = False
+        self._load_lock = asyncio.Lock()
+
+    async def run(self, call: ScriptCall) -> Any:
+        """One script, one round trip; errors raise."""
+        if not self._loaded:
+            await self._load_once()
+        script = call.script
+        try:
+            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+        except NoScriptError:
+            await self.load()
+            return await self.client.evalsha(script.sha, len(call.keys), *call.keys, *call.args)
+
+    async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run ``calls`` in order in one round trip (a non-transactional pipeline).
+
+        Returns one entry per call: its reply, or the ``ResponseError`` it answered (the
+        caller decides what an error means on its side). Connection failures raise.
+        """
+        if len(calls) == 1:
+            try:
+                return [await self.run(calls[0])]
+            except ResponseError as exc:
+                return [exc]
+        if not self._loaded:
+            await self._load_once()
+        results = await self._pipeline(calls)
+        missed = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
+        if missed:
+            await self.load()
+            again = await self._pipeline([calls[i] for i in missed])
+            for i, result in zip(missed, again, strict=True):
+                results[i] = result
+        return results
+
+    async def load(self) -> None:
+        """Put every script into the server's cache (all primaries on Cluster)."""
+        client = self.client
+        if isinstance(client, RedisCluster):
+            await initialize_cluster(client)
+            for script in ALL_SCRIPTS:
+                await client.script_load(script.source)
+        else:
+            pipe = client.pipeline(transaction=False)
+            for script in ALL_SCRIPTS:
+                pipe.script_load(script.source)
+            await pipe.execute()
+        self._loaded = True
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def _load_once(self) -> None:
+        async with self._load_lock:
+            if not self._loaded:
+                await self.load()
+
+    async def _pipeline(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            # execute_command: the Cluster pipeline blocks its ``evalsha`` method (scripts may
+            # touch keys of several slots) but routes the command by its keys; ours share one.
+            pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+        return results

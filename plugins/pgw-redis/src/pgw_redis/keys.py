@@ -1,0 +1,83 @@
+"""Key layout. Every key of one scope carries the scope as its Redis Cluster hash tag.
+
+    pgw:limit:{<scope>}:global:lease              ZSET  lease id -> expiry (server ms)
+    pgw:limit:{<scope>}:global:rpm:<window>       STRING requests in that minute
+    pgw:limit:{<scope>}:global:tpm:<window>       STRING tokens in that minute
+    pgw:limit:{<scope>}:global:progress_ms        STRING server ms of the last completed call
+    pgw:limit:{<scope>}:global:abandoned          ZSET  lease ids given up before admission
+    pgw:limit:{<scope>}:source:<source>:lease     ZSET
+    pgw:limit:{<scope>}:source:<source>:rpm:<window>
+    pgw:limit:{<scope>}:source:<source>:tpm:<window>
+    pgw:gate:{<scope>}:<source>                   HASH  breaker state of one source
+
+``<window>`` is ``floor(server_seconds / 60)``. All keys of a scope hash to one slot, so every
+script (which touches one scope only) runs unchanged on Redis Cluster; the price is that one
+scope lives on one node.
+
+Names are percent-encoded (UTF-8, everything but ``A-Z a-z 0-9 _ . - ~``) before they enter a
+key: a ``{`` or ``}`` in a name cannot move the hash tag, a ``:`` cannot forge another key's
+segments, and since ``%`` itself is encoded two different names never share a key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+LIMIT_PREFIX = "pgw:limit:"
+GATE_PREFIX = "pgw:gate:"
+
+
+def encode_name(name: str, what: str) -> str:
+    """The key-safe, injective form of a scope or source name; ``ValueError`` if unusable."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} must be a non-empty string, got {name!r}")
+    return quote(name, safe="")
+
+
+def scope_tag(scope: str) -> str:
+    """``{<encoded scope>}``: the hash tag shared by every key of the scope."""
+    return "{" + encode_name(scope, "scope") + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceKeys:
+    """The limiter keys of one source (window keys are built per call from the bases)."""
+
+    lease: str
+    rpm_base: str
+    """Append the window id to get the key."""
+    tpm_base: str
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterKeys:
+    """The scope-wide limiter keys of one scope."""
+
+    tag: str
+    lease: str
+    rpm_base: str
+    tpm_base: str
+    progress: str
+    abandoned: str
+
+    @classmethod
+    def for_scope(cls, scope: str) -> LimiterKeys:
+        base = f"{LIMIT_PREFIX}{scope_tag(scope)}:"
+        return cls(
+            tag=scope_tag(scope),
+            lease=base + "global:lease",
+            rpm_base=base + "global:rpm:",
+            tpm_base=base + "global:tpm:",
+            progress=base + "global:progress_ms",
+            abandoned=base + "global:abandoned",
+        )
+
+    def source(self, source: str) -> SourceKeys:
+        base = f"{LIMIT_PREFIX}{self.tag}:source:{encode_name(source, 'source name')}:"
+        return SourceKeys(lease=base + "lease", rpm_base=base + "rpm:", tpm_base=base + "tpm:")
+
+
+def gate_key(scope_tag_: str, source: str) -> str:
+    """The breaker HASH of one source of the scope whose tag is ``scope_tag_``."""
+    return f"{GATE_PREFIX}{scope_tag_}:{encode_name(source, 'source name')}"

@@ -1,0 +1,533 @@
+"""The shared rate limiter: six gates in one Lua script, state in Redis (M2 §2).
+
+Semantics are the in-memory limiter's (``ports.RateLimiter``): gates in order global
+concurrency -> source concurrency -> global RPM -> source RPM -> global TPM -> source TPM;
+concurrency and RPM refuse at ``used >= limit``, TPM at ``used + est > limit``; 0 disables a
+gate; a refusal changes nothing but dropping expired leases. What differs is where the state
+lives: every process using the same Redis and scope shares it.
+
+Time: windows and lease expiry use the Redis server's clock (``TIME`` in the scripts), never
+the hosts'. The caller names the window key it expects (so every key is declared, as Redis
+Cluster requires) from a local estimate of the server clock; the script refuses a wrong guess
+with the server time, and the call is repeated once with the corrected window. The estimate
+is learned from every reply, so the repeat happens only around minute boundaries.
+
+Round trips: admission (``try_acquire``) and reads are one round trip each. Accounting
+(``settle``, ``release``, ``mark_progress``) never raises and never waits for Redis: it is
+queued and sent in one pipelined round trip, either with this limiter's next command or by a
+background flush as soon as the caller yields to the event loop. A permit settled and then
+released in the same turn costs one script (``release`` applies the TPM correction), and a
+progress mark rides along with a release. ``flush()`` (and ``aclose()``) waits until
+everything queued has been sent. A process that dies with writes queued loses them; the lease
+TTL frees its leases, as it does after a SIGKILL.
+
+Cancellation: lease ids are made here before the script is sent. If the caller is cancelled
+(or the connection fails) after sending, the script may still have run; the lease is then
+released (and its TPM pre-charge refunded) by a queued compensation that applies only if the
+lease exists. The connection itself is dropped by redis-py, so it is never a reply behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import operator
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Final, Literal, SupportsIndex, TypeAlias, cast
+
+from polygateway.errors import GovernanceBackendError
+from polygateway.ports import Clock, Denial, Permit, SourceStats
+from polygateway.settings import Limits
+
+from pgw_redis._warn import WarnOnce
+from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient
+from pgw_redis.keys import LimiterKeys, SourceKeys
+from pgw_redis.scripts import (
+    ACQUIRE,
+    INFLIGHT,
+    PROGRESS_AGE,
+    PROGRESS_MARK,
+    RELEASE,
+    SETTLE,
+    SOURCE_STATS,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_TOKENS: Final = 2**31 - 1
+"""Largest accepted token count: far above any request, exact in a Lua double."""
+
+WINDOW_MS: Final = 60_000
+
+GateName: TypeAlias = Literal[
+    "global_concurrency",
+    "source_concurrency",
+    "global_rpm",
+    "source_rpm",
+    "global_tpm",
+    "source_tpm",
+]
+
+_GATES: Final[tuple[GateName, ...]] = (
+    "global_concurrency",
+    "source_concurrency",
+    "global_rpm",
+    "source_rpm",
+    "global_tpm",
+    "source_tpm",
+)
+
+_WINDOW_ATTEMPTS = 3
+"""Tries with a corrected window id before giving up (each retry follows a minute boundary)."""
+
+
+class _QueuedAccounting:
+    """What is queued for one lease: a TPM correction, a release, or both (one script)."""
+
+    __slots__ = ("compensation", "delta", "lease_id", "release", "source_keys", "window")
+
+    def __init__(self, lease_id: str, source_keys: SourceKeys, window: int) -> None:
+        self.lease_id = lease_id
+        self.source_keys = source_keys
+        self.window = window
+        self.delta = 0
+        self.release = False
+        self.compensation = False
+
+
+class RedisPermit:
+    """One admitted attempt. ``settle`` and ``release`` act once; later calls are no-ops.
+
+    Both only queue their write (see the module docstring), so neither waits for Redis or
+    raises for backend trouble.
+    """
+
+    __slots__ = (
+        "_est_tokens",
+        "_lease_id",
+        "_limiter",
+        "_released",
+        "_settled",
+        "_source",
+        "_source_keys",
+        "_window",
+    )
+
+    def __init__(
+        self,
+        limiter: RedisLimiter,
+        lease_id: str,
+        source: str,
+        source_keys: SourceKeys,
+        est_tokens: int,
+        window: int,
+    ) -> None:
+        self._limiter = limiter
+        self._lease_id = lease_id
+        self._source = source
+        self._source_keys = source_keys
+        self._est_tokens = est_tokens
+        self._window = window
+        self._settled = False
+        self._released = False
+
+    @property
+    def lease_id(self) -> str:
+        return self._lease_id
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @property
+    def est_tokens(self) -> int:
+        return self._est_tokens
+
+    @property
+    def window(self) -> int:
+        """The acquire-time window id (server minutes since the epoch) that ``settle`` moves."""
+        return self._window
+
+    async def settle(self, actual_tokens: int) -> None:
+        actual = check_token_count(actual_tokens, "actual_tokens")
+        if self._settled:
+            return
+        self._settled = True
+        delta = actual - self._est_tokens
+        if delta:
+            self._limiter._queue(self._lease_id, self._source_keys, self._window, delta=delta)
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._limiter._queue(self._lease_id, self._source_keys, self._window, release=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"<RedisPermit lease_id={self._lease_id!r} source={self._source!r} "
+            f"est_tokens={self._est_tokens} settled={self._settled} released={self._released}>"
+        )
+
+
+class RedisLimiter:
+    """``ports.RateLimiter`` shared through Redis by every process using the same scope.
+
+    ``client`` is a ``redis.asyncio.Redis`` or ``RedisCluster`` (``pgw_redis.connection.
+    connect``); it is closed by ``aclose()`` only when ``owns_client`` is true. ``clock``
+    (default: the system clock) only seeds the estimate of the server's minute; every decision
+    uses the server's time.
+    """
+
+    __slots__ = (
+        "_client",
+        "_closed",
+        "_flush_task",
+        "_global_limits",
+        "_keys",
+        "_lease_ttl_ms",
+        "_lease_ttl_s",
+        "_now_s",
+        "_offset_ms",
+        "_owns_client",
+        "_pending",
+        "_progress_pending",
+        "_scope",
+        "_scripts",
+        "_source_keys",
+        "_warn",
+    )
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        scope: str,
+        global_limits: Limits,
+        lease_ttl_s: float,
+        clock: Clock | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        check_limits(global_limits, "global_limits")
+        if not (lease_ttl_s > 0.0 and math.isfinite(lease_ttl_s)):
+            raise ValueError(f"lease_ttl_s must be a finite number > 0, got {lease_ttl_s!r}")
+        self._client = client
+        self._scripts = ScriptClient(client)
+        self._scope = scope
+        self._keys = LimiterKeys.for_scope(scope)
+        self._global_limits = global_limits
+        self._lease_ttl_s = float(lease_ttl_s)
+        self._lease_ttl_ms = max(1, round(lease_ttl_s * 1000.0))
+        self._now_s: Callable[[], float] = clock.time if clock is not None else time.time
+        self._offset_ms = 0.0
+        self._owns_client = owns_client
+        self._source_keys: dict[str, SourceKeys] = {}
+        self._pending: dict[str, _QueuedAccounting] = {}
+        self._progress_pending = False
+        self._flush_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._warn = WarnOnce(logger, f"Redis limiter (scope {scope!r})")
+
+    @property
+    def scope(self) -> str:
+        return self._scope
+
+    # ------------------------------------------------------------------ admission
+
+    async def try_acquire(
+        self, source: str, est_tokens: int, source_limits: Limits
+    ) -> Permit | Denial:
+        if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
+            est_tokens = check_token_count(est_tokens, "est_tokens")
+        if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
+            check_limits(source_limits, "source_limits")
+        source_keys = self._keys_of(source)
+        keys = self._keys
+        glimits = self._global_limits
+        # Made before sending, so a script that ran for a caller who never saw the reply can
+        # still be released by id.
+        lease_id = uuid.uuid4().hex
+        window = self._guess_window()
+        for _ in range(_WINDOW_ATTEMPTS):
+            w = str(window)
+            call = ScriptCall(
+                ACQUIRE,
+                (
+                    keys.lease,
+                    source_keys.lease,
+                    keys.rpm_base + w,
+                    source_keys.rpm_base + w,
+                    keys.tpm_base + w,
+                    source_keys.tpm_base + w,
+                    keys.abandoned,
+                ),
+                (
+                    window,
+                    lease_id,
+                    est_tokens,
+                    self._lease_ttl_ms,
+                    glimits.max_concurrency,
+                    source_limits.max_concurrency,
+                    glimits.rpm,
+                    source_limits.rpm,
+                    glimits.tpm,
+                    source_limits.tpm,
+                ),
+            )
+            try:
+                reply = await self._exchange(call, "try_acquire")
+            except (asyncio.CancelledError, GovernanceBackendError):
+                # Cancelled or failed after the script may have run: free what it may have
+                # taken (a no-op when the lease does not exist), then let the error go on.
+                self._queue(lease_id, source_keys, window, delta=-est_tokens, compensate=True)
+                raise
+            status = int(reply[0])
+            if status == 1:
+                self._learn_server_time(int(reply[1]))
+                return RedisPermit(self, lease_id, source, source_keys, est_tokens, window)
+            if status == 0:
+                return Denial(_GATES[int(reply[1]) - 1], max(0.0, int(reply[2]) / 1000.0))
+            if status == -2:  # only a compensation writes this; its caller is gone
+                raise GovernanceBackendError(f"lease {lease_id} was given up before admission")
+            window = self._learn_server_time(int(reply[1]))
+        raise GovernanceBackendError(
+            f"Redis limiter (scope {self._scope!r}): the server's minute kept changing "
+            f"during {_WINDOW_ATTEMPTS} admission attempts"
+        )
+
+    # ------------------------------------------------------------------ introspection
+
+    async def source_stats(self, source: str) -> SourceStats:
+        source_keys = self._keys_of(source)
+        window = self._guess_window()
+        for _ in range(_WINDOW_ATTEMPTS):
+            w = str(window)
+            call = ScriptCall(
+                SOURCE_STATS,
+                (source_keys.lease, source_keys.rpm_base + w, source_keys.tpm_base + w),
+                (window,),
+            )
+            reply = await self._exchange(call, "source_stats")
+            if int(reply[0]) == 1:
+                return SourceStats(
+                    inflight=int(reply[1]), rpm_used=int(reply[2]), tpm_used=int(reply[3])
+                )
+            window = self._learn_server_time(int(reply[1]))
+        raise GovernanceBackendError(
+            f"Redis limiter (scope {self._scope!r}): the server's minute kept changing"
+        )
+
+    async def inflight(self) -> int:
+        reply = await self._exchange(ScriptCall(INFLIGHT, (self._keys.lease,), ()), "inflight")
+        return int(reply)
+
+    async def mark_progress(self) -> None:
+        self._progress_pending = True
+        self._schedule_flush()
+
+    async def progress_age_s(self) -> float:
+        call = ScriptCall(PROGRESS_AGE, (self._keys.progress,), ())
+        age_ms = int(await self._exchange(call, "progress_age_s"))
+        return math.inf if age_ms < 0 else age_ms / 1000.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def flush(self) -> None:
+        """Wait until every accounting write queued so far has been sent (and answered)."""
+        task = self._flush_task
+        if task is not None:
+            # asyncio.wait: a caller cancelled here must not cancel the flush itself.
+            await asyncio.wait((task,))
+        calls = self._take_queued()
+        if calls:
+            await self._send_accounting(calls)
+
+    async def aclose(self) -> None:
+        """Send queued accounting, then close the client if this limiter owns it."""
+        if self._closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            if self._owns_client:
+                await self._client.aclose()
+
+    # ------------------------------------------------------------------ internals
+
+    def _keys_of(self, source: str) -> SourceKeys:
+        keys = self._source_keys.get(source)
+        if keys is None:
+            keys = self._source_keys[source] = self._keys.source(source)
+        return keys
+
+    def _guess_window(self) -> int:
+        return int((self._now_s() * 1000.0 + self._offset_ms) // WINDOW_MS)
+
+    def _learn_server_time(self, server_ms: int) -> int:
+        """Remember the server clock's offset; return the server's current window id."""
+        self._offset_ms = server_ms - self._now_s() * 1000.0
+        return server_ms // WINDOW_MS
+
+    async def _exchange(self, call: ScriptCall, operation: str) -> Any:
+        """Run ``call`` (admission or read) behind the queued accounting, in one round trip.
+
+        Backend failures raise ``GovernanceBackendError``: these are admission-side answers,
+        and a limiter that cannot answer must not let a call through.
+        """
+        queued = self._take_queued()
+        try:
+            results = await self._scripts.run_many([*queued, call])
+        except BACKEND_ERRORS as exc:
+            if queued:
+                self._warn.failed("accounting", exc, "queued writes dropped; leases expire")
+            raise GovernanceBackendError(
+                f"Redis limiter (scope {self._scope!r}): {operation} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if queued:
+            self._check_accounting(results)
+        result = results[-1]
+        if isinstance(result, Exception):
+            raise GovernanceBackendError(
+                f"Redis limiter (scope {self._scope!r}): {operation} failed: "
+                f"{type(result).__name__}: {result}"
+            ) from result
+        self._warn.succeeded()
+        return result
+
+    def _queue(
+        self,
+        lease_id: str,
+        source_keys: SourceKeys,
+        window: int,
+        *,
+        delta: int = 0,
+        release: bool = False,
+        compensate: bool = False,
+    ) -> None:
+        entry = self._pending.get(lease_id)
+        if entry is None:
+            entry = self._pending[lease_id] = _QueuedAccounting(lease_id, source_keys, window)
+        entry.delta += delta
+        if release or compensate:
+            entry.release = True
+        if compensate:
+            entry.compensation = True
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_task is None:
+            self._flush_task = asyncio.get_running_loop().create_task(
+                self._flush_queued(), name=f"pgw-redis limiter flush ({self._scope})"
+            )
+
+    async def _flush_queued(self) -> None:
+        # Runs once the caller yields: everything queued in the same turn goes in one
+        # pipeline; whatever is queued while that round trip is in flight goes in the next.
+        try:
+            while calls := self._take_queued():
+                await self._send_accounting(calls)
+        finally:
+            self._flush_task = None
+
+    def _take_queued(self) -> list[ScriptCall]:
+        pending = self._pending
+        progress = self._progress_pending
+        if not pending and not progress:
+            return []
+        self._pending = {}
+        self._progress_pending = False
+        keys = self._keys
+        calls: list[ScriptCall] = []
+        for entry in pending.values():
+            w = str(entry.window)
+            source_keys = entry.source_keys
+            if entry.release:
+                calls.append(
+                    ScriptCall(
+                        RELEASE,
+                        (
+                            keys.lease,
+                            source_keys.lease,
+                            keys.tpm_base + w,
+                            source_keys.tpm_base + w,
+                            keys.progress,
+                            keys.abandoned,
+                        ),
+                        (
+                            entry.lease_id,
+                            entry.delta,
+                            1 if entry.compensation else 0,
+                            1 if progress else 0,
+                            self._lease_ttl_ms,
+                        ),
+                    )
+                )
+                progress = False  # one mark per batch is enough
+            elif entry.delta:
+                calls.append(
+                    ScriptCall(
+                        SETTLE,
+                        (keys.tpm_base + w, source_keys.tpm_base + w),
+                        (entry.delta,),
+                    )
+                )
+        if progress:
+            calls.append(ScriptCall(PROGRESS_MARK, (keys.progress,), ()))
+        return calls
+
+    async def _send_accounting(self, calls: list[ScriptCall]) -> None:
+        try:
+            results = await self._scripts.run_many(calls)
+        except BACKEND_ERRORS as exc:
+            self._warn.failed(
+                "accounting", exc, "release/settle/progress dropped; leases expire after their TTL"
+            )
+            return
+        self._check_accounting(results)
+
+    def _check_accounting(self, results: list[Any]) -> None:
+        for result in results:
+            if isinstance(result, Exception):
+                self._warn.failed("accounting", result, "one release/settle/progress dropped")
+                return
+        self._warn.succeeded()
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisLimiter(scope={self._scope!r}, global_limits={self._global_limits!r}, "
+            f"lease_ttl_s={self._lease_ttl_s!r})"
+        )
+
+
+def check_token_count(value: object, what: str) -> int:
+    """``value`` as an int in ``[0, MAX_TOKENS]``; else ``ValueError`` naming ``what``.
+
+    Refused rather than clamped (negatives, NaN, floats, bools, huge values): a bad estimate
+    is a caller bug, and clamping would silently pre-charge the wrong amount of quota.
+    """
+    if type(value) is int:
+        if 0 <= value <= MAX_TOKENS:
+            return value
+    elif not isinstance(value, (bool, float)):
+        try:
+            as_int = operator.index(cast(SupportsIndex, value))  # numpy integers and the like
+        except TypeError:
+            pass
+        else:
+            if 0 <= as_int <= MAX_TOKENS:
+                return as_int
+    raise ValueError(f"{what} must be an integer in [0, {MAX_TOKENS}], got {value!r}")
+
+
+def check_limits(limits: Limits, what: str) -> None:
+    for field_name in ("max_concurrency", "rpm", "tpm"):
+        value = getattr(limits, field_name)
+        if type(value) is not int or value < 0:
+            raise ValueError(
+                f"{what}.{field_name} must be an integer >= 0 (0 disables the gate), got {value!r}"
+            )

@@ -1,0 +1,129 @@
+"""Helpers of the pgw-redis suite (imported by its tests and conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+def services_required() -> bool:
+    return os.environ.get("PGW_REQUIRE_SERVICES") == "1"
+
+
+def missing(message: str) -> None:
+    if services_required():
+        pytest.fail(f"{message} and PGW_REQUIRE_SERVICES=1")
+    pytest.skip(message)
+
+
+def reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- own servers
+
+
+def binaries() -> tuple[str, str]:
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        missing("redis-server/redis-cli binaries are not installed")
+    assert server is not None and cli is not None
+    return server, cli
+
+
+def free_port(also_free_plus: int = 0) -> int:
+    """A TCP port free now (and ``port + also_free_plus`` too, e.g. a Cluster bus port)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if also_free_plus == 0:
+            return port
+        if port + also_free_plus < 65536:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + also_free_plus))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port found")
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], deadline_s: float = 10.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not reachable("127.0.0.1", port):
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server on port {port} exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"redis-server on port {port} did not start")
+        time.sleep(0.02)
+
+
+@dataclass
+class RedisServer:
+    """A ``redis-server`` this suite runs itself: no persistence, stoppable, restartable."""
+
+    port: int
+    workdir: Path
+    extra: tuple[str, ...] = ()
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        server, _ = binaries()
+        self.process = subprocess.Popen(
+            [
+                server,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.workdir),
+                "--enable-debug-command", "yes",
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_for_port(self.port, self.process)
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        process.kill()
+        process.wait(timeout=10)
+        self.process = None
+        # The port is closed once the process is gone (wait above): nothing else to wait on.
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool] | bool], timeout_s: float = 10.0, every_s: float = 0.02
+) -> None:
+    """Poll an async predicate until it holds (real expiry has no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if not isinstance(value, bool):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(every_s)

@@ -1,0 +1,231 @@
+"""The in-process circuit breaker (``ports.ProviderGate``), one state record per source.
+
+Same algorithm as the Redis backend, field for field: ``state``, ``epoch``, ``failures``,
+``open_until``, ``probe_until``, ``probe_owner``. No method awaits anything, so every
+operation is atomic with respect to other tasks on the event loop.
+
+- closed: every caller passes; consecutive failures count; ``threshold`` failures -> open.
+- open: refused until ``open_until`` (cooldown); the first caller after it becomes the probe.
+- half_open: exactly one probe, leased until ``probe_until``; when the lease runs out without
+  a verdict (the holder vanished) the next caller gets a new probe (lazy reissue).
+- The epoch increments only when entering open. A write-back is applied only when it quotes
+  the current epoch and, for a probe, the current probe owner; otherwise it is fenced
+  (``applied=False``, state untouched).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+
+from polygateway.ports import Clock, GateDecision, GateState, GateUpdate
+
+
+class _GateRecord:
+    __slots__ = (
+        "clean_success",
+        "closed_decision",
+        "epoch",
+        "failures",
+        "open_until",
+        "probe_owner",
+        "probe_until",
+        "state",
+    )
+
+    def __init__(self, source: str) -> None:
+        self.state: GateState = "closed"
+        self.epoch = 0
+        self.failures = 0
+        self.open_until = 0.0
+        self.probe_until = 0.0
+        self.probe_owner: str | None = None
+        self.closed_decision = GateDecision(source, True, "closed", 0)
+        self.clean_success = GateUpdate(source, True, "closed", 0, 0)
+        # Both are immutable and shared by every caller of the epoch: the closed path, taken
+        # by nearly every call, then allocates nothing.
+
+    def close(self, source: str) -> None:
+        self.state = "closed"
+        self.failures = 0
+        self.probe_owner = None
+        self.probe_until = 0.0
+        self.closed_decision = GateDecision(source, True, "closed", self.epoch)
+        self.clean_success = GateUpdate(source, True, "closed", self.epoch, 0)
+
+
+class InMemoryGate:
+    """``ports.ProviderGate`` for one process. Time comes from ``clock.monotonic()``."""
+
+    __slots__ = ("_clock", "_cooldown_s", "_fail_threshold", "_probe_ttl_s", "_records")
+
+    def __init__(
+        self, *, fail_threshold: int, cooldown_s: float, probe_ttl_s: float, clock: Clock
+    ) -> None:
+        _check_threshold(fail_threshold, "fail_threshold")
+        if not (cooldown_s >= 0.0 and math.isfinite(cooldown_s)):
+            raise ValueError(f"cooldown_s must be a finite number >= 0, got {cooldown_s!r}")
+        if not (probe_ttl_s > 0.0 and math.isfinite(probe_ttl_s)):
+            raise ValueError(f"probe_ttl_s must be a finite number > 0, got {probe_ttl_s!r}")
+        self._fail_threshold = fail_threshold
+        self._cooldown_s = float(cooldown_s)
+        self._probe_ttl_s = float(probe_ttl_s)
+        self._clock = clock
+        self._records: dict[str, _GateRecord] = {}
+
+    # ------------------------------------------------------------------ admission
+
+    async def try_enter(self, source: str) -> GateDecision:
+        record = self._records.get(source)
+        if record is None:
+            record = self._records[source] = _GateRecord(source)
+        if record.state == "closed":
+            return record.closed_decision
+        now = self._clock.monotonic()
+        if record.state == "open":
+            if now < record.open_until:
+                return GateDecision(
+                    source, False, "open", record.epoch, retry_after_s=record.open_until - now
+                )
+        elif record.probe_owner is not None and now < record.probe_until:
+            return GateDecision(
+                source, False, "half_open", record.epoch, retry_after_s=record.probe_until - now
+            )
+        # Cooldown over, or the probe lease is free or lapsed: this caller is the probe.
+        owner = uuid.uuid4().hex
+        record.state = "half_open"
+        record.probe_owner = owner
+        record.probe_until = now + self._probe_ttl_s
+        return GateDecision(source, True, "half_open", record.epoch, probe_owner=owner)
+
+    async def retry_after_s(self, sources: Sequence[str]) -> float:
+        if isinstance(sources, str):
+            raise ValueError("retry_after_s needs a sequence of source names, not one string")
+        if not sources:
+            raise ValueError("retry_after_s needs at least one source name")
+        now = self._clock.monotonic()
+        shortest = math.inf
+        for source in sources:
+            record = self._records.get(source)
+            if record is None or record.state == "closed":
+                return 0.0
+            if record.state == "open":
+                wait = record.open_until - now
+            elif record.probe_owner is not None:
+                wait = record.probe_until - now
+            else:
+                wait = 0.0
+            shortest = min(shortest, wait)
+        return max(0.0, shortest)
+
+    async def state(self, source: str) -> GateState:
+        """The stored state; open -> half_open happens on the next ``try_enter``."""
+        record = self._records.get(source)
+        return "closed" if record is None else record.state
+
+    # ------------------------------------------------------------------ write-backs
+
+    async def record_success(self, decision: GateDecision) -> GateUpdate:
+        record = self._record_for_write_back(decision, "record_success")
+        if not _holds(record, decision):
+            return _snapshot(decision.source, record, applied=False)
+        if decision.probe_owner is not None:
+            record.close(decision.source)
+        else:
+            record.failures = 0
+        return record.clean_success
+
+    async def record_failure(
+        self, decision: GateDecision, *, threshold: int | None = None, force_open: bool = False
+    ) -> GateUpdate:
+        if threshold is None:
+            threshold = self._fail_threshold
+        else:
+            _check_threshold(threshold, "threshold")
+        record = self._record_for_write_back(decision, "record_failure")
+        if not _holds(record, decision):
+            return _snapshot(decision.source, record, applied=False)
+        if force_open or decision.probe_owner is not None:
+            # A dead source, or a failed probe: straight back to open.
+            self._open(record, max(record.failures, threshold))
+        else:
+            record.failures += 1
+            if record.failures >= threshold:
+                self._open(record, record.failures)
+        return _snapshot(decision.source, record, applied=True)
+
+    async def release_probe(self, decision: GateDecision) -> None:
+        """Hand the probe back (no verdict): the next ``try_enter`` becomes the probe at once.
+
+        A no-op for non-probe decisions, unknown sources and probes no longer held.
+        """
+        if decision.probe_owner is None:
+            return
+        record = self._records.get(decision.source)
+        if record is not None and _holds(record, decision):
+            record.probe_owner = None
+            record.probe_until = 0.0
+
+    async def force_open(self, source: str) -> GateUpdate:
+        """Open now, whatever the state. Already open: the cooldown restarts, same epoch."""
+        record = self._records.get(source)
+        if record is None:
+            record = self._records[source] = _GateRecord(source)
+        failures = max(record.failures, self._fail_threshold)
+        if record.state == "open":
+            record.failures = failures
+            record.open_until = max(record.open_until, self._clock.monotonic() + self._cooldown_s)
+        else:
+            self._open(record, failures)
+        return _snapshot(source, record, applied=True)
+
+    async def aclose(self) -> None:
+        """Nothing to close: state lives in this object."""
+
+    # ------------------------------------------------------------------ internals
+
+    def _record_for_write_back(self, decision: GateDecision, method: str) -> _GateRecord:
+        if not decision.allowed:
+            raise ValueError(
+                f"{method} got a refused decision for source {decision.source!r}: "
+                "only admitted attempts report an outcome"
+            )
+        record = self._records.get(decision.source)
+        if record is None:
+            record = self._records[decision.source] = _GateRecord(decision.source)
+        return record
+
+    def _open(self, record: _GateRecord, failures: int) -> None:
+        record.state = "open"
+        record.epoch += 1
+        record.failures = failures
+        record.open_until = self._clock.monotonic() + self._cooldown_s
+        record.probe_owner = None
+        record.probe_until = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"InMemoryGate(fail_threshold={self._fail_threshold}, cooldown_s={self._cooldown_s}, "
+            f"probe_ttl_s={self._probe_ttl_s}, sources={len(self._records)})"
+        )
+
+
+def _holds(record: _GateRecord, decision: GateDecision) -> bool:
+    """Whether ``decision`` still speaks for the current state (the fencing rule)."""
+    if decision.probe_owner is not None:
+        return (
+            record.state == "half_open"
+            and record.epoch == decision.epoch
+            and record.probe_owner == decision.probe_owner
+        )
+    return record.state == "closed" and record.epoch == decision.epoch
+
+
+def _snapshot(source: str, record: _GateRecord, *, applied: bool) -> GateUpdate:
+    return GateUpdate(source, applied, record.state, record.epoch, record.failures)
+
+
+def _check_threshold(value: int, what: str) -> None:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")

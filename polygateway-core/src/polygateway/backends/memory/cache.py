@@ -1,0 +1,87 @@
+"""In-process response cache: a bounded LRU with a mandatory TTL per entry.
+
+Expiry runs on the injected clock (deterministic tests). Expired entries are dropped when read
+and, as the least recently used, evicted first when the cache is full, so no sweeper task is
+needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from polygateway.ports import Clock
+
+
+def check_ttl(ttl_s: object) -> float:
+    """Return ``ttl_s`` as a float if it is a finite number > 0; else ``ValueError``.
+
+    Entries that never expire are refused (ARCHITECTURE §7.5): a cache without expiry keeps
+    serving an answer long after the model or prompt behind it changed.
+    """
+    if (
+        isinstance(ttl_s, bool)
+        or not isinstance(ttl_s, int | float)
+        or not math.isfinite(ttl_s)
+        or ttl_s <= 0
+    ):
+        raise ValueError(f"cache ttl_s must be a finite number > 0, got {ttl_s!r}")
+    return float(ttl_s)
+
+
+class MemoryCache:
+    """``CacheBackend`` for one process. Never fails, so it never needs to degrade."""
+
+    __slots__ = ("_clock", "_entries", "max_entries")
+
+    def __init__(self, *, clock: Clock, max_entries: int = 10000) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"MemoryCache max_entries must be an int >= 1, got {max_entries!r}")
+        self._clock = clock
+        self.max_entries = max_entries
+        # key -> (monotonic deadline, value); order = recency of use, oldest first.
+        self._entries: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    async def get(self, key: str) -> str | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry[0] <= self._clock.monotonic():
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        deadline = self._clock.monotonic() + check_ttl(ttl_s)
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"MemoryCache stores str keys and values, got {type(key).__name__} -> "
+                f"{type(value).__name__}"
+            )
+        entries = self._entries
+        entries[key] = (deadline, value)
+        entries.move_to_end(key)
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)
+
+    def remaining_ttl_s(self, key: str) -> float | None:
+        """Seconds until ``key`` expires; ``None`` when absent or already expired."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        remaining = entry[0] - self._clock.monotonic()
+        return remaining if remaining > 0 else None
+
+    def __len__(self) -> int:
+        """Entries held, including expired ones not yet dropped."""
+        return len(self._entries)
+
+    async def aclose(self) -> None:
+        self._entries.clear()
+
+    def __repr__(self) -> str:
+        return f"MemoryCache(entries={len(self._entries)}, max_entries={self.max_entries})"
+
+
+__all__ = ["MemoryCache", "check_ttl"]

@@ -1,0 +1,305 @@
+"""The in-process rate limiter: six gates, leases with a TTL, per-minute windows.
+
+Admission (``try_acquire``) runs without a single ``await`` between checking the gates and
+taking the slot, so it is atomic with respect to every other task on the event loop: that is
+what makes it correct under asyncio concurrency without a lock.
+
+Time: lease expiry and progress use ``clock.monotonic()``; RPM/TPM windows are fixed,
+minute-aligned windows keyed by ``floor(clock.time() / 60)``, the same keying the Redis backend
+uses with the server's time. Fixed windows admit up to twice a limit across a minute boundary;
+that is the chosen trade-off for both backends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import secrets
+from collections import OrderedDict
+
+from polygateway.backends import MAX_TOKENS, check_token_count
+from polygateway.ports import Clock, Denial, Permit, SourceStats
+from polygateway.settings import Limits
+
+WINDOW_S = 60.0
+"""Length of one RPM/TPM window."""
+
+
+class _WindowUsage:
+    """Requests and tokens charged to one key (the scope, or one source) in one window."""
+
+    __slots__ = ("requests", "tokens", "window")
+
+    def __init__(self) -> None:
+        self.window = -1
+        self.requests = 0
+        self.tokens = 0
+        """May go negative through ``settle``; readers clamp at 0."""
+
+
+class _SourceState:
+    __slots__ = ("leases", "usage")
+
+    def __init__(self) -> None:
+        # lease id -> expiry (monotonic). Insertion order is expiry order: the TTL is constant
+        # and the clock is monotonic, so the earliest expiry is always the first entry.
+        self.leases: OrderedDict[str, float] = OrderedDict()
+        self.usage = _WindowUsage()
+
+
+class _MemoryPermit:
+    """One admitted attempt. ``settle`` and ``release`` act once; later calls are no-ops."""
+
+    __slots__ = (
+        "_est_tokens",
+        "_expires_at",
+        "_lease_id",
+        "_limiter",
+        "_released",
+        "_settled",
+        "_source",
+        "_state",
+        "_window",
+    )
+
+    def __init__(
+        self,
+        limiter: InMemoryLimiter,
+        lease_id: str,
+        source: str,
+        state: _SourceState,
+        est_tokens: int,
+        window: int,
+        expires_at: float,
+    ) -> None:
+        self._limiter = limiter
+        self._lease_id = lease_id
+        self._source = source
+        self._state = state
+        self._est_tokens = est_tokens
+        self._window = window
+        self._expires_at = expires_at
+        self._settled = False
+        self._released = False
+
+    @property
+    def lease_id(self) -> str:
+        return self._lease_id
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @property
+    def est_tokens(self) -> int:
+        return self._est_tokens
+
+    async def settle(self, actual_tokens: int) -> None:
+        actual = check_token_count(actual_tokens, "actual_tokens")
+        if self._settled:
+            return
+        self._settled = True
+        delta = actual - self._est_tokens
+        if delta:
+            self._limiter._adjust_tokens(self._state, self._window, delta)
+
+    async def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._limiter._drop_lease(self._lease_id, self._state)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Permit lease_id={self._lease_id!r} source={self._source!r} "
+            f"est_tokens={self._est_tokens} settled={self._settled} released={self._released}>"
+        )
+
+
+class InMemoryLimiter:
+    """``ports.RateLimiter`` for one process.
+
+    Gates, in order: global concurrency -> source concurrency -> global RPM -> source RPM ->
+    global TPM -> source TPM. Concurrency/RPM refuse at ``used >= limit``, TPM at
+    ``used + est > limit``; a limit of 0 disables its gate. A refusal changes nothing.
+
+    Wait hints: RPM/TPM -> seconds to the end of the current window; concurrency -> seconds
+    until the earliest lease of the full gate expires (an upper bound: a release usually
+    frees a slot much earlier, so callers poll at ``min(hint, poll_interval)``).
+
+    Counters are kept whether or not a gate is enabled, so ``source_stats`` always reports.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_global_limits",
+        "_global_usage",
+        "_lease_ids",
+        "_lease_prefix",
+        "_lease_ttl_s",
+        "_leases",
+        "_progress_at",
+        "_sources",
+    )
+
+    def __init__(self, *, global_limits: Limits, lease_ttl_s: float, clock: Clock) -> None:
+        _check_limits(global_limits, "global_limits")
+        if not (lease_ttl_s > 0.0 and math.isfinite(lease_ttl_s)):
+            raise ValueError(f"lease_ttl_s must be a finite number > 0, got {lease_ttl_s!r}")
+        self._global_limits = global_limits
+        self._lease_ttl_s = float(lease_ttl_s)
+        self._clock = clock
+        # lease id -> source state, scope-wide; insertion order is expiry order (see above).
+        self._leases: OrderedDict[str, _SourceState] = OrderedDict()
+        self._sources: dict[str, _SourceState] = {}
+        self._global_usage = _WindowUsage()
+        self._progress_at: float | None = None
+        # Unique, cheap lease ids: a random per-limiter prefix plus a counter.
+        self._lease_prefix = secrets.token_hex(4) + "-"
+        self._lease_ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ admission
+
+    async def try_acquire(
+        self, source: str, est_tokens: int, source_limits: Limits
+    ) -> Permit | Denial:
+        if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
+            est_tokens = check_token_count(est_tokens, "est_tokens")
+        # One bitwise OR tells whether any of the three limits is negative.
+        if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
+            _check_limits(source_limits, "source_limits")
+
+        state = self._sources.get(source)
+        if state is None:
+            state = self._sources[source] = _SourceState()
+        glimits = self._global_limits
+        leases = self._leases
+        now = self._clock.monotonic()
+
+        # Expired leases are purged lazily, only when a concurrency gate looks full.
+        limit = glimits.max_concurrency
+        if limit and len(leases) >= limit:
+            self._purge_expired(now)
+            if len(leases) >= limit:
+                return Denial("global_concurrency", self._lease_wait(now, leases))
+        limit = source_limits.max_concurrency
+        if limit and len(state.leases) >= limit:
+            self._purge_expired(now)
+            if len(state.leases) >= limit:
+                return Denial("source_concurrency", self._source_lease_wait(now, state))
+
+        wall = self._clock.time()
+        window = int(wall // WINDOW_S)
+        gusage = self._global_usage
+        susage = state.usage
+        # Rolling a counter into the new window is not a visible change: the old window is
+        # never read again.
+        if gusage.window != window:
+            _roll(gusage, window)
+        if susage.window != window:
+            _roll(susage, window)
+
+        limit = glimits.rpm
+        if limit and gusage.requests >= limit:
+            return Denial("global_rpm", (window + 1) * WINDOW_S - wall)
+        limit = source_limits.rpm
+        if limit and susage.requests >= limit:
+            return Denial("source_rpm", (window + 1) * WINDOW_S - wall)
+        limit = glimits.tpm
+        if limit and gusage.tokens + est_tokens > limit:
+            return Denial("global_tpm", (window + 1) * WINDOW_S - wall)
+        limit = source_limits.tpm
+        if limit and susage.tokens + est_tokens > limit:
+            return Denial("source_tpm", (window + 1) * WINDOW_S - wall)
+
+        lease_id = self._lease_prefix + str(next(self._lease_ids))
+        expires_at = now + self._lease_ttl_s
+        leases[lease_id] = state
+        state.leases[lease_id] = expires_at
+        gusage.requests += 1
+        gusage.tokens += est_tokens
+        susage.requests += 1
+        susage.tokens += est_tokens
+        return _MemoryPermit(self, lease_id, source, state, est_tokens, window, expires_at)
+
+    # ------------------------------------------------------------------ introspection
+
+    async def source_stats(self, source: str) -> SourceStats:
+        state = self._sources.get(source)
+        if state is None:
+            return SourceStats(inflight=0, rpm_used=0, tpm_used=0)
+        self._purge_expired(self._clock.monotonic())
+        usage = state.usage
+        if usage.window != int(self._clock.time() // WINDOW_S):
+            return SourceStats(inflight=len(state.leases), rpm_used=0, tpm_used=0)
+        return SourceStats(
+            inflight=len(state.leases), rpm_used=usage.requests, tpm_used=max(0, usage.tokens)
+        )
+
+    async def inflight(self) -> int:
+        self._purge_expired(self._clock.monotonic())
+        return len(self._leases)
+
+    async def mark_progress(self) -> None:
+        self._progress_at = self._clock.monotonic()
+
+    async def progress_age_s(self) -> float:
+        if self._progress_at is None:
+            return math.inf
+        return max(0.0, self._clock.monotonic() - self._progress_at)
+
+    async def aclose(self) -> None:
+        """Nothing to close: state lives in this object."""
+
+    # ------------------------------------------------------------------ internals
+
+    def _purge_expired(self, now: float) -> None:
+        leases = self._leases
+        while leases:
+            lease_id, state = next(iter(leases.items()))
+            if state.leases[lease_id] > now:
+                return
+            del leases[lease_id]
+            del state.leases[lease_id]
+
+    def _lease_wait(self, now: float, leases: OrderedDict[str, _SourceState]) -> float:
+        lease_id, state = next(iter(leases.items()))
+        return state.leases[lease_id] - now
+
+    def _source_lease_wait(self, now: float, state: _SourceState) -> float:
+        return next(iter(state.leases.values())) - now
+
+    def _drop_lease(self, lease_id: str, state: _SourceState) -> None:
+        # Absent when the lease already expired and was purged: then releasing is a no-op.
+        if self._leases.pop(lease_id, None) is not None:
+            del state.leases[lease_id]
+
+    def _adjust_tokens(self, state: _SourceState, window: int, delta: int) -> None:
+        # The acquire-time window only: once it has rolled over nobody reads it again, so a
+        # settle arriving later changes nothing visible (the Redis backend writes into the
+        # old window's key, equally unread).
+        if self._global_usage.window == window:
+            self._global_usage.tokens += delta
+        if state.usage.window == window:
+            state.usage.tokens += delta
+
+    def __repr__(self) -> str:
+        return (
+            f"InMemoryLimiter(global_limits={self._global_limits!r}, "
+            f"lease_ttl_s={self._lease_ttl_s!r}, leases={len(self._leases)})"
+        )
+
+
+def _roll(usage: _WindowUsage, window: int) -> None:
+    usage.window = window
+    usage.requests = 0
+    usage.tokens = 0
+
+
+def _check_limits(limits: Limits, what: str) -> None:
+    for field_name in ("max_concurrency", "rpm", "tpm"):
+        value = getattr(limits, field_name)
+        if type(value) is not int or value < 0:
+            raise ValueError(
+                f"{what}.{field_name} must be an integer >= 0 (0 disables the gate), got {value!r}"
+            )

@@ -1,0 +1,5 @@
+"""``python -m polygateway.cli``: the ``pgw`` command line."""
+
+from polygateway.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""``pgw chat "text"``: one governed call with the configured sources."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("text", help="the user message")
+    parser.add_argument("--scope", default="LLM", help="configuration scope (default LLM)")
+    parser.add_argument("--system", help="an optional system message")
+    parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    parser.add_argument("--no-stream", action="store_true", help="use the non-streaming API")
+    parser.add_argument("--config", help="pipeline file (default: PGW_CONFIG or ./pgw.toml)")
+    parser.add_argument("--env-file", help=".env file (default: ./.env if present)")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    return asyncio.run(_chat(args))
+
+
+async def _chat(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from polygateway import ConfigError, GatewayClient, PolyGatewayError
+
+    messages = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    messages.append({"role": "user", "content": args.text})
+    try:
+        client = GatewayClient.from_env(
+            scope=args.scope, pipeline_path=args.config, dotenv_path=args.env_file
+        )
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"config: {problem}", file=sys.stderr)
+        return 2
+    async with client:
+        try:
+            response = await client.chat(messages, stream=not args.no_stream)
+        except PolyGatewayError as exc:
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+    if args.json:
+        data = dataclasses.asdict(response)
+        data.pop("structured_data", None)
+        print(json.dumps(data, ensure_ascii=False, indent=2))
+    else:
+        if response.thinking:
+            print(f"[thinking] {response.thinking}\n", file=sys.stderr)
+        print(response.content)
+        print(
+            f"[{response.source_name} {response.model} {response.latency_ms} ms "
+            f"{response.prompt_tokens}+{response.completion_tokens} tokens"
+            f"{' cache hit' if response.cache_hit else ''}]",
+            file=sys.stderr,
+        )
+    return 0

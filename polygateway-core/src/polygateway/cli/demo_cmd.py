@@ -1,0 +1,261 @@
+"""``pgw demo``: the main job on embedded defaults, end to end, in about ten seconds.
+
+Starts the fake upstream in-process with three sources (healthy, flaky with 429/5xx, one with a
+dead key), runs a few hundred concurrent governed calls with in-memory limiter, breaker and
+cache and SQLite telemetry, repeats prompts to hit the cache, makes one structured call that
+needs a re-ask, then prints what happened, read back from the telemetry database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+ROLES = {"openai-1": "healthy", "qwen-1": "flaky (429/5xx)", "deepseek-1": "dead key (401)"}
+PRICES = {
+    "demo-healthy": {"input_per_1m": 0.15, "output_per_1m": 0.60},
+    "demo-flaky": {"input_per_1m": 0.10, "output_per_1m": 0.40},
+    "demo-dead": {"input_per_1m": 0.20, "output_per_1m": 0.80},
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("--calls", type=int, default=300, help="governed calls in the batch")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--db", default="pgw_demo_telemetry.db", help="SQLite telemetry file")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return run
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+    import os
+    import tempfile
+
+    if args.calls < 20 or args.concurrency < 1:
+        print("pgw demo: --calls must be >= 20 and --concurrency >= 1", file=sys.stderr)
+        return 2
+    for suffix in ("", "-wal", "-shm"):  # a fresh database per demo run
+        if os.path.exists(args.db + suffix):
+            os.remove(args.db + suffix)
+    with tempfile.TemporaryDirectory() as tmp:
+        pricing = os.path.join(tmp, "prices.json")
+        with open(pricing, "w", encoding="utf-8") as fh:
+            json.dump(PRICES, fh)
+        return asyncio.run(_demo(args, pricing))
+
+
+def _answer(request: dict[str, Any]) -> str:
+    """Content of the fake's replies: plain text, or JSON for the structured call."""
+    messages = request.get("messages") or []
+    last = str(messages[-1].get("content", "")) if messages else ""
+    if "invoice" in str(messages[0].get("content", "")).lower():
+        if len(messages) >= 3:  # the re-ask: bad answer and feedback were appended
+            return '{"number": "INV-42", "total": 99.5}'
+        return '{"number": "INV-42", "total": "ninety-nine"}'  # fails validation once
+    return f"Answer to: {last[:40]}"
+
+
+class _TransitionLog:
+    """A ProviderGate decorator that notes every state change it sees (for the summary)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.transitions: list[tuple[str, str, str]] = []
+        self._last: dict[str, str] = {}
+
+    def _note(self, source: str, state: str) -> None:
+        before = self._last.get(source, "closed")
+        if state != before:
+            self.transitions.append((source, before, state))
+        self._last[source] = state
+
+    async def try_enter(self, source: str) -> Any:
+        decision = await self._inner.try_enter(source)
+        self._note(source, decision.state)
+        return decision
+
+    async def record_success(self, decision: Any) -> Any:
+        update = await self._inner.record_success(decision)
+        self._note(update.source, update.state)
+        return update
+
+    async def record_failure(self, decision: Any, **kwargs: Any) -> Any:
+        update = await self._inner.record_failure(decision, **kwargs)
+        self._note(update.source, update.state)
+        return update
+
+    async def force_open(self, source: str) -> Any:
+        update = await self._inner.force_open(source)
+        self._note(source, update.state)
+        return update
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _progress(done: int, total: int, failed: int) -> None:
+    width = 40
+    filled = int(width * done / total)
+    sys.stderr.write(
+        f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  failed {failed}"
+    )
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+async def _demo(args: argparse.Namespace, pricing: str) -> int:
+    import random
+
+    from polygateway import GatewayClient, PolyGatewayError
+    from polygateway.backends.memory.breaker import InMemoryGate
+    from polygateway.clock import SystemClock
+    from polygateway.telemetry.report import read_sqlite_rows
+    from polygateway.testing import FakeUpstream, Reply
+    from pydantic import BaseModel
+
+    class Invoice(BaseModel):
+        number: str
+        total: float
+
+    rng = random.Random(args.seed)
+
+    async with FakeUpstream() as fake:
+        fake.set_default(
+            "healthy", Reply.ok(content=_answer, first_token_delay=0.01, inter_token_delay=0.001)
+        )
+        flaky: list[Any] = []
+        for _ in range(args.calls * 2):
+            roll = rng.random()
+            if roll < 0.12:
+                flaky.append(Reply.error(429, retry_after=1))
+            elif roll < 0.24:
+                flaky.append(Reply.error(503))
+            else:
+                flaky.append(
+                    Reply.ok(content=_answer, first_token_delay=0.02, inter_token_delay=0.001)
+                )
+        fake.script("flaky", *flaky)
+        fake.set_default("dead", Reply.error(401))
+
+        env = {
+            "LLM__OPENAI__1__BASE_URL": fake.base_url("healthy"),
+            "LLM__OPENAI__1__MODEL": "demo-healthy",
+            "LLM__OPENAI__1__API_KEY": "sk-demo-healthy",
+            "LLM__QWEN__1__BASE_URL": fake.base_url("flaky"),
+            "LLM__QWEN__1__MODEL": "demo-flaky",
+            "LLM__QWEN__1__API_KEY": "sk-demo-flaky",
+            "LLM__DEEPSEEK__1__BASE_URL": fake.base_url("dead"),
+            "LLM__DEEPSEEK__1__MODEL": "demo-dead",
+            "LLM__DEEPSEEK__1__API_KEY": "sk-demo-revoked",
+            "LLM__GLOBAL__MAX_CONCURRENCY": "24",
+            "LLM__RETRY__MAX_ATTEMPTS": "4",
+            "LLM__RETRY__BASE_DELAY_S": "0.05",
+            "LLM__RETRY__MAX_DELAY_S": "0.5",
+            "LLM__BREAKER__FAIL_THRESHOLD": "3",
+            "LLM__BREAKER__COOLDOWN_S": "2",
+            "LLM__OPENAI__1__TIMEOUT_S": "10",
+            "LLM__QWEN__1__TIMEOUT_S": "10",
+            "LLM__DEEPSEEK__1__TIMEOUT_S": "10",
+            "LLM__STRUCTURED__MAX_RETRIES": "1",
+            "PGW_CACHE_BACKEND": "memory",
+            "PGW_CACHE_NAMESPACE": "demo",
+            "PGW_CACHE_TTL_S": "600",
+            "PGW_TELEMETRY_BACKEND": "sqlite",
+            "PGW_TELEMETRY_SQLITE_PATH": args.db,
+            "PGW_PRICING_PATH": pricing,
+            "PGW_PLUGINS": "",
+        }
+        breaker = _TransitionLog(
+            InMemoryGate(fail_threshold=3, cooldown_s=2.0, probe_ttl_s=20.0, clock=SystemClock())
+        )
+        client = GatewayClient.from_env(env=env, breaker=breaker)
+        unique = args.calls - args.calls // 6
+        prompts = [f"Summarize document #{i} in one line." for i in range(unique)]
+        repeats = [prompts[rng.randrange(10)] for _ in range(args.calls - unique)]
+        failures: dict[str, int] = {}
+        done = 0
+
+        async def one(prompt: str) -> None:
+            nonlocal done
+            try:
+                await client.chat([{"role": "user", "content": prompt}])
+            except PolyGatewayError as exc:
+                failures[type(exc).__name__] = failures.get(type(exc).__name__, 0) + 1
+            done += 1
+            if not args.quiet:
+                _progress(done, args.calls, sum(failures.values()))
+
+        print(
+            f"PolyGateway demo: {args.calls} calls, concurrency {args.concurrency}, "
+            "3 sources (healthy, flaky, dead key)"
+        )
+        from polygateway import gather_bounded
+
+        async with client:
+            await gather_bounded([lambda p=p: one(p) for p in prompts], args.concurrency)
+            await gather_bounded([lambda p=p: one(p) for p in repeats], args.concurrency)
+            invoice = await client.chat(
+                [{"role": "user", "content": "Extract the invoice as JSON: INV-42, 99.50"}],
+                structured=Invoice,
+            )
+        rows = read_sqlite_rows(args.db)
+
+    _summary(rows, args.calls + 1, failures, breaker.transitions, invoice, args.db)
+    return 0
+
+
+def _summary(
+    rows: list[dict[str, Any]],
+    calls: int,
+    failures: dict[str, int],
+    transitions: list[tuple[str, str, str]],
+    invoice: Any,
+    db: str,
+) -> None:
+    from polygateway.telemetry.report import build_report, percentile
+
+    report = build_report(rows, by="source")
+    attempts = [r for r in rows if not r["cache_hit"]]
+    hits = sum(1 for r in rows if r["cache_hit"])
+    print()
+    print(f"{'source':12} {'role':18} {'attempts':>8} {'ok':>6} {'errors':>7}  top error")
+    for group in report.groups:
+        if group.key == "-":
+            continue
+        src_rows = [r for r in attempts if r["source_name"] == group.key]
+        ok = sum(1 for r in src_rows if not r["error"])
+        errs = report.errors_by_source.get(group.key)
+        top = errs.most_common(1)[0][0] if errs else ""
+        print(
+            f"{group.key:12} {ROLES.get(group.key, ''):18} {len(src_rows):>8} {ok:>6} "
+            f"{len(src_rows) - ok:>7}  {top}"
+        )
+    ok_rows = [r for r in attempts if not r["error"]]
+    latencies = [float(r["latency_ms"]) for r in ok_rows]
+    ttfts = [float(r["ttft_ms"]) for r in ok_rows if r["ttft_ms"] is not None]
+    print()
+    print(
+        f"calls {calls}, attempts {len(attempts)}, retries/switches "
+        f"{len(attempts) - (calls - hits)}, failed calls {sum(failures.values())} {failures or ''}"
+    )
+    print(f"cache hits {hits}/{calls} ({hits / calls:.0%})")
+    print(
+        f"latency p50 {percentile(latencies, 50) or 0:.0f} ms, p95 "
+        f"{percentile(latencies, 95) or 0:.0f} ms; TTFT p50 {percentile(ttfts, 50) or 0:.0f} ms"
+        f", p95 {percentile(ttfts, 95) or 0:.0f} ms"
+    )
+    print(
+        f"tokens {report.total.prompt_tokens} prompt + {report.total.completion_tokens} "
+        f"completion; cost {report.total.cost:.6f}"
+    )
+    print(f"breaker transitions: {len(transitions)}")
+    for source, before, after in transitions[:12]:
+        print(f"  {source}: {before} -> {after}")
+    print(f"structured call: {invoice.structured_data!r} (re-asked once after a validation error)")
+    print(f"\nEvery attempt is in {db}: try  pgw telemetry report --db {db} --by source")

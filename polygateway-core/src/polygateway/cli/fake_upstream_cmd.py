@@ -1,0 +1,72 @@
+"""``pgw fake-upstream --port N``: the fake OpenAI-compatible upstream in the foreground.
+
+For benchmarks and soak runs: prints its base URL, serves until SIGINT/SIGTERM. ``--chunks``,
+``--content-bytes`` and ``--inter-token-delay`` set the default reply of every source.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--chunks", type=_positive_int, help="content chunks per streamed reply")
+    parser.add_argument(
+        "--content-bytes", type=_positive_int, help="size of the reply content in characters"
+    )
+    parser.add_argument(
+        "--inter-token-delay",
+        type=_non_negative_float,
+        default=0.0,
+        help="seconds between streamed chunks (default 0)",
+    )
+    return run
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _content(size: int) -> str:
+    words = "lorem ipsum dolor sit amet consectetur adipiscing elit "
+    return (words * (size // len(words) + 1))[:size]
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    return asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from polygateway.testing.fake_upstream import DEFAULT_CONTENT, FakeUpstream, Reply
+
+    content = _content(args.content_bytes) if args.content_bytes else DEFAULT_CONTENT
+    default_reply = Reply.ok(content, chunks=args.chunks, inter_token_delay=args.inter_token_delay)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    # Benchmarks run for long: do not keep every request body.
+    async with FakeUpstream(
+        host=args.host, port=args.port, default_reply=default_reply, keep_received=False
+    ) as fake:
+        print(fake.base_url(), flush=True)
+        await stop.wait()
+    return 0

@@ -1,0 +1,36 @@
+"""The configuration loader: env + ``.env`` + the TOML pipeline file -> ``GatewaySettings``.
+
+The only place in the library that reads the environment. Typical use::
+
+    from polygateway.config import load_scope
+    settings = load_scope("LLM")                 # os.environ over ./.env, ./pgw.toml if present
+
+Every problem becomes one line of ``ConfigError.problems`` naming the key (``LLM__QWEN__1__
+TIMEOUT_S`` or ``pgw.toml:[scopes.LLM.retry].max_attempts``), the rejected value unless it may be
+a secret, and the allowed values or registered names. Key families, precedence and the file
+format are documented in ``loader.py``, ``env.py`` and ``pgw.example.toml``.
+"""
+
+from __future__ import annotations
+
+from polygateway.config.describe import describe_settings
+from polygateway.config.env import plugin_filter, read_env
+from polygateway.config.guards import (
+    NameRegistry,
+    check_guards,
+    middleware_problems,
+    validate_against_registry,
+)
+from polygateway.config.loader import load_scope, load_settings
+
+__all__ = [
+    "NameRegistry",
+    "check_guards",
+    "describe_settings",
+    "load_scope",
+    "load_settings",
+    "middleware_problems",
+    "plugin_filter",
+    "read_env",
+    "validate_against_registry",
+]

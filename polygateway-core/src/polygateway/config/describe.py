@@ -1,0 +1,65 @@
+"""A JSON-able view of resolved settings with every secret masked (for ``pgw config check``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from polygateway.config.models import is_secret_key, mask_url
+from polygateway.settings import GatewaySettings, ScopeSettings, Secret
+
+MASK = "***"
+_URL_FIELDS = frozenset({"base_url", "redis_url", "pg_dsn"})
+
+
+def _plain(value: Any, name: str = "") -> Any:
+    """Dataclasses, mappings and sequences as JSON types; secrets masked."""
+    if isinstance(value, Secret):
+        if not value:
+            return None
+        # A URL keeps its host visible (useful to check); its password and query never show.
+        return mask_url(value.reveal()) if name in _URL_FIELDS else MASK
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name), f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {
+            str(key): MASK if is_secret_key(str(key)) else _plain(item, str(key))
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_plain(item, name) for item in value]
+    if isinstance(value, str):
+        return mask_url(value) if "://" in value and "@" in value else value
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return str(value)
+
+
+def describe_scope(scope: ScopeSettings) -> dict[str, Any]:
+    described: dict[str, Any] = _plain(scope)
+    described["effective"] = {
+        "max_timeout_s": scope.max_timeout_s,
+        "max_ttft_s": scope.max_ttft_s,
+        "lease_ttl_s": scope.lease_ttl_s,
+        "probe_ttl_s": scope.probe_ttl_s,
+    }
+    return described
+
+
+def describe_settings(settings: GatewaySettings) -> dict[str, Any]:
+    """``{"scopes": {name: {...}}, "warnings": [...]}``: JSON-able, secrets shown as ``***``.
+
+    ``effective`` holds the derived values (lease and probe TTLs) the guards checked.
+    ``warnings`` names scopes that have settings but no sources (they cannot be assembled).
+    """
+    warnings = [
+        f"{name}: scope has settings but no sources (expected {name}__<PROVIDER>__<N>__BASE_URL "
+        f"and {name}__<PROVIDER>__<N>__MODEL, or [[scopes.{name}.sources]])"
+        for name, scope in settings.scopes.items()
+        if not scope.sources
+    ]
+    return {
+        "scopes": {name: describe_scope(scope) for name, scope in settings.scopes.items()},
+        "warnings": warnings,
+    }

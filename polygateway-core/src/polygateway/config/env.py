@@ -1,0 +1,318 @@
+"""The environment side of the configuration: ``.env`` reading and the env key families.
+
+Families (the seeds' names, ARCHITECTURE §9, M2 §1):
+
+- sources: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}``, e.g. ``LLM__QWEN__1__BASE_URL``; the source is
+  named ``{provider}-{N}`` (``qwen-1``);
+- scope settings: ``{SCOPE}__RETRY__MAX_ATTEMPTS``, ``{SCOPE}__GLOBAL__RPM``,
+  ``{SCOPE}__SELECTOR``... (the second segment is one of ``RESERVED_SEGMENTS``, never a provider);
+- flat keys: ``LLM_TIMEOUT``, ``LLM_MAX_RETRIES``... (single-scope shorthand, apply to every
+  scope) and the ``PGW_*`` backend choices.
+
+This module only sorts raw strings into layer-shaped dicts and remembers which key each value
+came from; typing and constraints are ``models.py``'s job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polygateway.config.models import Loc
+from polygateway.errors import ConfigError
+
+SOURCE_FIELDS: dict[str, str] = {
+    "BASE_URL": "base_url",
+    "API_KEY": "api_key",
+    "MODEL": "model",
+    "TIMEOUT_S": "timeout_s",
+    "TIMEOUT": "timeout_s",
+    "CONNECT_TIMEOUT_S": "connect_timeout_s",
+    "TTFT_TIMEOUT_S": "ttft_timeout_s",
+    "INTER_TOKEN_TIMEOUT_S": "inter_token_timeout_s",
+    "MAX_CONCURRENCY": "max_concurrency",
+    "RPM": "rpm",
+    "TPM": "tpm",
+    "EST_TOKENS": "est_tokens",
+    "ENABLE_THINKING": "enable_thinking",
+    "MISSING_DONE": "missing_done",
+    "TRANSPORT": "transport",
+    "ENGINE": "engine",
+    "TRUST_ENV": "trust_env",
+}
+"""``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` -> source field (``TIMEOUT`` aliases ``TIMEOUT_S``)."""
+
+SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
+    "RETRY": (
+        "retry",
+        {
+            "MAX_ATTEMPTS": "max_attempts",
+            "BASE_DELAY_S": "base_delay_s",
+            "MAX_DELAY_S": "max_delay_s",
+        },
+    ),
+    "BREAKER": (
+        "breaker",
+        {
+            "FAIL_THRESHOLD": "fail_threshold",
+            "COOLDOWN_S": "cooldown_s",
+            "PROBE_TTL_S": "probe_ttl_s",
+        },
+    ),
+    "BACKPRESSURE": (
+        "backpressure",
+        {
+            "STALL_WINDOW_S": "stall_window_s",
+            "QUOTA_FULL": "quota_full",
+            "POLL_INTERVAL_S": "poll_interval_s",
+            "LEASE_TTL_S": "lease_ttl_s",
+        },
+    ),
+    "GLOBAL": ("global", {"MAX_CONCURRENCY": "max_concurrency", "RPM": "rpm", "TPM": "tpm"}),
+    "STRUCTURED": ("structured", {"MAX_RETRIES": "max_retries", "STRATEGY": "strategy"}),
+    "CACHE": ("cache", {"BACKEND": "backend", "NAMESPACE": "namespace", "TTL_S": "ttl_s"}),
+    "TELEMETRY": ("telemetry", {"BACKEND": "backend", "SQLITE_PATH": "sqlite_path"}),
+}
+"""``{SCOPE}__{GROUP}__{FIELD}`` -> (table, {FIELD: key})."""
+
+SCOPE_SCALARS: dict[str, str] = {"SELECTOR": "selector", "BATCH_SIZE": "batch_size"}
+"""``{SCOPE}__{KEY}`` -> scope key."""
+
+RESERVED_SEGMENTS: frozenset[str] = frozenset(SCOPE_GROUPS) | frozenset(SCOPE_SCALARS)
+"""Second segments that name scope settings, never a provider."""
+
+FLAT_KEYS: dict[str, Loc] = {
+    "LLM_TIMEOUT": ("source_defaults", "timeout_s"),
+    "LLM_TTFT_TIMEOUT": ("source_defaults", "ttft_timeout_s"),
+    "LLM_INTER_TOKEN_TIMEOUT": ("source_defaults", "inter_token_timeout_s"),
+    "LLM_MAX_RETRIES": ("retry", "max_attempts"),
+    "LLM_RETRY_BASE_DELAY": ("retry", "base_delay_s"),
+    "LLM_RETRY_MAX_DELAY": ("retry", "max_delay_s"),
+    "LLM_CIRCUIT_BREAKER_THRESHOLD": ("breaker", "fail_threshold"),
+    "LLM_CIRCUIT_BREAKER_COOLDOWN": ("breaker", "cooldown_s"),
+    "PGW_STATE_BACKEND": ("state",),
+    "PGW_LIMITER_BACKEND": ("limiter", "name"),
+    "PGW_BREAKER_BACKEND": ("breaker", "backend"),
+    "PGW_QUOTA_FULL": ("backpressure", "quota_full"),
+    "PGW_CACHE_BACKEND": ("cache", "backend"),
+    "PGW_CACHE_NAMESPACE": ("cache", "namespace"),
+    "PGW_CACHE_TTL_S": ("cache", "ttl_s"),
+    "PGW_TELEMETRY_BACKEND": ("telemetry", "backend"),
+    "PGW_TELEMETRY_SQLITE_PATH": ("telemetry", "sqlite_path"),
+    "PGW_TELEMETRY_PG_DSN": ("telemetry", "pg_dsn"),
+    "PGW_PRICING_PATH": ("pricing_path",),
+}
+"""Flat keys (every scope) -> layer path. Scope keys and the pipeline file's scope tables win."""
+
+REDIS_URL_KEY = "REDIS_URL"
+CONFIG_PATH_KEY = "PGW_CONFIG"
+PLUGINS_KEY = "PGW_PLUGINS"
+
+_SEGMENT = re.compile(r"^[A-Z0-9]+(?:_[A-Z0-9]+)*$")
+_SCOPE_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*$")
+
+
+def read_env(
+    env: Mapping[str, str] | None = None, *, dotenv_path: str | os.PathLike[str] | None = None
+) -> dict[str, str]:
+    """The key/value pairs the configuration is read from.
+
+    ``env=None``: ``os.environ`` over ``.env`` (``dotenv_path``, else ``./.env`` when present);
+    ``os.environ`` is never modified. An explicit ``env`` is taken as-is, over ``dotenv_path``
+    only when one is given. A ``dotenv_path`` that does not exist is a ``ConfigError``.
+    """
+    path: Path | None = None
+    if dotenv_path is not None:
+        path = Path(dotenv_path)
+        if not path.is_file():
+            raise ConfigError(f"dotenv_path: file not found: {dotenv_path}")
+    elif env is None and Path(".env").is_file():
+        path = Path(".env")
+    merged: dict[str, str] = {}
+    if path is not None:
+        from dotenv import dotenv_values
+
+        # Interpolating ${VAR} would read os.environ even when the caller passed its own env.
+        values = dotenv_values(path, interpolate=env is None)
+        merged.update({k: v for k, v in values.items() if v is not None})
+    merged.update(os.environ if env is None else env)
+    return merged
+
+
+def plugin_filter(env: Mapping[str, str] | None = None) -> list[str] | None:
+    """``PGW_PLUGINS`` parsed: unset -> ``None`` (every plugin), empty -> ``[]`` (builtin only).
+
+    ``env=None`` reads ``os.environ`` over ``./.env`` like ``load_settings``.
+    """
+    values = read_env(env)
+    raw = values.get(PLUGINS_KEY)
+    if raw is None:
+        return None
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+@dataclass
+class EnvSource:
+    """One ``{SCOPE}__{PROVIDER}__{N}`` family: raw field values and the key each came from."""
+
+    prefix: str
+    provider: str
+    name: str
+    values: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    """Source field -> env key."""
+
+    def key_for(self, source_field: str) -> str:
+        return self.keys.get(source_field) or f"{self.prefix}__{source_field.upper()}"
+
+
+@dataclass
+class EnvScope:
+    name: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    """ScopeCommonLayer-shaped raw strings from ``{SCOPE}__{GROUP}__{FIELD}``."""
+    keys: dict[Loc, str] = field(default_factory=dict)
+    sources: dict[tuple[str, str], EnvSource] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def ordered_sources(self) -> list[EnvSource]:
+        """By provider, then by number as a number (``QWEN__2`` before ``QWEN__10``)."""
+        return [
+            self.sources[k] for k in sorted(self.sources, key=lambda k: (k[0], int(k[1]), k[1]))
+        ]
+
+
+@dataclass
+class EnvConfig:
+    """Everything the env says, sorted by family."""
+
+    flat: dict[str, Any] = field(default_factory=dict)
+    flat_keys: dict[Loc, str] = field(default_factory=dict)
+    scopes: dict[str, EnvScope] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    redis_url: str | None = None
+
+
+def _set_path(target: dict[str, Any], path: Loc, value: Any) -> None:
+    node = target
+    for part in path[:-1]:
+        node = node.setdefault(str(part), {})
+    node[str(path[-1])] = value
+
+
+def _allowed(names: Iterable[str]) -> str:
+    return ", ".join(sorted(names))
+
+
+def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> EnvConfig:
+    """Sort the env into flat keys, scope settings and sources.
+
+    Keys that are not PolyGateway's are ignored, except malformed keys of a scope that is
+    configured (from a source key, a scope setting key or the pipeline file): those are
+    problems, so that a typo is not silently dropped. Empty values count as unset.
+    """
+    config = EnvConfig()
+    items = sorted((k, v.strip()) for k, v in values.items() if v is not None and v.strip())
+
+    for key, value in items:
+        if key in FLAT_KEYS:
+            _set_path(config.flat, FLAT_KEYS[key], value)
+            config.flat_keys[FLAT_KEYS[key]] = key
+        elif key == REDIS_URL_KEY:
+            config.redis_url = value
+
+    family: list[tuple[str, list[str], str]] = []
+    scopes_seen = {name.upper() for name in known_scopes}
+    for key, value in items:
+        parts = key.split("__")
+        if len(parts) < 2 or not all(_SEGMENT.match(p) for p in parts):
+            continue
+        if not _SCOPE_NAME.match(parts[0]):
+            continue
+        family.append((key, parts, value))
+        if (len(parts) == 4 and parts[2].isdigit()) or parts[1] in RESERVED_SEGMENTS:
+            scopes_seen.add(parts[0])
+
+    for key, parts, value in family:
+        scope_name = parts[0]
+        if scope_name not in scopes_seen:
+            continue  # not ours: some other tool's double-underscore key
+        scope = config.scopes.setdefault(scope_name, EnvScope(scope_name))
+        _parse_scope_key(scope, key, parts, value)
+    return config
+
+
+def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
+    second = parts[1]
+    shapes = (
+        f"sources are {scope.name}__<PROVIDER>__<N>__<FIELD>, scope settings "
+        f"{scope.name}__<{'|'.join(sorted(SCOPE_GROUPS))}>__<FIELD> or "
+        f"{scope.name}__<{'|'.join(sorted(SCOPE_SCALARS))}>"
+    )
+    if len(parts) == 2:
+        if second in SCOPE_SCALARS:
+            path: Loc = (SCOPE_SCALARS[second],)
+            _set_path(scope.settings, path, value)
+            scope.keys[path] = key
+        elif second in SCOPE_GROUPS:
+            fields = SCOPE_GROUPS[second][1]
+            scope.problems.append(
+                f"{key}: missing the field; use {key}__<FIELD> with FIELD one of {_allowed(fields)}"
+            )
+        else:
+            scope.problems.append(f"{key}: not a PolyGateway key; {shapes}")
+        return
+    if len(parts) == 3:
+        if second in SCOPE_GROUPS:
+            table, fields = SCOPE_GROUPS[second]
+            if parts[2] not in fields:
+                scope.problems.append(
+                    f"{key}: unknown {second} field {parts[2]}; allowed: {_allowed(fields)}"
+                )
+                return
+            path = (table, fields[parts[2]])
+            _set_path(scope.settings, path, value)
+            scope.keys[path] = key
+        elif second in SCOPE_SCALARS:
+            scope.problems.append(f"{key}: {scope.name}__{second} takes no field")
+        else:
+            scope.problems.append(f"{key}: not a PolyGateway key; {shapes}")
+        return
+    if len(parts) == 4 and second not in RESERVED_SEGMENTS and parts[2].isdigit():
+        _parse_source_key(scope, key, parts, value)
+        return
+    if second in RESERVED_SEGMENTS:
+        scope.problems.append(
+            f"{key}: {second} is reserved for scope settings and cannot name a provider; {shapes}"
+        )
+    elif len(parts) == 4:
+        scope.problems.append(f"{key}: the source number {parts[2]!r} must be an integer; {shapes}")
+    else:
+        scope.problems.append(f"{key}: not a PolyGateway key; {shapes}")
+
+
+def _parse_source_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
+    provider, number, field_name = parts[1], parts[2], parts[3]
+    source_field = SOURCE_FIELDS.get(field_name)
+    if source_field is None:
+        scope.problems.append(
+            f"{key}: unknown source field {field_name}; allowed: {_allowed(SOURCE_FIELDS)}"
+        )
+        return
+    prefix = f"{scope.name}__{provider}__{number}"
+    source = scope.sources.setdefault(
+        (provider, number),
+        EnvSource(prefix=prefix, provider=provider.lower(), name=f"{provider.lower()}-{number}"),
+    )
+    if source_field in source.values:
+        scope.problems.append(
+            f"{key}: {source.keys[source_field]} is set too; set only one of "
+            f"{prefix}__TIMEOUT_S and {prefix}__TIMEOUT"
+        )
+        return
+    source.values[source_field] = value
+    source.keys[source_field] = key

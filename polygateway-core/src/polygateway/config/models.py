@@ -1,0 +1,403 @@
+"""Pydantic models of one configuration layer, and the translation of their errors.
+
+A layer is what one origin says about one scope: the ``{SCOPE}__...`` env keys, the flat
+``LLM_*``/``PGW_*`` keys, the file's ``[defaults]`` or ``[scopes.X]`` table, or one source
+entry. Every field is optional (``None`` = "this layer does not say"); the loader merges layers
+and checks what must be present. Env and file go through the same models, so a value means the
+same and is constrained the same wherever it is written.
+
+Errors become one line each, ``<key>: <reason>[, got <value>]``, where ``<key>`` is the env key
+or ``file:[table].key`` the caller names through ``label``. Pydantic's own rendering is never
+used: it spans lines and echoes inputs, which may be secrets.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeAlias
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
+
+Loc: TypeAlias = tuple[str | int, ...]
+"""A path inside a layer, e.g. ``("retry", "max_attempts")`` or ``("sources", 0, "model")``."""
+
+
+def _http_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        valid = False
+    if not valid:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return value
+
+
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+ProviderName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"),
+]
+HttpUrl = Annotated[str, StringConstraints(strip_whitespace=True), AfterValidator(_http_url)]
+Options = dict[str, Any]
+
+Engine = Literal["aiohttp", "httpx", "httpx-aiohttp"]
+
+
+class LayerModel(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        hide_input_in_errors=True,
+        allow_inf_nan=False,
+        populate_by_name=False,
+    )
+
+
+class SourceDefaultsLayer(LayerModel):
+    """Per-source settings that can also be given once for every source of a scope."""
+
+    timeout_s: PositiveFloat | None = None
+    connect_timeout_s: PositiveFloat | None = None
+    ttft_timeout_s: PositiveFloat | None = None
+    inter_token_timeout_s: PositiveFloat | None = None
+    max_concurrency: NonNegativeInt | None = None
+    rpm: NonNegativeInt | None = None
+    tpm: NonNegativeInt | None = None
+    est_tokens: PositiveInt | None = None
+    enable_thinking: bool | None = None
+    missing_done: Literal["retry", "salvage"] | None = None
+    transport: Name | None = None
+    engine: Engine | None = None
+    trust_env: bool | None = None
+    options: Options | None = None
+
+
+class SourceLayer(SourceDefaultsLayer):
+    """One upstream account: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` or ``[[scopes.X.sources]]``."""
+
+    provider: ProviderName | None = None
+    name: Name | None = None
+    base_url: HttpUrl | None = None
+    model: Name | None = None
+    api_key: str | None = None
+    api_key_env: Name | None = None
+
+
+class RetryLayer(LayerModel):
+    max_attempts: PositiveInt | None = None
+    base_delay_s: NonNegativeFloat | None = None
+    max_delay_s: NonNegativeFloat | None = None
+
+
+class BreakerLayer(LayerModel):
+    fail_threshold: PositiveInt | None = None
+    cooldown_s: PositiveFloat | None = None
+    probe_ttl_s: PositiveFloat | None = None
+    backend: Name | None = None
+    options: Options | None = None
+
+
+class BackpressureLayer(LayerModel):
+    quota_full: Literal["wait", "fail_fast"] | None = None
+    stall_window_s: PositiveFloat | None = None
+    poll_interval_s: PositiveFloat | None = None
+    lease_ttl_s: PositiveFloat | None = None
+
+
+class GlobalLayer(LayerModel):
+    max_concurrency: NonNegativeInt | None = None
+    rpm: NonNegativeInt | None = None
+    tpm: NonNegativeInt | None = None
+
+
+class LimiterLayer(LayerModel):
+    name: Name | None = None
+    options: Options | None = None
+
+
+class CacheLayer(LayerModel):
+    backend: Name | None = None
+    namespace: Name | None = None
+    ttl_s: PositiveFloat | None = None
+    options: Options | None = None
+
+
+class TelemetryLayer(LayerModel):
+    backend: Name | None = None
+    sqlite_path: Name | None = None
+    pg_dsn: str | None = None
+    pg_dsn_env: Name | None = None
+    options: Options | None = None
+
+
+class StructuredLayer(LayerModel):
+    strategy: Name | None = None
+    max_retries: NonNegativeInt | None = None
+
+
+class ScopeCommonLayer(LayerModel):
+    """A scope table without its sources; also the shape of ``[defaults]`` and the flat keys."""
+
+    state: Name | None = None
+    middleware: list[Name] | None = None
+    selector: Name | None = None
+    batch_size: PositiveInt | None = None
+    pricing_path: Name | None = None
+    retry: RetryLayer | None = None
+    breaker: BreakerLayer | None = None
+    backpressure: BackpressureLayer | None = None
+    global_limits: GlobalLayer | None = Field(default=None, alias="global")
+    limiter: LimiterLayer | None = None
+    cache: CacheLayer | None = None
+    telemetry: TelemetryLayer | None = None
+    structured: StructuredLayer | None = None
+    source_defaults: SourceDefaultsLayer | None = None
+    middleware_options: dict[Name, Options] | None = None
+
+
+# --------------------------------------------------------------------------- secrets
+
+_SECRET_FIELDS = frozenset({"api_key", "pg_dsn", "redis_url"})
+_SECRET_OPTION = re.compile(
+    r"(^|[_\-])(api[_\-]?key|key|secret|password|passwd|pwd|token|dsn|credentials?|auth|authorization)$",
+    re.IGNORECASE,
+)
+_FREE_FORM = frozenset({"options", "middleware_options"})
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a free-form option name looks like it holds a credential."""
+    return bool(_SECRET_OPTION.search(name))
+
+
+def is_secret_loc(loc: Sequence[str | int]) -> bool:
+    """Whether the value at ``loc`` may be a secret (never echoed)."""
+    names = [part for part in loc if isinstance(part, str)]
+    if names and names[-1] in _SECRET_FIELDS:
+        return True
+    for index, part in enumerate(names):
+        if part in _FREE_FORM and any(is_secret_key(n) for n in names[index + 1 :]):
+            return True
+    return False
+
+
+def mask_url(value: str) -> str:
+    """``scheme://user:***@host:port/path?***``: the password and query never show."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return "***"
+    if not parts.scheme or not parts.netloc:
+        return value if "@" not in value else "***"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    if port is not None:
+        host = f"{host}:{port}"
+    user = ""
+    if parts.username is not None or parts.password is not None:
+        user = (parts.username or "") + (":***" if parts.password is not None else "") + "@"
+    query = "?***" if parts.query else ""
+    return f"{parts.scheme}://{user}{host}{parts.path}{query}"
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: "***" if is_secret_key(str(k)) else _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(item) for item in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return mask_url(value)
+    return value
+
+
+class MaskedOptions(dict[str, Any]):
+    """Free-form options exactly as given, but whose ``repr`` hides credential-looking values.
+
+    Settings reprs end up in logs and tracebacks; an option named ``password`` or a URL with a
+    password in it must not.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(_masked(dict(self)))
+
+    __str__ = __repr__
+
+
+def show_value(value: object) -> str | None:
+    """A short, safe rendering of a rejected value, or ``None`` when it should not be shown."""
+    if isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, str):
+        text = mask_url(value) if "://" in value else value
+        if len(text) > 60:
+            text = text[:57] + "..."
+        return repr(text)
+    return None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class inside ``X | None``, ``list[X]``, ``dict[str, X]``, if any."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if origin is typing.Union or origin is types.UnionType or origin in (list, dict):
+        for arg in typing.get_args(annotation):
+            found = _unwrap_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def allowed_keys(root: type[BaseModel], table: Loc) -> list[str]:
+    """The keys the table at ``table`` (a path below ``root``) accepts."""
+    model: type[BaseModel] | None = root
+    for part in table:
+        if model is None:
+            return []
+        if isinstance(part, int):
+            continue
+        field = next(
+            (f for n, f in model.model_fields.items() if (f.alias or n) == part),
+            None,
+        )
+        if field is None:
+            return []
+        model = _unwrap_model(field.annotation)
+    if model is None:
+        return []
+    return sorted(f.alias or n for n, f in model.model_fields.items())
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _reason(error: Mapping[str, Any], root: type[BaseModel]) -> str:
+    kind = str(error["type"])
+    ctx: Mapping[str, Any] = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        allowed = allowed_keys(root, tuple(error["loc"][:-1]))
+        return "unknown key; allowed: " + ", ".join(allowed)
+    simple = {
+        "missing": "required",
+        "int_parsing": "must be an integer",
+        "int_type": "must be an integer",
+        "int_from_float": "must be an integer",
+        "float_parsing": "must be a number",
+        "float_type": "must be a number",
+        "finite_number": "must be a finite number",
+        "bool_parsing": "must be true or false (also yes/no, 1/0)",
+        "bool_type": "must be true or false (also yes/no, 1/0)",
+        "string_type": "must be a string",
+        "string_too_short": "must not be empty",
+        "dict_type": "must be a table",
+        "model_type": "must be a table",
+        "model_attributes_type": "must be a table",
+        "list_type": "must be a list",
+    }
+    if kind in simple:
+        return simple[kind]
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected', '')}"
+    if kind == "greater_than":
+        return f"must be > {_number(ctx.get('gt'))}"
+    if kind == "greater_than_equal":
+        return f"must be >= {_number(ctx.get('ge'))}"
+    if kind == "string_pattern_mismatch":
+        return "must start with a letter or digit and contain only letters, digits, '_', '-', '.'"
+    if kind == "value_error":
+        return str(ctx.get("error") or error.get("msg", "invalid value"))
+    return str(error.get("msg", "invalid value")).splitlines()[0]
+
+
+def describe_error(
+    error: Mapping[str, Any],
+    root: type[BaseModel],
+    label: Callable[[Loc], str],
+    prefix: Loc = (),
+) -> str:
+    """One readable line for one pydantic error; secrets and unknown keys' values never shown."""
+    loc: Loc = tuple(error["loc"])
+    # Dict-key errors carry a synthetic "[key]" segment; the key itself is the useful part.
+    loc = tuple(p for p in loc if not (isinstance(p, str) and p == "[key]"))
+    line = f"{label(prefix + loc)}: {_reason(error, root)}"
+    if error["type"] not in ("extra_forbidden", "missing") and not is_secret_loc(prefix + loc):
+        shown = show_value(error.get("input"))
+        if shown is not None:
+            line += f", got {shown}"
+    return line
+
+
+def _prune(data: dict[str, Any], locs: Sequence[Loc]) -> dict[str, Any]:
+    """A copy of ``data`` without the values at ``locs`` (the rejected ones)."""
+    pruned = copy.deepcopy(data)
+    removals: list[tuple[Any, str | int]] = []
+    for loc in locs:
+        node: Any = pruned
+        parent: Any = None
+        last: str | int | None = None
+        for part in loc:
+            in_dict = isinstance(node, dict) and part in node
+            in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+            if not (in_dict or in_list):
+                break
+            parent, last, node = node, part, node[part]
+        if parent is not None and last is not None:
+            removals.append((parent, last))
+    # Delete list items from the highest index down so earlier deletions do not shift later ones.
+    removals.sort(key=lambda item: item[1] if isinstance(item[1], int) else -1, reverse=True)
+    for parent, key in removals:
+        if isinstance(parent, dict):
+            parent.pop(key, None)
+        elif isinstance(key, int) and key < len(parent):
+            del parent[key]
+    return pruned
+
+
+def validate_layer(
+    raw: Mapping[str, Any],
+    model: type[LayerModel],
+    label: Callable[[Loc], str],
+) -> tuple[dict[str, Any], list[str]]:
+    """Validate one layer; returns the accepted values (by alias, only what was given) and problems.
+
+    Rejected values are dropped and the rest is kept, so that one bad key does not hide the
+    other problems of the same layer.
+    """
+    problems: list[str] = []
+    data = dict(raw)
+    for attempt in range(3):
+        try:
+            validated = model.model_validate(data)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            if attempt == 0:
+                problems.extend(describe_error(e, model, label) for e in errors)
+            data = _prune(data, [tuple(e["loc"]) for e in errors])
+            continue
+        return validated.model_dump(by_alias=True, exclude_unset=True), problems
+    return {}, problems

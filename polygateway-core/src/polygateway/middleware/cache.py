@@ -1,0 +1,311 @@
+"""Response cache layer: outside the retry loop, so a hit costs no quota, never meets a breaker
+and never reaches the network (ARCHITECTURE §4.3, §7.5; D4).
+
+Key: ``pgw:cache:`` + sha256 of the canonical JSON of ``{model, messages_digest, namespace,
+salt, structured}`` (plus ``extra``, the request's ``extra_body``, when it is not empty: other
+body parameters mean another answer). Canonical JSON makes delimiters in tenant ids harmless.
+
+Value: the ``LLMResponse`` as JSON, without ``structured_data``. Only what passed the
+structured ladder is stored (the structured layer is inside this one), never an empty or a
+truncated (``finish_reason == "length"``) completion. A hit is returned with
+``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit is a call of
+its own in telemetry) and ``structured_data`` rebuilt by the strategy, without network.
+
+The cache is an optimisation: a failing backend or an unreadable entry is a miss plus a
+warning (one per outage), never an error of the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from json.encoder import encode_basestring
+from typing import Any
+
+from polygateway.digest import canonical_json
+from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
+from polygateway.middleware.telemetry import canonical_messages_json
+from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy
+from polygateway.types import ChatRequest, LLMResponse
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "pgw:cache:"
+
+# Stored fields: everything but structured_data (rebuilt on a hit). Unknown names in a stored
+# value are ignored and missing ones take their defaults, so entries survive field additions.
+_STORED_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(LLMResponse) if f.name != "structured_data"
+)
+_STORED_FIELD_SET = frozenset(_STORED_FIELDS)
+_json_string: Callable[[str], str] = encode_basestring  # a JSON string literal, as json.dumps
+# What a hit changes (besides a fresh call_id): served from memory, free, nothing streamed.
+_HIT_OVERRIDES: dict[str, Any] = {
+    "cache_hit": True,
+    "latency_ms": 0,
+    "ttft_ms": None,
+    "max_inter_token_ms": None,
+    "cost": 0.0,
+}
+DECODED_MEMO_SIZE = 256
+"""Entries whose decoded fields a layer keeps, so a repeated hit skips JSON parsing."""
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_DECODE = json.JSONDecoder().decode
+
+
+def encode_response(response: LLMResponse) -> str:
+    """The cached form of a response: JSON of its fields, without ``structured_data``."""
+    return _ENCODER.encode({name: getattr(response, name) for name in _STORED_FIELDS})
+
+
+def decode_fields(value: str) -> dict[str, Any]:
+    """The ``LLMResponse`` keyword arguments stored by ``encode_response``.
+
+    ``ValueError`` when ``value`` is not such an entry.
+    """
+    data = _DECODE(value)
+    if not isinstance(data, dict) or not isinstance(data.get("content"), str):
+        raise ValueError("cached value is not an encoded LLMResponse")
+    if not _STORED_FIELD_SET.issuperset(data):
+        data = {k: v for k, v in data.items() if k in _STORED_FIELD_SET}
+    return data
+
+
+def decode_response(value: str, **overrides: Any) -> LLMResponse:
+    """Inverse of ``encode_response``; ``ValueError``/``TypeError`` when ``value`` is unusable."""
+    fields = decode_fields(value)
+    fields.update(overrides)
+    return LLMResponse(**fields)
+
+
+def is_cacheable(response: LLMResponse) -> bool:
+    """A real, complete answer: not a hit already, not empty, not cut off by the token limit."""
+    return (
+        not response.cache_hit
+        and response.finish_reason != "length"
+        and bool(response.content.strip())
+    )
+
+
+class CacheMiddleware:
+    """Content-addressed response cache over a ``CacheBackend``."""
+
+    __slots__ = (
+        "_backend",
+        "_decoded",
+        "_failing",
+        "_model_identity",
+        "_model_json",
+        "_schema_ids",
+        "_strategy",
+        "namespace",
+        "ttl_s",
+    )
+
+    def __init__(
+        self,
+        backend: CacheBackend,
+        *,
+        namespace: str,
+        ttl_s: float,
+        model_identity: str,
+        strategy: StructuredOutputStrategy,
+    ) -> None:
+        problems: list[str] = []
+        if not isinstance(namespace, str) or not namespace:
+            problems.append(
+                "cache namespace is required (PGW_CACHE_NAMESPACE or [cache] namespace): "
+                f"a project or tenant name keeps cache entries apart, got {namespace!r}"
+            )
+        if (
+            isinstance(ttl_s, bool)
+            or not isinstance(ttl_s, int | float)
+            or not math.isfinite(ttl_s)
+            or ttl_s <= 0
+        ):
+            problems.append(
+                "cache TTL is required and must be a finite number of seconds > 0 "
+                f"(PGW_CACHE_TTL_S or [cache] ttl_s), got {ttl_s!r}"
+            )
+        if problems:
+            raise ConfigError(problems)
+        self._backend = backend
+        self.namespace = namespace
+        self.ttl_s = float(ttl_s)
+        self._model_identity = model_identity
+        self._model_json = _json_string(model_identity)
+        self._strategy = strategy
+        self._schema_ids: dict[type[Any], str] = {}
+        self._decoded: dict[str, dict[str, Any]] = {}
+        self._failing = False
+
+    async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
+        key = self._key_or_none(request)
+        if key is None:
+            return await call_next(request)
+        try:
+            cached = await self._backend.get(key)
+        except Exception as exc:  # noqa: BLE001 - a cache outage is a miss, never an error
+            self._backend_failed("get", exc)
+            cached = None
+        else:
+            self._backend_ok()
+        if cached is not None:
+            hit = self._hit(cached, request)
+            if hit is not None:
+                return hit
+        response = await call_next(request)
+        if is_cacheable(response):
+            try:
+                value = encode_response(response)
+                await self._backend.set(key, value, self.ttl_s)
+            except (ValueError, TypeError) as exc:  # e.g. NaN or a non-JSON field value
+                logger.warning("response not cached: it cannot be encoded (%s)", exc)
+            except Exception as exc:  # noqa: BLE001 - a cache outage must not fail a good call
+                self._backend_failed("set", exc)
+            else:
+                self._backend_ok()
+        return response
+
+    # ------------------------------------------------------------------ key
+
+    def key(self, request: ChatRequest) -> str:
+        """The cache key of ``request``; ``RequestRejectedError`` for an unusable salt/namespace.
+
+        Equal to ``KEY_PREFIX + sha256_hex(canonical_json({...}))`` of the documented parts;
+        the outer JSON object is assembled by hand (keys in sorted order) because this runs on
+        every call, hits included.
+        """
+        namespace = request.cache_namespace or self.namespace
+        salt = request.cache_salt or ""
+        if type(namespace) is not str or type(salt) is not str:
+            raise RequestRejectedError(
+                "cache_namespace and cache_salt must be strings, got "
+                f"{type(request.cache_namespace).__name__} and {type(request.cache_salt).__name__}"
+            )
+        # The telemetry layer's observer (when present) encodes the messages once per call
+        # for its rows; the key hashes the same string.
+        shared = getattr(request.observer, "canonical_messages", None)
+        messages = request.messages
+        text = shared(messages) if shared is not None else canonical_messages_json(messages)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        structured = request.structured
+        structured_json = (
+            "null" if structured is None else _json_string(self._structured_id(structured))
+        )
+        extra = request.extra_body
+        key_json = (
+            ('{"extra":' + canonical_json(extra) + "," if extra else "{")
+            + '"messages_digest":"'
+            + digest
+            + '","model":'
+            + self._model_json
+            + ',"namespace":'
+            + _json_string(namespace)
+            + ',"salt":'
+            + _json_string(salt)
+            + ',"structured":'
+            + structured_json
+            + "}"
+        )
+        return KEY_PREFIX + hashlib.sha256(key_json.encode("utf-8")).hexdigest()
+
+    def _key_or_none(self, request: ChatRequest) -> str | None:
+        try:
+            return self.key(request)
+        except RequestRejectedError:
+            raise
+        except (TypeError, ValueError) as exc:
+            # Content that cannot be canonicalised (not JSON-able) is sent uncached; whether
+            # it is acceptable at all is the transport's call.
+            logger.warning("request not cached: its cache key cannot be computed (%s)", exc)
+            return None
+
+    def _structured_id(self, structured: Any) -> str:
+        """``"json"``, or a model's qualified name + a hash of its JSON schema.
+
+        The schema hash keeps an edited model from being served entries of its old shape.
+        """
+        if structured == "json":
+            return "json"
+        ident = self._schema_ids.get(structured)
+        if ident is None:
+            module = getattr(structured, "__module__", "")
+            name = f"{module}.{getattr(structured, '__qualname__', structured)}"
+            schema_fn = getattr(structured, "model_json_schema", None)
+            schema = canonical_json(schema_fn()) if callable(schema_fn) else repr(structured)
+            ident = f"{name}:{hashlib.sha256(schema.encode('utf-8')).hexdigest()[:16]}"
+            self._schema_ids[structured] = ident
+        return ident
+
+    # ------------------------------------------------------------------ hit
+
+    def _hit(self, cached: str, request: ChatRequest) -> LLMResponse | None:
+        fields = self._decoded.get(cached)
+        if fields is None:
+            try:
+                fields = decode_fields(cached)
+            except (ValueError, TypeError) as exc:
+                logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)
+                return None
+            fields.update(_HIT_OVERRIDES)
+            fields.pop("call_id", None)  # each hit gets its own
+            decoded = self._decoded
+            if len(decoded) >= DECODED_MEMO_SIZE:
+                decoded.clear()
+            decoded[cached] = fields
+        structured = request.structured
+        if structured is None:
+            data = None
+        else:
+            try:
+                data = self._strategy.parse(fields["content"], structured)
+            except ResultInvalidError as exc:
+                # Stored without this ladder (a custom layer order, say): not usable here.
+                logger.warning(
+                    "cache entry does not pass the structured ladder, refetching (%s)", exc
+                )
+                return None
+        try:
+            # A fresh call_id: the hit is a call of its own (its telemetry row, its id).
+            return LLMResponse(**fields, call_id=os.urandom(16).hex(), structured_data=data)
+        except TypeError as exc:  # a stored field of the wrong kind
+            self._decoded.pop(cached, None)
+            logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)
+            return None
+
+    # ------------------------------------------------------------------ degradation
+
+    def _backend_failed(self, operation: str, exc: Exception) -> None:
+        if not self._failing:
+            self._failing = True
+            logger.warning(
+                "cache backend %s failed, calls go uncached until it recovers: %r", operation, exc
+            )
+
+    def _backend_ok(self) -> None:
+        if self._failing:
+            self._failing = False
+            logger.info("cache backend recovered")
+
+    def __repr__(self) -> str:
+        return (
+            f"CacheMiddleware(namespace={self.namespace!r}, ttl_s={self.ttl_s}, "
+            f"backend={self._backend!r})"
+        )
+
+
+__all__ = [
+    "DECODED_MEMO_SIZE",
+    "KEY_PREFIX",
+    "CacheMiddleware",
+    "decode_fields",
+    "decode_response",
+    "encode_response",
+    "is_cacheable",
+]

@@ -1,0 +1,384 @@
+"""Telemetry layer (outermost): one row per attempt, per cache hit, per call that never got
+as far as an attempt (ARCHITECTURE §4.3, §7.8; D8).
+
+Every row is built by ``build_telemetry_record``, the single helper: attempt successes, each
+error class, cache hits, cancellations (``error="cancelled"``) and errors raised before any
+attempt all go through it, so the 18 fields mean the same thing on every path.
+
+How rows are produced:
+- The layer installs a per-call ``_CallObserver`` on the request. The retry layer calls its
+  ``on_attempt`` once per attempt that reached a transport; the observer builds the row and hands
+  it to the recorder at once, synchronously (never awaiting: recording must not slow, block or
+  outlive a cancellation).
+- When the call ends without any attempt observed (a cache hit, a request refused before
+  admission, every breaker open, a cancellation while waiting for quota), the layer writes
+  the one row itself.
+- Structured calls: the structured layer reports attempts whose output failed the ladder via
+  the observer's optional ``on_result_invalid(call_id, error)``; such an attempt's row carries
+  ``error="ResultInvalidError"``. To make that possible the row of a successful structured
+  attempt is held back until the next attempt starts or the call ends.
+
+The layer never raises into the call: a recorder or pricing failure is logged once per cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from polygateway.digest import canonical_json, digest_messages
+from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
+from polygateway.settings import SourceConfig
+from polygateway.types import ChatRequest, LLMResponse, Message, TelemetryRecord
+
+logger = logging.getLogger(__name__)
+
+CANCELLED = "cancelled"
+"""The ``error`` of a row whose attempt (or call) was cancelled."""
+
+
+def error_name(outcome: BaseException) -> str:
+    """The ``error`` column: the exception class name, or ``"cancelled"``."""
+    if isinstance(outcome, asyncio.CancelledError):
+        return CANCELLED
+    return type(outcome).__name__
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""``digest.canonical_json`` with the encoder built once (``json.dumps`` builds one per call)."""
+
+
+def canonical_messages_json(messages: Sequence[Message]) -> str:
+    """``canonical_json(digest_messages(messages))``, the same string, faster.
+
+    When every message is a plain dict with text (or no) content, digesting changes nothing,
+    so the copies it makes are skipped. The cache key hashes this same string.
+    """
+    for message in messages:
+        if type(message) is not dict:
+            return canonical_json(digest_messages(messages))
+        content = message.get("content")
+        if content is not None and type(content) is not str:
+            return canonical_json(digest_messages(messages))
+    return _CANONICAL.encode(messages)
+
+
+def messages_json(request: ChatRequest) -> str:
+    """The ``messages`` column: multimodal parts replaced by digests (no base64 stored)."""
+    return canonical_messages_json(request.messages)
+
+
+def build_telemetry_record(
+    request: ChatRequest,
+    outcome: LLMResponse | BaseException,
+    *,
+    call_id: str,
+    latency_ms: int,
+    created_at: float,
+    pricing: Pricing | None = None,
+    source: SourceConfig | None = None,
+    messages: str | None = None,
+) -> TelemetryRecord:
+    """THE telemetry helper: one row from a request and what became of it.
+
+    ``outcome`` is the attempt's (or cache hit's) response, or the exception that ended it.
+    ``source`` is the source the attempt went to (``None`` for cache hits and for errors raised
+    before any attempt). ``messages`` may pass a precomputed ``messages_json(request)``.
+    Cost: ``0.0`` for a cache hit; otherwise ``pricing.cost`` of the source's configured model
+    (``None`` without pricing, for an unknown model, or when no model is known).
+    """
+    if messages is None:
+        messages = messages_json(request)
+    source_model = source.model if source is not None else ""
+    if isinstance(outcome, LLMResponse):
+        model = outcome.model or source_model
+        prompt_tokens = outcome.prompt_tokens
+        completion_tokens = outcome.completion_tokens
+        cache_hit = outcome.cache_hit
+        if cache_hit:
+            cost: float | None = 0.0
+        elif pricing is not None and (source_model or model):
+            cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
+        else:
+            cost = None
+        return TelemetryRecord(
+            call_id=call_id,
+            parent_call_id=request.parent_call_id,
+            session_id=request.session_id,
+            model=model,
+            provider=outcome.provider or (source.provider if source is not None else ""),
+            source_name=outcome.source_name or (source.name if source is not None else ""),
+            messages=messages,
+            response=outcome.content,
+            thinking=outcome.thinking,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            usage_source=outcome.usage_source,
+            # The response's own latency, so the row and what the caller saw agree.
+            latency_ms=0 if cache_hit else (outcome.latency_ms or latency_ms),
+            ttft_ms=None if cache_hit else outcome.ttft_ms,
+            max_inter_token_ms=None if cache_hit else outcome.max_inter_token_ms,
+            cache_hit=cache_hit,
+            error=None,
+            cost=cost,
+            created_at=created_at,
+        )
+    # A failed attempt: the upstream's usage is unknown, so tokens are 0 and marked estimated.
+    return TelemetryRecord(
+        call_id=call_id,
+        parent_call_id=request.parent_call_id,
+        session_id=request.session_id,
+        model=source_model,
+        provider=source.provider if source is not None else "",
+        source_name=source.name if source is not None else "",
+        messages=messages,
+        response="",
+        thinking="",
+        prompt_tokens=0,
+        completion_tokens=0,
+        usage_source="estimated",
+        latency_ms=latency_ms,
+        ttft_ms=None,
+        max_inter_token_ms=None,
+        cache_hit=False,
+        error=error_name(outcome),
+        cost=pricing.cost(source_model, 0, 0) if pricing is not None and source_model else None,
+        created_at=created_at,
+    )
+
+
+class TelemetryMiddleware:
+    """Records every attempt, cache hit and pre-attempt failure; fills ``LLMResponse.cost``."""
+
+    __slots__ = ("_clock", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
+
+    def __init__(
+        self, recorder: TelemetryRecorder, *, pricing: Pricing | None, clock: Clock
+    ) -> None:
+        self._recorder = recorder
+        self._pricing = pricing
+        self._clock = clock
+        self._warned: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Recorders that can enqueue synchronously (the builtin ones) skip a task per row.
+        nowait = getattr(recorder, "record_nowait", None)
+        self._submit: Callable[[TelemetryRecord], None] = (
+            nowait if callable(nowait) else self._submit_as_task
+        )
+
+    async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
+        started = self._clock.monotonic()
+        observer = _CallObserver(self)
+        try:
+            response = await call_next(dataclasses.replace(request, observer=observer))
+        except asyncio.CancelledError as exc:
+            # Recorded synchronously: the cancellation propagates without waiting on telemetry.
+            self._after_error(observer, request, exc, started)
+            raise
+        except Exception as exc:
+            self._after_error(observer, request, exc, started)
+            raise
+        return self._after_success(observer, request, response, started)
+
+    def _after_success(
+        self, observer: _CallObserver, request: ChatRequest, response: LLMResponse, started: float
+    ) -> LLMResponse:
+        try:
+            observer.release_pending()
+            if not observer.attempts:  # a cache hit, or a layer that answered by itself
+                self._emit(
+                    request,
+                    response,
+                    call_id=response.call_id or os.urandom(16).hex(),
+                    latency_ms=_elapsed_ms(self._clock, started),
+                    messages=observer.canonical_messages(request.messages),
+                )
+                return response
+            if response.cost is None and response.call_id == observer.last_call_id:
+                cost = observer.last_cost
+                if cost is not None:
+                    return dataclasses.replace(response, cost=cost)
+        except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
+            self._warn_once("finish", "telemetry bookkeeping failed: %r", exc)
+        return response
+
+    def _after_error(
+        self, observer: _CallObserver, request: ChatRequest, exc: BaseException, started: float
+    ) -> None:
+        try:
+            observer.release_pending()
+            if not observer.attempts:  # refused, unavailable or cancelled before any attempt
+                self._emit(
+                    request,
+                    exc,
+                    call_id=os.urandom(16).hex(),
+                    latency_ms=_elapsed_ms(self._clock, started),
+                )
+        except Exception as error:  # noqa: BLE001 - telemetry must never mask the call's error
+            self._warn_once("finish", "telemetry bookkeeping failed: %r", error)
+
+    def build(
+        self,
+        request: ChatRequest,
+        outcome: LLMResponse | BaseException,
+        *,
+        call_id: str,
+        latency_ms: int,
+        source: SourceConfig | None = None,
+        messages: str | None = None,
+    ) -> TelemetryRecord | None:
+        """One row via the single helper, stamped with this layer's clock and pricing."""
+        try:
+            return build_telemetry_record(
+                request,
+                outcome,
+                call_id=call_id,
+                latency_ms=latency_ms,
+                created_at=self._clock.time(),
+                pricing=self._pricing,
+                source=source,
+                messages=messages,
+            )
+        except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
+            self._warn_once("build", "telemetry row could not be built: %r", exc)
+            return None
+
+    def submit(self, record: TelemetryRecord) -> None:
+        """Hand a row to the recorder without awaiting; never raises."""
+        try:
+            self._submit(record)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self._warn_once(f"record:{type(exc).__name__}", "telemetry recorder failed: %r", exc)
+
+    def _emit(
+        self,
+        request: ChatRequest,
+        outcome: LLMResponse | BaseException,
+        *,
+        call_id: str,
+        latency_ms: int,
+        messages: str | None = None,
+    ) -> None:
+        record = self.build(
+            request, outcome, call_id=call_id, latency_ms=latency_ms, messages=messages
+        )
+        if record is not None:
+            self.submit(record)
+
+    def _submit_as_task(self, record: TelemetryRecord) -> None:
+        task = asyncio.get_running_loop().create_task(self._record(record))
+        self._tasks.add(task)  # a strong reference until done, or the task may vanish
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record(self, record: TelemetryRecord) -> None:
+        try:
+            await self._recorder.record(record)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self._warn_once(f"record:{type(exc).__name__}", "telemetry recorder failed: %r", exc)
+
+    def _warn_once(self, cause: str, message: str, *args: Any) -> None:
+        if cause in self._warned:
+            return
+        self._warned.add(cause)
+        logger.warning(message, *args)
+
+    def __repr__(self) -> str:
+        return f"TelemetryMiddleware(recorder={self._recorder!r}, pricing={self._pricing!r})"
+
+
+class _CallObserver:
+    """Per-call ``ports.CallObserver``: turns attempts into rows as they happen."""
+
+    __slots__ = (
+        "_layer",
+        "_messages_for",
+        "_messages_json",
+        "_pending",
+        "attempts",
+        "last_call_id",
+        "last_cost",
+    )
+
+    def __init__(self, layer: TelemetryMiddleware) -> None:
+        self._layer = layer
+        self.attempts = 0
+        self._pending: TelemetryRecord | None = None
+        self._messages_for: object = None
+        self._messages_json = ""
+        self.last_call_id = ""
+        self.last_cost: float | None = None
+
+    def on_attempt(
+        self,
+        request: ChatRequest,
+        source: SourceConfig,
+        call_id: str,
+        outcome: LLMResponse | BaseException,
+        latency_ms: int,
+    ) -> None:
+        self.attempts += 1
+        layer = self._layer
+        try:
+            self.release_pending()
+            record = layer.build(
+                request,
+                outcome,
+                call_id=call_id,
+                latency_ms=latency_ms,
+                source=source,
+                messages=self.canonical_messages(request.messages),
+            )
+            if record is None:
+                return
+            if isinstance(outcome, LLMResponse):
+                self.last_call_id = call_id
+                self.last_cost = record.cost
+                if request.structured is not None:
+                    # The ladder may still reject this output: hold the row until we know.
+                    self._pending = record
+                    return
+            layer.submit(record)
+        except Exception as exc:  # noqa: BLE001 - the observer never raises into the call
+            layer._warn_once("observer", "telemetry observer failed: %r", exc)
+
+    def canonical_messages(self, messages: Sequence[Message]) -> str:
+        """``canonical_messages_json(messages)``, computed once per call.
+
+        The attempts of one call share one messages list (re-asks aside), and the cache layer
+        hashes the same string for its key: it asks here instead of encoding it again.
+        """
+        if messages is not self._messages_for:
+            self._messages_json = canonical_messages_json(messages)
+            self._messages_for = messages
+        return self._messages_json
+
+    def on_result_invalid(self, call_id: str, error: BaseException) -> None:
+        """The structured ladder rejected the output of attempt ``call_id``."""
+        pending = self._pending
+        if pending is not None and pending.call_id == call_id:
+            self._pending = dataclasses.replace(pending, error=error_name(error))
+
+    def release_pending(self) -> None:
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._layer.submit(pending)
+
+
+def _elapsed_ms(clock: Clock, started: float) -> int:
+    return max(0, int((clock.monotonic() - started) * 1000))
+
+
+__all__ = [
+    "CANCELLED",
+    "TelemetryMiddleware",
+    "build_telemetry_record",
+    "canonical_messages_json",
+    "error_name",
+    "messages_json",
+]

@@ -1,0 +1,373 @@
+"""Plugin discovery and the registry of everything plugins provide.
+
+``load_registry()`` builds a fresh pluggy ``PluginManager`` on every call (no module global),
+registers the core's builtin plugin, loads the entry points of group ``polygateway`` one by
+one (a plugin that fails to import is recorded as failed and never stops the others), then
+calls every ``pgw_register_*`` hook with a ``register(name, obj)`` callback. The result is a
+``Registry``: a plain lookup table used at assembly time; requests never touch pluggy.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import inspect
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+import pluggy
+
+from polygateway import __version__, builtin, hookspecs
+from polygateway.errors import PluginError
+from polygateway.hookspecs import HOOK_KINDS, PROJECT_NAME
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = PROJECT_NAME
+BUILTIN_DISTRIBUTION = "polygateway-core"
+KINDS: tuple[str, ...] = tuple(HOOK_KINDS.values())
+
+PluginStatus = Literal["loaded", "failed"]
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What one plugin is and what it provides (one row of ``pgw plugins list``)."""
+
+    name: str
+    """Distribution name (``pgw-redis``); ``polygateway-core`` for the builtin plugin."""
+    version: str
+    entry_point: str
+    """Entry-point name in group ``polygateway``; empty when not loaded from an entry point."""
+    hooks: tuple[str, ...]
+    provides: Mapping[str, tuple[str, ...]]
+    """Kind -> registered names."""
+    status: PluginStatus
+    error: str | None = None
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install {self.name}"
+
+
+def parse_plugin_filter(value: str | None) -> list[str] | None:
+    """Parse ``PGW_PLUGINS``: unset -> ``None`` (all plugins); empty -> ``[]`` (builtin only)."""
+    if value is None:
+        return None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _canonical(name: str) -> str:
+    # Distribution names compare like pip compares them (PEP 503).
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _matches(wanted: str, dist: str, entry_point: str) -> bool:
+    """Whether a canonical name designates this plugin (distribution or entry-point name)."""
+    return wanted == _canonical(dist) or (bool(entry_point) and wanted == _canonical(entry_point))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _failure_line(info: PluginInfo) -> str:
+    where = f" (entry point {info.entry_point!r})" if info.entry_point else ""
+    return f"plugin {info.name}{where} failed to load: {info.error}; try: {info.install_hint}"
+
+
+class Registry:
+    """Everything registered by the loaded plugins, by kind and name. Read-only once built."""
+
+    def __init__(
+        self,
+        entries: Mapping[tuple[str, str], tuple[Any, str]],
+        plugins: Sequence[PluginInfo],
+        excluded: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self._entries: dict[tuple[str, str], tuple[Any, str]] = dict(entries)
+        self._plugins = tuple(plugins)
+        # (distribution, entry-point name) of installed plugins that PGW_PLUGINS left out.
+        self._excluded = tuple(excluded)
+
+    @property
+    def plugins(self) -> list[PluginInfo]:
+        """Every plugin that was loaded or tried to load (the builtin first)."""
+        return list(self._plugins)
+
+    def names(self, kind: str) -> list[str]:
+        self._check_kind(kind)
+        return sorted(name for k, name in self._entries if k == kind)
+
+    def get(self, kind: str, name: str) -> Any:
+        """The registered object (a factory, or a ``ProviderProfile`` for ``provider``)."""
+        return self._entry(kind, name)[0]
+
+    def provider_of(self, kind: str, name: str) -> str:
+        """The distribution that registered ``name`` for ``kind``."""
+        return self._entry(kind, name)[1]
+
+    def require_plugin(self, dist_name: str) -> None:
+        """Raise ``PluginError`` unless the plugin ``dist_name`` (or entry-point name) loaded."""
+        wanted = _canonical(dist_name)
+        matches = [p for p in self._plugins if _matches(wanted, p.name, p.entry_point)]
+        failed = [p for p in matches if p.status == "failed"]
+        if failed:
+            raise PluginError([_failure_line(p) for p in failed])
+        if matches:
+            return
+        if any(_matches(wanted, dist, ep_name) for dist, ep_name in self._excluded):
+            raise PluginError(
+                f"plugin {dist_name} is installed but PGW_PLUGINS does not include it"
+            )
+        raise PluginError(f"plugin {dist_name} is not installed; try: pip install {dist_name}")
+
+    def _entry(self, kind: str, name: str) -> tuple[Any, str]:
+        self._check_kind(kind)
+        found = self._entries.get((kind, name))
+        if found is not None:
+            return found
+        registered = ", ".join(self.names(kind)) or "none"
+        problems = [f"unknown {kind} {name!r}; registered {kind} names: {registered}"]
+        problems.extend(_failure_line(p) for p in self._plugins if p.status == "failed")
+        if self._excluded:
+            problems.append(
+                "plugins installed but not loaded (not in PGW_PLUGINS): "
+                + ", ".join(sorted({dist for dist, _ in self._excluded}))
+            )
+        raise PluginError(problems)
+
+    @staticmethod
+    def _check_kind(kind: str) -> None:
+        if kind not in KINDS:
+            raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+    def __repr__(self) -> str:
+        loaded = sum(p.status == "loaded" for p in self._plugins)
+        return f"<Registry {loaded}/{len(self._plugins)} plugins, {len(self._entries)} entries>"
+
+
+@dataclass
+class _Candidate:
+    """A plugin on its way into the registry (mutable while loading, frozen afterwards)."""
+
+    dist: str
+    version: str
+    entry_point: str
+    plugin: object | None = None
+    errors: list[str] = field(default_factory=list)
+    provides: dict[str, list[str]] = field(default_factory=dict)
+    hooks: tuple[str, ...] = ()
+
+    def freeze(self) -> PluginInfo:
+        provides = {
+            kind: tuple(sorted(self.provides[kind])) for kind in KINDS if self.provides.get(kind)
+        }
+        return PluginInfo(
+            name=self.dist,
+            version=self.version,
+            entry_point=self.entry_point,
+            hooks=self.hooks,
+            provides=MappingProxyType(provides),
+            status="failed" if self.errors else "loaded",
+            error="; ".join(self.errors) if self.errors else None,
+        )
+
+
+def _distribution_version(dist: str, fallback: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return fallback
+
+
+def _discover(
+    allowed: Sequence[str] | None,
+) -> tuple[list[tuple[_Candidate, importlib.metadata.EntryPoint]], list[tuple[str, str]]]:
+    """Entry points of group ``polygateway`` that pass the filter, and the names left out."""
+    allowed_set = None if allowed is None else {_canonical(a) for a in allowed}
+    chosen: list[tuple[_Candidate, importlib.metadata.EntryPoint]] = []
+    excluded: list[tuple[str, str]] = []
+    matched: set[str] = set()
+    for ep in sorted(
+        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+        key=lambda e: (e.dist.name if e.dist else "", e.name),
+    ):
+        dist = ep.dist.name if ep.dist is not None else ep.name
+        version = ep.dist.version if ep.dist is not None else "unknown"
+        if _canonical(dist) == BUILTIN_DISTRIBUTION:
+            continue  # the builtin plugin is always registered directly
+        if allowed_set is not None and not any(
+            _matches(name, dist, ep.name) for name in allowed_set
+        ):
+            excluded.append((dist, ep.name))
+            continue
+        matched.update({_canonical(ep.name), _canonical(dist)})
+        chosen.append((_Candidate(dist=dist, version=version, entry_point=ep.name), ep))
+    if allowed_set:
+        unmatched = sorted(allowed_set - matched - {BUILTIN_DISTRIBUTION})
+        if unmatched:
+            logger.warning(
+                "PGW_PLUGINS names %s but no installed plugin matches", ", ".join(unmatched)
+            )
+    return chosen, excluded
+
+
+def _add_to_manager(pm: pluggy.PluginManager, candidate: _Candidate, plugin: object) -> None:
+    """Register one plugin object, recording a validation failure on the candidate."""
+    pluggy_name = f"{candidate.dist}:{candidate.entry_point}"
+    try:
+        pm.register(plugin, name=pluggy_name)
+    except (pluggy.PluginValidationError, ValueError) as exc:
+        candidate.errors.append(_one_line(exc))
+        return
+    unknown = [
+        caller.name
+        for caller in pm.get_hookcallers(plugin) or []
+        if not caller.has_spec()
+        and any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls())
+    ]
+    if unknown:
+        pm.unregister(plugin)
+        for hook_name in unknown:
+            close = difflib.get_close_matches(hook_name, HOOK_KINDS, n=1)
+            suggestion = f" (did you mean {close[0]!r}?)" if close else ""
+            candidate.errors.append(f"unknown hook {hook_name!r}{suggestion}")
+        return
+    candidate.plugin = plugin
+
+
+def _collect(
+    pm: pluggy.PluginManager,
+    candidate: _Candidate,
+    entries: dict[tuple[str, str], tuple[Any, str]],
+    conflicts: list[str],
+) -> None:
+    """Call every registration hook the plugin implements, one hook at a time.
+
+    A hook that raises contributes nothing and marks the plugin failed; the plugin's other
+    hooks still count (one broken capability should not hide the rest of a plugin).
+    """
+    plugin = candidate.plugin
+    callers = sorted(pm.get_hookcallers(plugin) or [], key=lambda c: c.name)
+    candidate.hooks = tuple(c.name for c in callers)
+    for caller in callers:
+        kind = HOOK_KINDS[caller.name]
+        for impl in caller.get_hookimpls():
+            if impl.plugin is not plugin:
+                continue
+            registered = _call_registration_hook(impl, caller.name, kind, candidate)
+            if registered is None:
+                continue
+            for name, obj in registered:
+                previous = entries.get((kind, name))
+                if previous is not None:
+                    conflicts.append(
+                        f"{kind} {name!r} is registered by both {previous[1]} and "
+                        f"{candidate.dist}; uninstall one or leave one out of PGW_PLUGINS"
+                    )
+                    continue
+                entries[(kind, name)] = (obj, candidate.dist)
+                candidate.provides.setdefault(kind, []).append(name)
+
+
+def _call_registration_hook(
+    impl: pluggy.HookImpl, hook_name: str, kind: str, candidate: _Candidate
+) -> list[tuple[str, Any]] | None:
+    """Run one hook implementation; its registrations, or ``None`` (and an error) if it failed."""
+    if impl.hookwrapper or impl.wrapper:
+        candidate.errors.append(f"{hook_name}: registration hooks cannot be wrappers")
+        return None
+    registered: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+
+    def register(name: str, obj: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"register() needs a non-empty string name, got {name!r}")
+        if name in seen:
+            raise PluginError(f"{kind} {name!r} registered twice by the same plugin")
+        seen.add(name)
+        registered.append((name, obj))
+
+    arguments: dict[str, Callable[[str, Any], None]] = {"register": register}
+    try:
+        result = impl.function(*(arguments[arg] for arg in impl.argnames))
+    # A plugin is third-party code: whatever it raises must not stop the other plugins.
+    except Exception as exc:
+        logger.debug("plugin %s: %s raised", candidate.dist, hook_name, exc_info=True)
+        candidate.errors.append(f"{hook_name} raised {_one_line(exc)}")
+        return None
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # never awaited: close it so no "coroutine was never awaited" warning
+        candidate.errors.append(f"{hook_name}: registration hooks must be plain functions")
+        return None
+    return registered
+
+
+def load_registry(
+    *,
+    allowed: Sequence[str] | None = None,
+    autoload: bool = True,
+    extra_plugins: Iterable[tuple[str, object]] = (),
+) -> Registry:
+    """Discover plugins and build the registry.
+
+    :param allowed: ``PGW_PLUGINS`` parsed by ``parse_plugin_filter``: ``None`` loads every
+        installed plugin, ``[]`` only the builtin one; names match the entry-point name or the
+        distribution name. The builtin plugin and ``extra_plugins`` always load.
+    :param autoload: ``False`` skips entry-point discovery (tests).
+    :param extra_plugins: ``(distribution name, plugin object)`` pairs registered after the
+        discovered ones, through the same path (a module or an object with hookimpls).
+    :raises PluginError: two plugins registered the same name for the same kind.
+    """
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+
+    builtin_candidate = _Candidate(
+        dist=BUILTIN_DISTRIBUTION,
+        version=_distribution_version(BUILTIN_DISTRIBUTION, __version__),
+        entry_point="",
+    )
+    staged: list[tuple[_Candidate, object | None]] = [(builtin_candidate, builtin)]
+
+    excluded: list[tuple[str, str]] = []
+    if autoload:
+        discovered, excluded = _discover(allowed)
+        for candidate, ep in discovered:
+            try:
+                plugin = ep.load()
+            # Importing a plugin runs third-party code: any failure is that plugin's alone.
+            except Exception as exc:
+                logger.debug("plugin %s failed to import", candidate.dist, exc_info=True)
+                candidate.errors.append(_one_line(exc))
+                plugin = None
+            staged.append((candidate, plugin))
+    for dist, plugin in extra_plugins:
+        version = str(getattr(plugin, "__version__", "unknown"))
+        staged.append((_Candidate(dist=dist, version=version, entry_point=""), plugin))
+
+    for candidate, plugin in staged:
+        if plugin is not None:
+            _add_to_manager(pm, candidate, plugin)
+    pm.check_pending()  # safety net: unknown hooks were already refused plugin by plugin
+
+    entries: dict[tuple[str, str], tuple[Any, str]] = {}
+    conflicts: list[str] = []
+    for candidate, _ in staged:
+        if candidate.plugin is not None:
+            _collect(pm, candidate, entries, conflicts)
+    if conflicts:
+        raise PluginError(conflicts)
+
+    infos = [candidate.freeze() for candidate, _ in staged]
+    for info in infos:
+        if info.status == "failed":
+            logger.warning("%s", _failure_line(info))
+    return Registry(entries, infos, excluded=excluded)

@@ -1,0 +1,75 @@
+"""Source selection strategies (``ports.SourceSelector``, ARCHITECTURE D6/§7.7).
+
+The retry layer hands a selector the runnable sources only (cooling, dead and refused sources
+are already filtered out) and its local in-flight counts. Selectors are synchronous and keep
+no state beyond a rotation counter, so one instance serves any number of concurrent calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from polygateway.settings import SourceConfig
+
+__all__ = ["LeastInflightSelector", "RoundRobinSelector"]
+
+
+def _require_sources(sources: Sequence[SourceConfig]) -> None:
+    if not sources:
+        raise ValueError("choose() needs at least one runnable source")
+
+
+class RoundRobinSelector:
+    """Takes the runnable sources in turn.
+
+    The counter is shared by every call, so concurrent calls spread over the sources too.
+    """
+
+    __slots__ = ("_turn",)
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def choose(self, sources: Sequence[SourceConfig], inflight: Mapping[str, int]) -> SourceConfig:
+        count = len(sources)
+        if count == 1:
+            return sources[0]
+        _require_sources(sources)
+        turn = self._turn
+        self._turn = turn + 1
+        return sources[turn % count]
+
+    def __repr__(self) -> str:
+        return "RoundRobinSelector()"
+
+
+class LeastInflightSelector:
+    """Takes the source with the fewest attempts in flight from this client.
+
+    Ties rotate (starting point moves on every choice), so idle sources share sequential
+    calls instead of the first one taking them all.
+    """
+
+    __slots__ = ("_turn",)
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def choose(self, sources: Sequence[SourceConfig], inflight: Mapping[str, int]) -> SourceConfig:
+        count = len(sources)
+        if count == 1:
+            return sources[0]
+        _require_sources(sources)
+        start = self._turn % count
+        self._turn = start + 1
+        best = sources[start]
+        best_load = inflight.get(best.name, 0)
+        for offset in range(1, count):
+            candidate = sources[(start + offset) % count]
+            load = inflight.get(candidate.name, 0)
+            if load < best_load:
+                best, best_load = candidate, load
+        return best
+
+    def __repr__(self) -> str:
+        return "LeastInflightSelector()"

@@ -1,0 +1,526 @@
+"""The builtin ``openai-compat`` transport: one attempt against an OpenAI-compatible endpoint.
+
+Body assembly (model, messages untouched, forced ``stream_options.include_usage``,
+``response_format``, the provider profile's thinking fields, ``extra_body`` last), the HTTP
+exchange on a pluggable engine (``options["engine"]``: ``aiohttp`` (default), ``httpx``,
+``httpx-aiohttp``), incremental SSE parsing under the liveness watchdog, and the translation of
+every failure into the error classes of ARCHITECTURE §6.2. No retries, limits or cache here.
+
+Source options (``SourceConfig.options``; strings from the environment are accepted):
+``engine``, ``trust_env`` (default false), ``read_timeout_s`` (default off: the watchdog owns
+liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s`` (default 15),
+``headers`` (extra request headers, a mapping).
+
+Stream outcome rules:
+- ``[DONE]`` seen, content empty and no tool calls -> ``TransientError`` (empty completion:
+  never cached, another attempt usually answers);
+- no ``[DONE]`` and no content -> ``TransientError`` (early EOF), whatever ``missing_done`` says;
+- no ``[DONE]`` with content -> ``TransientError`` when ``missing_done == "retry"`` (default), or
+  the partial answer with ``usage_source="estimated"`` when ``"salvage"``;
+- no usage reported -> tokens estimated from the text (about 4 characters per token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
+from typing import Any
+
+from polygateway.digest import canonical_json, digest_messages
+from polygateway.errors import ConfigError, RequestRejectedError, TransientError
+from polygateway.ports import ProviderProfile
+from polygateway.providers import builtin_profiles_by_name
+from polygateway.settings import SourceConfig
+from polygateway.streaming import LivenessWatchdog
+from polygateway.transports.engines import (
+    DEFAULT_ENGINE,
+    EngineConfig,
+    EngineResponse,
+    HttpEngine,
+    make_engine,
+)
+from polygateway.transports.errors import error_for_status, sanitize_message
+from polygateway.transports.sse import (
+    ChatStreamParser,
+    ParsedCompletion,
+    SSEDecoder,
+    SSEProtocolError,
+    json_loads,
+    parse_completion,
+)
+from polygateway.types import ChatRequest, Message, TransportResult
+
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - optional speed-up
+    _orjson = None  # type: ignore[assignment]
+
+logger = logging.getLogger(__name__)
+
+ERROR_BODY_LIMIT = 64 * 1024
+"""Bytes of an error body read for the message (the rest is not worth waiting for)."""
+
+DRAIN_GRACE_S = 0.25
+"""After ``[DONE]``, how long to wait for the end of the body so the connection can be reused."""
+
+DRAIN_LIMIT = 64 * 1024
+
+CHARS_PER_TOKEN = 4
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def _jsonable(value: Any) -> Any:
+    """``default`` hook: read-only mappings and sequences become dicts and lists."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (Sequence, Set)) and not isinstance(value, (str, bytes, bytearray)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _orjson_dumps(value: Any) -> bytes:
+    return _orjson.dumps(value, default=_jsonable)
+
+
+def _stdlib_dumps(value: Any) -> bytes:
+    text = json.dumps(value, default=_jsonable, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8")
+
+
+json_dumps: Callable[[Any], bytes] = _orjson_dumps if _orjson is not None else _stdlib_dumps
+"""Compact UTF-8 JSON (``orjson`` when installed: several times faster than ``json``)."""
+
+
+# --------------------------------------------------------------------------- body
+
+
+def build_request_body(
+    request: ChatRequest, source: SourceConfig, profile: ProviderProfile | None
+) -> dict[str, Any]:
+    """The JSON body of one attempt (pure; raises ``RequestRejectedError`` for bad requests)."""
+    if not request.messages:
+        raise RequestRejectedError("messages must not be empty", source_name=source.name)
+    stream = request.stream
+    messages = request.messages
+    body: dict[str, Any] = {
+        "model": source.model,
+        "messages": messages if isinstance(messages, list) else list(messages),
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if request.response_format is not None:
+        body["response_format"] = request.response_format
+    thinking = source.enable_thinking
+    if thinking is not None and profile is not None and profile.thinking_body is not None:
+        if thinking and profile.thinking_requires_stream and not stream:
+            raise RequestRejectedError(
+                f"source {source.name!r}: provider {profile.name!r} supports thinking only on "
+                "streaming calls; call with stream=True or set enable_thinking=false",
+                source_name=source.name,
+            )
+        body.update(profile.thinking_body(thinking))
+    if request.extra_body:
+        body.update(request.extra_body)
+    return body
+
+
+def estimate_prompt_tokens(messages: Sequence[Message]) -> int:
+    """About 4 characters per token of the messages' JSON, images counted by their digest."""
+    return max(1, math.ceil(len(canonical_json(digest_messages(messages))) / CHARS_PER_TOKEN))
+
+
+def estimate_completion_tokens(content: str, thinking: str = "") -> int:
+    chars = len(content) + len(thinking)
+    return math.ceil(chars / CHARS_PER_TOKEN) if chars else 0
+
+
+# --------------------------------------------------------------------------- options
+
+
+def _option_bool(options: Mapping[str, Any], key: str, default: bool, source: str) -> bool:
+    value = options.get(key, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"source {source!r}: option {key!r} must be true or false, got {value!r}")
+
+
+def _option_float(
+    options: Mapping[str, Any], key: str, default: float | None, source: str
+) -> float | None:
+    value = options.get(key, default)
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"source {source!r}: option {key!r} must be a number, got {value!r}"
+        ) from None
+    if not number >= 0 or math.isinf(number):
+        raise ConfigError(f"source {source!r}: option {key!r} must be >= 0, got {value!r}")
+    return number
+
+
+class _Exchange:
+    """What the token generator hands back to ``send`` (the response it opened, a JSON answer)."""
+
+    __slots__ = ("completion", "response")
+
+    def __init__(self) -> None:
+        self.response: EngineResponse | None = None
+        self.completion: ParsedCompletion | None = None
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class OpenAICompatTransport:
+    """``Transport`` for OpenAI-compatible chat completions (one instance per source).
+
+    The engine (URL, key, connection pool) is bound to the source given here; ``send`` reads
+    the per-attempt settings (model, timeouts, thinking, ``missing_done``) from its ``source``.
+    """
+
+    def __init__(
+        self, source: SourceConfig, *, providers: Mapping[str, ProviderProfile] | None = None
+    ) -> None:
+        base_url = source.base_url.strip().rstrip("/")
+        if not base_url:
+            raise ConfigError(f"source {source.name!r}: base_url is empty")
+        self._url = f"{base_url}/chat/completions"
+        self._providers: Mapping[str, ProviderProfile] = (
+            dict(providers) if providers is not None else builtin_profiles_by_name()
+        )
+        options = source.options
+        engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
+        headers: dict[str, str] = {"Content-Type": "application/json"}
+        extra_headers = options.get("headers")
+        if extra_headers is not None:
+            if not isinstance(extra_headers, Mapping):
+                raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
+            headers.update({str(k): str(v) for k, v in extra_headers.items()})
+        key = source.api_key.reveal()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._secret = key or None
+        max_connections = _option_float(options, "max_connections", 1024, source.name)
+        self._engine: HttpEngine = make_engine(
+            engine_name,
+            EngineConfig(
+                source_name=source.name,
+                headers=headers,
+                connect_timeout_s=source.connect_timeout_s,
+                read_timeout_s=_option_float(options, "read_timeout_s", None, source.name),
+                max_connections=int(max_connections or 0),
+                keepalive_s=_option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+                trust_env=_option_bool(options, "trust_env", False, source.name),
+                secret=self._secret,
+                plain_http=base_url.lower().startswith("http://"),
+            ),
+        )
+        self._warned_thinking: set[str] = set()
+
+    @property
+    def engine(self) -> HttpEngine:
+        return self._engine
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def _profile(self, source: SourceConfig) -> ProviderProfile | None:
+        profile = self._providers.get(source.provider)
+        if (
+            source.enable_thinking is not None
+            and (profile is None or profile.thinking_body is None)
+            and source.provider not in self._warned_thinking
+        ):
+            self._warned_thinking.add(source.provider)
+            logger.warning(
+                "source %r: provider %r declares no thinking parameter; enable_thinking=%s is "
+                "not sent (register a provider profile to send one)",
+                source.name,
+                source.provider,
+                source.enable_thinking,
+            )
+        return profile
+
+    async def send(
+        self, request: ChatRequest, source: SourceConfig, *, call_id: str
+    ) -> TransportResult:
+        profile = self._profile(source)
+        try:
+            body = json_dumps(build_request_body(request, source, profile))
+        except TypeError as exc:
+            raise RequestRejectedError(
+                f"request body is not JSON serialisable: {exc}", source_name=source.name
+            ) from exc
+        if request.stream:
+            return await self._send_stream(body, request, source, profile)
+        return await self._send_json(body, request, source, profile)
+
+    async def aclose(self) -> None:
+        await self._engine.aclose()
+
+    # ------------------------------------------------------------------ streaming
+
+    async def _send_stream(
+        self,
+        body: bytes,
+        request: ChatRequest,
+        source: SourceConfig,
+        profile: ProviderProfile | None,
+    ) -> TransportResult:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if profile is not None:
+            parser = ChatStreamParser(
+                reasoning_fields=profile.reasoning_fields,
+                think_tags=profile.think_tags,
+                source_name=source.name,
+            )
+        else:
+            parser = ChatStreamParser(source_name=source.name)
+        exchange = _Exchange()
+        watchdog = LivenessWatchdog(
+            self._tokens(body, parser, exchange, source, profile),
+            ttft_s=source.ttft_timeout_s,
+            inter_token_s=source.inter_token_timeout_s,
+            total_s=source.timeout_s,
+            started_at=started,
+            source_name=source.name,
+        )
+        try:
+            async for _ in watchdog:
+                pass
+            response = exchange.response
+            if parser.done and response is not None and not response.at_eof():
+                await self._drain(response)
+        finally:
+            await watchdog.aclose()
+            if exchange.response is not None:
+                await exchange.response.aclose()
+        if exchange.completion is not None:  # the upstream answered JSON to a stream request
+            completion, complete = exchange.completion, True
+        else:
+            completion, complete = parser.result(), parser.done
+        return self._result(
+            completion,
+            complete=complete,
+            request=request,
+            source=source,
+            latency_s=loop.time() - started,
+            ttft_ms=watchdog.ttft_ms,
+            max_inter_token_ms=watchdog.max_inter_token_ms,
+        )
+
+    async def _tokens(
+        self,
+        body: bytes,
+        parser: ChatStreamParser,
+        exchange: _Exchange,
+        source: SourceConfig,
+        profile: ProviderProfile | None,
+    ) -> AsyncIterator[None]:
+        """Yields once per received body chunk that carried at least one delta (a "token").
+
+        The response is handed to ``exchange``; ``_send_stream`` closes it in its finally.
+        """
+        response = exchange.response = await self._engine.post(self._url, body)
+        status = response.status
+        if status < 200 or status >= 300:
+            raise error_for_status(
+                status,
+                await response.read(ERROR_BODY_LIMIT),
+                response.headers,
+                source_name=source.name,
+                secret=self._secret,
+            )
+        content_type = response.headers.get("content-type", "")
+        if "json" in content_type and "event-stream" not in content_type:
+            # Some gateways ignore stream=true and answer a plain completion.
+            exchange.completion = self._parse_json(await response.read(), source, profile)
+            yield None
+            return
+        decoder = SSEDecoder()
+        feed = parser.feed_event
+        read_chunk = response.read_chunk
+        try:
+            while True:
+                chunk = await read_chunk()
+                if not chunk:
+                    for data, event_name in decoder.flush():
+                        feed(data, event_name)
+                        if parser.done:
+                            break
+                    return
+                token = False
+                for data, event_name in decoder.feed(chunk):
+                    if feed(data, event_name):
+                        token = True
+                    if parser.done:
+                        break
+                if token:
+                    yield None
+                if parser.done:
+                    return
+        except SSEProtocolError as exc:
+            raise TransientError(f"{exc}", source_name=source.name) from exc
+
+    async def _drain(self, response: EngineResponse) -> None:
+        """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
+        drained = 0
+        timeout = asyncio.timeout(DRAIN_GRACE_S)
+        try:
+            async with timeout:
+                while drained < DRAIN_LIMIT:
+                    chunk = await response.read_chunk()
+                    if not chunk:
+                        return
+                    drained += len(chunk)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+        except TransientError:
+            pass  # the answer is complete; a broken tail only costs this connection
+
+    # ------------------------------------------------------------------ non-streaming
+
+    async def _send_json(
+        self,
+        body: bytes,
+        request: ChatRequest,
+        source: SourceConfig,
+        profile: ProviderProfile | None,
+    ) -> TransportResult:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        response: EngineResponse | None = None
+        timeout = asyncio.timeout(source.timeout_s)
+        try:
+            async with timeout:
+                response = await self._engine.post(self._url, body)
+                status = response.status
+                if status < 200 or status >= 300:
+                    raise error_for_status(
+                        status,
+                        await response.read(ERROR_BODY_LIMIT),
+                        response.headers,
+                        source_name=source.name,
+                        secret=self._secret,
+                    )
+                raw = await response.read()
+        except TimeoutError:
+            if timeout.expired():
+                raise TransientError(
+                    f"source {source.name!r}: no complete answer within {source.timeout_s:g}s",
+                    source_name=source.name,
+                    reason="timeout",
+                ) from None
+            raise
+        finally:
+            if response is not None:
+                await response.aclose()
+        completion = self._parse_json(raw, source, profile)
+        return self._result(
+            completion,
+            complete=True,
+            request=request,
+            source=source,
+            latency_s=loop.time() - started,
+            ttft_ms=None,
+            max_inter_token_ms=None,
+        )
+
+    def _parse_json(
+        self, raw: bytes, source: SourceConfig, profile: ProviderProfile | None
+    ) -> ParsedCompletion:
+        try:
+            payload = json_loads(raw)
+        except ValueError:
+            raise TransientError(
+                f"source {source.name!r}: malformed completion body (not JSON): "
+                f"{sanitize_message(repr(raw[:80]), self._secret)}",
+                source_name=source.name,
+            ) from None
+        if profile is not None:
+            return parse_completion(
+                payload,
+                reasoning_fields=profile.reasoning_fields,
+                think_tags=profile.think_tags,
+                source_name=source.name,
+            )
+        return parse_completion(payload, source_name=source.name)
+
+    # ------------------------------------------------------------------ outcome
+
+    def _result(
+        self,
+        completion: ParsedCompletion,
+        *,
+        complete: bool,
+        request: ChatRequest,
+        source: SourceConfig,
+        latency_s: float,
+        ttft_ms: float | None,
+        max_inter_token_ms: float | None,
+    ) -> TransportResult:
+        content = completion.content
+        estimated = False
+        if not complete:
+            if not content:
+                raise TransientError(
+                    f"source {source.name!r}: stream ended before any content (early EOF)",
+                    source_name=source.name,
+                )
+            if source.missing_done != "salvage":
+                raise TransientError(
+                    f"source {source.name!r}: stream ended without [DONE]; the answer may be "
+                    "truncated",
+                    source_name=source.name,
+                )
+            estimated = True  # salvaged: whatever usage arrived may not cover the answer
+        elif not content and not completion.has_tool_calls:
+            raise TransientError(
+                f"source {source.name!r}: empty completion "
+                f"(finish_reason={completion.finish_reason})",
+                source_name=source.name,
+            )
+        prompt_tokens = completion.prompt_tokens
+        completion_tokens = completion.completion_tokens
+        if prompt_tokens is None or completion_tokens is None:
+            estimated = True
+            prompt_tokens = estimate_prompt_tokens(request.messages)
+            completion_tokens = estimate_completion_tokens(content, completion.thinking)
+        return TransportResult(
+            content=content,
+            thinking=completion.thinking,
+            model=completion.model or source.model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            usage_source="estimated" if estimated else "measured",
+            latency_ms=int(latency_s * 1000),
+            ttft_ms=ttft_ms,
+            max_inter_token_ms=max_inter_token_ms,
+            finish_reason=completion.finish_reason,
+        )
+
+
+__all__ = [
+    "OpenAICompatTransport",
+    "build_request_body",
+    "estimate_completion_tokens",
+    "estimate_prompt_tokens",
+    "json_dumps",
+]

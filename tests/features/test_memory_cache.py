@@ -1,0 +1,60 @@
+"""MemoryCache: the cache contract on a fake clock, plus its LRU bound."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from polygateway.backends.memory.cache import MemoryCache
+from polygateway.ports import CacheBackend
+from polygateway.testing import FakeClock
+from polygateway.testing.contracts.cache import CacheContract
+
+
+class TestMemoryCacheContract(CacheContract):
+    @pytest.fixture
+    def make_cache(self, cache_clock: FakeClock) -> Callable[[], MemoryCache]:
+        return lambda: MemoryCache(clock=cache_clock)
+
+    async def key_ttl_s(self, cache: CacheBackend, key: str) -> float | None:
+        assert isinstance(cache, MemoryCache)
+        return cache.remaining_ttl_s(key)
+
+
+async def test_least_recently_used_entry_is_evicted_first() -> None:
+    cache = MemoryCache(clock=FakeClock(), max_entries=3)
+    for key in ("a", "b", "c"):
+        await cache.set(key, key, 60.0)
+    assert await cache.get("a") == "a"  # "b" is now the least recently used
+    await cache.set("d", "d", 60.0)
+    assert len(cache) == 3
+    assert await cache.get("b") is None
+    assert [await cache.get(k) for k in ("a", "c", "d")] == ["a", "c", "d"]
+
+
+async def test_overwriting_does_not_grow_the_cache() -> None:
+    cache = MemoryCache(clock=FakeClock(), max_entries=2)
+    for _ in range(10):
+        await cache.set("same", "v", 60.0)
+    assert len(cache) == 1
+
+
+async def test_expired_entries_are_dropped_when_read() -> None:
+    clock = FakeClock()
+    cache = MemoryCache(clock=clock)
+    await cache.set("k", "v", 1.0)
+    clock.advance(1.0)  # the deadline itself is already expired
+    assert await cache.get("k") is None
+    assert len(cache) == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
+def test_max_entries_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(ValueError, match="max_entries"):
+        MemoryCache(clock=FakeClock(), max_entries=bad)  # type: ignore[arg-type]
+
+
+async def test_non_string_values_are_refused() -> None:
+    cache = MemoryCache(clock=FakeClock())
+    with pytest.raises(TypeError, match="str"):
+        await cache.set("k", b"bytes", 1.0)  # type: ignore[arg-type]

@@ -1,0 +1,244 @@
+"""SQLiteRecorder: the recorder contract, plus WAL, busy_timeout, bounded queue and degradation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from polygateway.telemetry.sqlite import COLUMNS, SQLiteRecorder
+from polygateway.testing.contracts.telemetry import (
+    TelemetryRecorderContract,
+    assert_row_matches,
+    sample_record,
+)
+
+
+def read_db(path: Path) -> list[dict[str, Any]]:
+    with closing(sqlite3.connect(path)) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute("SELECT * FROM pgw_calls ORDER BY rowid")]
+
+
+def count_rows(path: Path) -> int:
+    """Rows stored so far; 0 while the database or its table does not exist yet."""
+    if not path.exists():
+        return 0
+    try:
+        return len(read_db(path))
+    except sqlite3.OperationalError:
+        return 0
+
+
+class TestSQLiteRecorderContract(TelemetryRecorderContract):
+    @pytest.fixture
+    def db_path(self, tmp_path: Path) -> Path:
+        return tmp_path / "telemetry.db"
+
+    @pytest.fixture
+    def make_recorder(self, db_path: Path) -> Callable[[], SQLiteRecorder]:
+        # A short interval keeps the background batching honest without slowing tests.
+        return lambda: SQLiteRecorder(str(db_path), batch_size=64, flush_interval_s=0.05)
+
+    @pytest.fixture
+    def read_rows(self, db_path: Path) -> Callable[[], Awaitable[Sequence[Mapping[str, Any]]]]:
+        async def read() -> Sequence[Mapping[str, Any]]:
+            return read_db(db_path)
+
+        return read
+
+
+async def test_database_is_in_wal_mode_with_the_documented_schema(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path))
+    record = sample_record()
+    await recorder.record(record)
+    await recorder.aclose()
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(pgw_calls)")]
+        primary = [row[1] for row in conn.execute("PRAGMA table_info(pgw_calls)") if row[5]]
+    assert columns == list(COLUMNS)
+    assert len(columns) == 19  # the 18 fields + created_at
+    assert primary == ["call_id"]
+    (row,) = read_db(path)
+    assert_row_matches(row, record)
+    assert row["created_at"] == pytest.approx(record.created_at)
+
+
+async def test_nothing_touches_the_disk_before_the_first_record(tmp_path: Path) -> None:
+    path = tmp_path / "lazy.db"
+    recorder = SQLiteRecorder(str(path))
+    await recorder.flush()
+    await recorder.aclose()
+    assert not path.exists()
+
+
+async def test_record_returns_without_waiting_for_the_disk(tmp_path: Path) -> None:
+    """The loop only enqueues: 5000 records take far less time than writing them would."""
+    recorder = SQLiteRecorder(str(tmp_path / "t.db"))
+    records = [sample_record() for _ in range(5000)]
+    started = time.perf_counter()
+    for record in records:
+        recorder.record_nowait(record)
+    enqueue_s = time.perf_counter() - started
+    await recorder.aclose()
+    assert enqueue_s < 0.25, f"enqueueing 5000 rows took {enqueue_s:.3f}s"
+    assert len(read_db(tmp_path / "t.db")) == 5000
+    assert recorder.dropped == 0
+
+
+async def test_writes_happen_off_the_event_loop_thread(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.db")
+    recorder = SQLiteRecorder(path)
+    await recorder.record(sample_record())
+    await recorder.flush()
+    writers = [t for t in threading.enumerate() if t.name == f"pgw-telemetry-sqlite:{path}"]
+    assert writers and all(t is not threading.current_thread() for t in writers)
+    await recorder.aclose()
+    assert not any(t.is_alive() for t in writers)
+
+
+async def test_rows_are_written_by_the_interval_without_an_explicit_flush(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path), flush_interval_s=0.01)
+    await recorder.record(sample_record())
+    async with asyncio.timeout(5):
+        while count_rows(path) == 0:
+            await asyncio.sleep(0.01)
+    await recorder.aclose()
+
+
+async def test_unwritable_path_degrades_to_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if os.geteuid() == 0:
+        # root ignores directory permissions: use a path under a regular file instead.
+        blocker = tmp_path / "file"
+        blocker.write_text("not a directory")
+        path = blocker / "t.db"
+    else:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        path = locked / "t.db"
+    recorder = SQLiteRecorder(str(path))
+    with caplog.at_level(logging.WARNING, logger="polygateway.telemetry.sqlite"):
+        for _ in range(3):
+            await recorder.record(sample_record())
+        await recorder.flush()  # returns: nothing can be written, nothing waits forever
+        for _ in range(3):
+            await recorder.record(sample_record())
+        await recorder.flush()
+        await recorder.aclose()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "cannot open SQLite database" in warnings[0].getMessage()
+    assert recorder.dropped == 6
+
+
+async def test_full_queue_drops_counts_and_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path), queue_max=10, flush_interval_s=60.0, batch_size=1000)
+    # Hold the writer out of the database so the queue cannot drain during the burst.
+    blocker = sqlite3.connect(path, check_same_thread=False)
+    blocker.execute("CREATE TABLE hold (x)")
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        with caplog.at_level(logging.WARNING, logger="polygateway.telemetry.sqlite"):
+            for _ in range(25):
+                recorder.record_nowait(sample_record())
+    finally:
+        blocker.rollback()
+        blocker.close()
+    await recorder.aclose()
+    assert recorder.dropped == 15
+    assert len(read_db(path)) == 10
+    full = [r for r in caplog.records if "full" in r.getMessage()]
+    assert len(full) == 1
+
+
+async def test_a_row_sqlite_cannot_bind_is_dropped_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path))
+    good = [sample_record() for _ in range(4)]
+    bad = sample_record(prompt_tokens=2**70)  # beyond SQLite's 64-bit integers
+    with caplog.at_level(logging.WARNING, logger="polygateway.telemetry.sqlite"):
+        for record in [good[0], good[1], bad, good[2], good[3]]:
+            await recorder.record(record)
+        await recorder.aclose()
+    assert {r["call_id"] for r in read_db(path)} == {r.call_id for r in good}
+    assert recorder.dropped == 1
+    assert any("dropped" in r.getMessage() for r in caplog.records)
+
+
+async def test_busy_timeout_waits_for_a_concurrent_writer(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path), flush_interval_s=0.01)
+    await recorder.record(sample_record())
+    await recorder.flush()
+    other = sqlite3.connect(path, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process holding the write lock briefly
+    await recorder.record(sample_record())
+    released = threading.Timer(0.3, other.rollback)
+    released.start()
+    try:
+        await recorder.flush()
+    finally:
+        released.join()
+        other.close()
+    await recorder.aclose()
+    assert len(read_db(path)) == 2
+    assert recorder.dropped == 0
+
+
+async def test_records_after_close_are_dropped_not_raised(tmp_path: Path) -> None:
+    recorder = SQLiteRecorder(str(tmp_path / "t.db"))
+    await recorder.record(sample_record())
+    await recorder.aclose()
+    await recorder.record(sample_record())
+    recorder.record_nowait(sample_record())
+    assert recorder.dropped == 2
+    assert len(read_db(tmp_path / "t.db")) == 1
+
+
+async def test_a_cancelled_flush_leaves_the_recorder_usable(tmp_path: Path) -> None:
+    recorder = SQLiteRecorder(str(tmp_path / "t.db"), flush_interval_s=60.0, batch_size=10_000)
+    await recorder.record(sample_record())
+    flushing = asyncio.ensure_future(recorder.flush())
+    await asyncio.sleep(0)
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    await recorder.record(sample_record())
+    await recorder.aclose()
+    assert len(read_db(tmp_path / "t.db")) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"flush_interval_s": 0}, "flush_interval_s"),
+        ({"flush_interval_s": float("nan")}, "flush_interval_s"),
+        ({"queue_max": 0}, "queue_max"),
+    ],
+)
+def test_bad_settings_are_refused(tmp_path: Path, kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SQLiteRecorder(str(tmp_path / "t.db"), **kwargs)

@@ -1,0 +1,414 @@
+"""The ``openai-compat`` transport at the HTTP level, on every engine, through the fake upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from polygateway.errors import ConfigError, RequestRejectedError, TransientError
+from polygateway.ports import ProviderProfile, Transport
+from polygateway.settings import Secret, SourceConfig
+from polygateway.testing import FakeUpstream, Reply
+from polygateway.testing.contracts.transport import (
+    MESSAGES,
+    OpenTransport,
+    TransportContract,
+    wait_until,
+)
+from polygateway.testing.fake_upstream import DEFAULT_CONTENT
+from polygateway.transports.engines import ENGINE_NAMES, AiohttpEngine
+from polygateway.transports.openai_compat import OpenAICompatTransport
+from polygateway.types import ChatRequest
+
+
+def _on_engine(engine: str) -> Callable[[SourceConfig], Transport]:
+    def make(source: SourceConfig) -> Transport:
+        options = {**source.options, "engine": engine}
+        return OpenAICompatTransport(dataclasses.replace(source, options=options))
+
+    return make
+
+
+class TestOpenAICompatContract(TransportContract):
+    @pytest.fixture(params=ENGINE_NAMES)
+    def make_transport(self, request: pytest.FixtureRequest) -> Callable[[SourceConfig], Transport]:
+        return _on_engine(request.param)
+
+
+@pytest.fixture(params=ENGINE_NAMES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def open_transport(
+    engine: str, fake_upstream: FakeUpstream
+) -> AsyncIterator[Callable[..., tuple[OpenAICompatTransport, SourceConfig]]]:
+    made: list[OpenAICompatTransport] = []
+
+    def open_(
+        source_name: str = "oc",
+        *,
+        providers: dict[str, ProviderProfile] | None = None,
+        **overrides: Any,
+    ) -> tuple[OpenAICompatTransport, SourceConfig]:
+        options = {"engine": engine, **overrides.pop("options", {})}
+        source = SourceConfig(
+            name=source_name,
+            provider=overrides.pop("provider", "generic"),
+            base_url=fake_upstream.base_url(source_name),
+            model="m1",
+            api_key=overrides.pop("api_key", Secret("sk-test-key")),
+            options=options,
+            **overrides,
+        )
+        transport = OpenAICompatTransport(source, providers=providers)
+        made.append(transport)
+        return transport, source
+
+    yield open_
+    for transport in made:
+        await transport.aclose()
+
+
+def _chat(stream: bool = True, **fields: Any) -> ChatRequest:
+    return ChatRequest(messages=MESSAGES, stream=stream, **fields)
+
+
+# --------------------------------------------------------------------------- body
+
+
+@pytest.mark.parametrize(
+    ("provider", "enable_thinking", "expected"),
+    [
+        ("deepseek", True, {"thinking": {"type": "enabled"}}),
+        ("deepseek", False, {"thinking": {"type": "disabled"}}),
+        ("qwen", True, {"enable_thinking": True}),
+        ("qwen", False, {"enable_thinking": False}),
+        ("openai", True, {}),
+        ("generic", True, {}),
+        ("qwen", None, {}),
+    ],
+)
+async def test_thinking_parameters_follow_the_provider_profile(
+    open_transport: OpenTransport,
+    fake_upstream: FakeUpstream,
+    provider: str,
+    enable_thinking: bool | None,
+    expected: dict[str, Any],
+) -> None:
+    transport, source = open_transport(provider=provider, enable_thinking=enable_thinking)
+    await transport.send(_chat(), source, call_id="c")
+    [received] = fake_upstream.received(source.name)
+    thinking_fields = {
+        k: v for k, v in received.body.items() if k in ("thinking", "enable_thinking")
+    }
+    assert thinking_fields == expected
+
+
+async def test_qwen_thinking_without_stream_is_rejected_before_sending(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(provider="qwen", enable_thinking=True)
+    with pytest.raises(RequestRejectedError, match="stream"):
+        await transport.send(_chat(stream=False), source, call_id="c")
+    assert fake_upstream.requests(source.name) == 0
+    # Thinking off is fine without streaming.
+    off = dataclasses.replace(source, enable_thinking=False)
+    await transport.send(_chat(stream=False), off, call_id="c")
+    assert fake_upstream.received(source.name)[0].body["enable_thinking"] is False
+
+
+async def test_response_format_and_extra_body_are_sent_extra_body_last(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(provider="deepseek", enable_thinking=True)
+    response_format = {"type": "json_object"}
+    request = _chat(
+        response_format=response_format,
+        extra_body={"temperature": 0.25, "thinking": {"type": "disabled"}},
+    )
+    await transport.send(request, source, call_id="c")
+    body = fake_upstream.received(source.name)[0].body
+    assert body["response_format"] == response_format
+    assert body["temperature"] == 0.25
+    assert body["thinking"] == {"type": "disabled"}
+
+
+async def test_unknown_provider_with_thinking_warns_once(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    transport, source = open_transport(provider="mystery", enable_thinking=True)
+    with caplog.at_level(logging.WARNING, logger="polygateway.transports.openai_compat"):
+        await transport.send(_chat(), source, call_id="c1")
+        await transport.send(_chat(), source, call_id="c2")
+    warnings = [r for r in caplog.records if "mystery" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "thinking" not in fake_upstream.received(source.name)[0].body
+
+
+async def test_registered_profile_is_used(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    profile = ProviderProfile(name="glm", thinking_body=lambda on: {"thinking": {"type": str(on)}})
+    transport, source = open_transport(
+        provider="glm", enable_thinking=True, providers={"glm": profile}
+    )
+    await transport.send(_chat(), source, call_id="c")
+    assert fake_upstream.received(source.name)[0].body["thinking"] == {"type": "True"}
+
+
+async def test_no_api_key_sends_no_authorization_header(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(api_key=Secret(""))
+    await transport.send(_chat(), source, call_id="c")
+    headers = fake_upstream.received(source.name)[0].headers
+    assert "authorization" not in headers
+    assert headers["content-type"] == "application/json"
+
+
+async def test_extra_headers_option_and_trailing_slash(
+    engine: str, fake_upstream: FakeUpstream
+) -> None:
+    source = SourceConfig(
+        name="slash",
+        provider="generic",
+        base_url=fake_upstream.base_url("slash") + "/",
+        model="m1",
+        options={"engine": engine, "headers": {"X-Title": "pgw"}},
+    )
+    transport = OpenAICompatTransport(source)
+    try:
+        await transport.send(_chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+    [received] = fake_upstream.received("slash")
+    assert received.path == "/slash/v1/chat/completions"
+    assert received.headers["x-title"] == "pgw"
+
+
+def test_bad_options_are_config_errors() -> None:
+    base = SourceConfig(name="s", provider="generic", base_url="http://127.0.0.1:9/v1", model="m")
+    with pytest.raises(ConfigError, match="engine"):
+        OpenAICompatTransport(dataclasses.replace(base, options={"engine": "curl"}))
+    with pytest.raises(ConfigError, match="trust_env"):
+        OpenAICompatTransport(dataclasses.replace(base, options={"trust_env": "maybe"}))
+    with pytest.raises(ConfigError, match="read_timeout_s"):
+        OpenAICompatTransport(dataclasses.replace(base, options={"read_timeout_s": "soon"}))
+    with pytest.raises(ConfigError, match="base_url"):
+        OpenAICompatTransport(dataclasses.replace(base, base_url=" "))
+    transport = OpenAICompatTransport(
+        dataclasses.replace(base, options={"engine": "HTTPX", "trust_env": "true"})
+    )
+    assert transport.engine.name == "httpx"
+
+
+# --------------------------------------------------------------------------- stream outcomes
+
+
+async def test_salvage_returns_the_partial_answer_with_estimated_usage(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(missing_done="salvage")
+    fake_upstream.script(source.name, Reply.cut(after_chunks=2))
+    result = await transport.send(_chat(), source, call_id="c")
+    assert result.content
+    assert DEFAULT_CONTENT.startswith(result.content)
+    assert len(result.content) < len(DEFAULT_CONTENT)
+    assert result.usage_source == "estimated"
+    assert result.completion_tokens >= 1
+
+
+async def test_salvage_never_returns_an_empty_answer(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(missing_done="salvage")
+    fake_upstream.script(source.name, Reply.cut(after_chunks=0), Reply.early_eof())
+    for _ in range(2):
+        with pytest.raises(TransientError, match="early EOF"):
+            await transport.send(_chat(), source, call_id="c")
+
+
+async def test_missing_usage_is_estimated(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport()
+    fake_upstream.script(source.name, Reply.ok("x" * 40, include_usage=False))
+    result = await transport.send(_chat(), source, call_id="c")
+    assert result.usage_source == "estimated"
+    assert result.completion_tokens == 10
+    assert result.prompt_tokens >= 1
+
+
+async def test_measured_ttft_and_gaps(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport()
+    fake_upstream.script(
+        source.name, Reply.ok("abcd", chunks=4, first_token_delay=0.05, inter_token_delay=0.03)
+    )
+    result = await transport.send(_chat(), source, call_id="c")
+    assert result.content == "abcd"
+    assert result.ttft_ms is not None and result.ttft_ms >= 45
+    assert result.max_inter_token_ms is not None and result.max_inter_token_ms >= 25
+    assert result.latency_ms >= 130
+
+
+async def test_concurrent_calls_share_one_pool(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport()
+    results = await asyncio.gather(
+        *(transport.send(_chat(), source, call_id=str(i)) for i in range(50))
+    )
+    assert all(r.content for r in results)
+    assert fake_upstream.requests(source.name) == 50
+    await wait_until(lambda: fake_upstream.inflight(source.name) == 0)
+
+
+async def test_aiohttp_connections_are_reused_and_released(fake_upstream: FakeUpstream) -> None:
+    source = SourceConfig(
+        name="pool", provider="generic", base_url=fake_upstream.base_url("pool"), model="m"
+    )
+    transport = OpenAICompatTransport(source)
+    try:
+        for stream in (True, False, True):
+            await transport.send(_chat(stream), source, call_id="c")
+        engine = transport.engine
+        assert isinstance(engine, AiohttpEngine) and engine.session is not None
+        connector = engine.session.connector
+        assert connector is not None
+        # One keep-alive connection served all three calls; none is held.
+        assert len(connector._conns) == 1  # the pool's own bookkeeping
+        assert not connector._acquired
+        # A cancelled stream closes its connection instead of returning it half-read.
+        fake_upstream.script("pool", Reply.ok("a b c", chunks=3, inter_token_delay=30.0))
+        task = asyncio.create_task(transport.send(_chat(), source, call_id="c"))
+        await wait_until(lambda: fake_upstream.inflight("pool") == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not connector._acquired
+        await wait_until(lambda: fake_upstream.inflight("pool") == 0)
+    finally:
+        await transport.aclose()
+
+
+# --------------------------------------------------------------------------- odd upstreams
+
+
+async def _serve(handler: Callable[[web.Request], Any]) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}/v1"
+
+
+async def test_crlf_comments_and_split_frames_from_a_real_socket(engine: str) -> None:
+    """A gateway using CRLF line ends, keep-alive comments and frames split mid-UTF-8."""
+    body = (
+        ": OPENROUTER PROCESSING\r\n\r\n"
+        'data:{"choices":[{"index":0,"delta":{"reasoning":"hmm"}}]}\r\n\r\n'
+        'data: {"choices":[{"index":0,"delta":{"content":"Grüß "}}]}\r\n\r\n'
+        'data: {"choices":[{"index":0,"delta":{"content":"dich ✓"},'
+        '"finish_reason":"stop"}]}\r\n\r\n'
+        'data: {"choices":null,"usage":{"prompt_tokens":3,"completion_tokens":4}}\r\n\r\n'
+        "data: [DONE]\r\n\r\n"
+    ).encode()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for start in range(0, len(body), 7):  # 7-byte pieces cut through "ü", "ß" and "✓"
+            await response.write(body[start : start + 7])
+        await response.write_eof()
+        return response
+
+    runner, url = await _serve(handler)
+    source = SourceConfig(
+        name="odd", provider="generic", base_url=url, model="m", options={"engine": engine}
+    )
+    transport = OpenAICompatTransport(source)
+    try:
+        result = await transport.send(_chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+        await runner.cleanup()
+    assert result.content == "Grüß dich ✓"
+    assert result.thinking == "hmm"
+    assert (result.prompt_tokens, result.completion_tokens) == (3, 4)
+    assert result.usage_source == "measured"
+
+
+async def test_json_answer_to_a_stream_request_is_accepted(engine: str) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model": "served-model",
+                "choices": [{"index": 0, "message": {"content": "plain"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+            }
+        )
+
+    runner, url = await _serve(handler)
+    source = SourceConfig(
+        name="json", provider="generic", base_url=url, model="m", options={"engine": engine}
+    )
+    transport = OpenAICompatTransport(source)
+    try:
+        result = await transport.send(_chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+        await runner.cleanup()
+    assert result.content == "plain"
+    assert result.model == "served-model"
+    assert result.usage_source == "measured"
+
+
+async def test_connection_refused_is_a_network_error(engine: str) -> None:
+    source = SourceConfig(
+        name="down",
+        provider="generic",
+        base_url="http://127.0.0.1:9/v1",  # discard port: nothing listens
+        model="m",
+        options={"engine": engine},
+    )
+    transport = OpenAICompatTransport(source)
+    try:
+        with pytest.raises(TransientError) as caught:
+            await transport.send(_chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+    assert caught.value.reason == "network_error"
+    assert caught.value.source_name == "down"
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_reasoning_without_an_answer_is_an_empty_completion(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    transport, source = open_transport()
+    fake_upstream.script(source.name, Reply.ok("", reasoning="thinking only"))
+    with pytest.raises(TransientError, match="empty completion"):
+        await transport.send(_chat(stream), source, call_id="c")
+
+
+async def test_non_streaming_missing_usage_is_estimated(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport()
+    fake_upstream.script(source.name, Reply.ok("y" * 8, include_usage=False))
+    result = await transport.send(_chat(stream=False), source, call_id="c")
+    assert (result.content, result.completion_tokens) == ("y" * 8, 2)
+    assert result.usage_source == "estimated"
+    assert result.ttft_ms is None

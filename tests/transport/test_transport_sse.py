@@ -1,0 +1,318 @@
+"""Pure parsers: the SSE decoder, the think-tag splitter and the chat chunk interpreter."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from polygateway.errors import TransientError
+from polygateway.transports.sse import (
+    ChatStreamParser,
+    SSEDecoder,
+    SSEEvent,
+    SSEProtocolError,
+    ThinkTagSplitter,
+    parse_completion,
+    split_think,
+)
+
+
+def decode_all(chunks: list[bytes]) -> list[SSEEvent]:
+    decoder = SSEDecoder()
+    events: list[SSEEvent] = []
+    for chunk in chunks:
+        events += decoder.feed(chunk)
+    return events + decoder.flush()
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    pieces, start = [], 0
+    for point in points:
+        pieces.append(data[start:point])
+        start = point
+    pieces.append(data[start:])
+    return pieces
+
+
+# --------------------------------------------------------------------------- SSE decoder
+
+texts = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=12
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    payloads=st.lists(texts, min_size=1, max_size=6),
+    newline=st.sampled_from(["\n", "\r\n", "\r"]),
+    space=st.booleans(),
+    comments=st.booleans(),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=12),
+)
+def test_decoder_survives_any_split(
+    payloads: list[str], newline: str, space: bool, comments: bool, cuts: list[int]
+) -> None:
+    """Events come out whole whatever the chunking: inside UTF-8, inside CRLF, inside "data:"."""
+    prefix = "data: " if space else "data:"
+    wire = ""
+    for text in payloads:
+        if comments:
+            wire += f": keep-alive{newline}"
+        wire += f"{prefix}{text}{newline}{newline}"
+    data = wire.encode("utf-8")
+    events = decode_all(split_at(data, cuts))
+    expected = [t[1:] if not space and t.startswith(" ") else t for t in payloads]
+    assert [data.decode("utf-8") for data, _ in events] == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=20))
+def test_decoder_splits_inside_multibyte_characters(cuts: list[int]) -> None:
+    text = "naïve 中文 ✓ 😀"
+    frame = json.dumps({"choices": [{"delta": {"content": text}}]}, ensure_ascii=False)
+    data = f"data: {frame}\n\ndata: [DONE]\n\n".encode()
+    events = decode_all(split_at(data, cuts))
+    assert [data for data, _ in events] == [frame.encode(), b"[DONE]"]
+    assert json.loads(events[0][0])["choices"][0]["delta"]["content"] == text
+
+
+def test_decoder_one_byte_at_a_time_with_mixed_line_ends() -> None:
+    data = b"data: a\r\n\r\ndata: b\n\ndata: c\r\rdata: d\n\r\n"
+    decoder = SSEDecoder()
+    out: list[bytes] = []
+    for i in range(len(data)):
+        out += [d for d, _ in decoder.feed(data[i : i + 1])]
+    out += [d for d, _ in decoder.flush()]
+    assert out == [b"a", b"b", b"c", b"d"]
+
+
+def test_multi_line_data_comments_and_other_fields() -> None:
+    data = (
+        b": OPENROUTER PROCESSING\n\n"
+        b"id: 7\nevent: error\ndata: first\ndata:second\nretry: 10\n\n"
+        b":just a comment\n\n"
+        b"data\n\n"
+    )
+    events = decode_all([data])
+    assert events == [(b"first\nsecond", b"error"), (b"", None)]
+
+
+def test_flush_dispatches_complete_lines_and_drops_a_cut_line() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: [DONE]\n") == []
+    assert decoder.flush() == [(b"[DONE]", None)]
+    decoder = SSEDecoder()
+    assert decoder.feed(b'data: {"choices": [{"del') == []
+    assert decoder.pending_bytes > 0
+    assert decoder.flush() == []
+
+
+def test_oversized_event_is_a_protocol_error() -> None:
+    decoder = SSEDecoder(max_event_bytes=64)
+    decoder.feed(b"data: " + b"x" * 40)
+    with pytest.raises(SSEProtocolError):
+        decoder.feed(b"x" * 40)
+
+
+# --------------------------------------------------------------------------- think tags
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    thinking=st.text(max_size=20).filter(lambda t: "</think>" not in t),
+    answer=st.text(max_size=20).filter(lambda t: t == t.lstrip()),
+    lead=st.sampled_from(["", " ", "\n"]),
+    cuts=st.lists(st.integers(min_value=0, max_value=1000), max_size=10),
+)
+def test_think_block_split_anywhere(thinking: str, answer: str, lead: str, cuts: list[int]) -> None:
+    text = f"{lead}<think>{thinking}</think>\n\n{answer}"
+    splitter = ThinkTagSplitter()
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    start = 0
+    for point in [*points, len(text)]:
+        if text[start:point]:
+            splitter.feed(text[start:point])
+        start = point
+    assert splitter.finish() == (answer, thinking)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("plain answer", ("plain answer", "")),
+        ("<b>bold</b> answer", ("<b>bold</b> answer", "")),
+        # Original DeepSeek-R1 omits the opening tag: not guessed, the text stays content.
+        ("reasoning here</think>answer", ("reasoning here</think>answer", "")),
+        # A tag quoted mid-answer is content.
+        ("use <think> tags", ("use <think> tags", "")),
+        ("<think>unterminated", ("", "unterminated")),
+        ("<thi", ("<thi", "")),
+        ("◁think▷kimi◁/think▷answer", ("◁think▷kimi◁/think▷answer", "")),
+    ],
+)
+def test_split_think_cases(text: str, expected: tuple[str, str]) -> None:
+    assert split_think(text) == expected
+
+
+def test_other_tag_pairs_from_a_profile() -> None:
+    tags = (("<think>", "</think>"), ("◁think▷", "◁/think▷"))
+    assert split_think("◁think▷kimi◁/think▷answer", tags) == ("answer", "kimi")
+    assert split_think("no tags", ()) == ("no tags", "")
+
+
+# --------------------------------------------------------------------------- chunks
+
+
+def chunk(delta: dict[str, Any] | None = None, **extra: Any) -> bytes:
+    body: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk", "model": "served"}
+    if delta is not None:
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": None}]
+    body.update(extra)
+    return json.dumps(body).encode()
+
+
+def test_content_reasoning_usage_and_done() -> None:
+    parser = ChatStreamParser()
+    assert parser.feed_event(chunk({"role": "assistant", "content": ""})) is False
+    assert parser.feed_event(chunk({"content": None, "reasoning_content": "think "})) is True
+    assert parser.feed_event(chunk({"reasoning": "more"})) is True
+    assert parser.feed_event(chunk({"content": "Hel"})) is True
+    assert parser.feed_event(chunk({"content": "lo"})) is True
+    finish = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+    assert parser.feed_event(json.dumps(finish).encode()) is False
+    for choices in ([], None, "missing"):
+        usage = {"usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+        if choices != "missing":
+            usage["choices"] = choices
+        assert parser.feed_event(json.dumps(usage).encode()) is False
+    assert parser.feed_event(b"[DONE]") is False
+    assert parser.done
+    result = parser.result()
+    assert (result.content, result.thinking) == ("Hello", "think more")
+    assert (result.prompt_tokens, result.completion_tokens) == (5, 2)
+    assert result.finish_reason == "length"
+    assert result.model == "served"
+
+
+def test_reasoning_field_order_prefers_reasoning_content() -> None:
+    parser = ChatStreamParser()
+    parser.feed_event(chunk({"reasoning_content": "A", "reasoning": "B"}))
+    parser.feed_event(chunk({"content": "x"}))
+    assert parser.result().thinking == "A"
+
+
+def test_inline_think_tags_split_across_chunks() -> None:
+    parser = ChatStreamParser()
+    for piece in ["<th", "ink>ste", "p one</th", "ink>\n\nFinal"]:
+        assert parser.feed_event(chunk({"content": piece})) is True
+    result = parser.result()
+    assert (result.content, result.thinking) == ("Final", "step one")
+
+
+def test_usage_null_in_every_chunk_is_not_usage() -> None:
+    parser = ChatStreamParser()
+    parser.feed_event(chunk({"content": "x"}, usage=None))
+    result = parser.result()
+    assert result.prompt_tokens is None and result.completion_tokens is None
+
+
+def test_tool_call_fragments_count_as_tokens() -> None:
+    parser = ChatStreamParser()
+    call = {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}
+    assert parser.feed_event(chunk(call)) is True
+    assert parser.result().has_tool_calls
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b'{"error":{"message":"Upstream provider disconnected","type":"server_error"}}',
+        b'{"object":"error","message":"boom","type":"BadRequestError","code":400}',
+        b'{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"error"}]}',
+    ],
+)
+def test_error_events_are_transient(frame: bytes) -> None:
+    with pytest.raises(TransientError):
+        ChatStreamParser(source_name="s").feed_event(frame)
+
+
+def test_event_named_error_is_transient() -> None:
+    with pytest.raises(TransientError):
+        ChatStreamParser().feed_event(b'{"message":"overloaded"}', b"error")
+
+
+@pytest.mark.parametrize("frame", [b'{"content":"unterminated', b"[1, 2]", b"not json"])
+def test_malformed_frames_are_transient(frame: bytes) -> None:
+    with pytest.raises(TransientError, match="malformed"):
+        ChatStreamParser().feed_event(frame)
+
+
+def test_empty_data_is_a_keep_alive() -> None:
+    parser = ChatStreamParser()
+    assert parser.feed_event(b"") is False
+    assert not parser.has_content
+
+
+def test_other_choice_indexes_are_ignored() -> None:
+    parser = ChatStreamParser()
+    other = {"choices": [{"index": 1, "delta": {"content": "no"}}]}
+    assert parser.feed_event(json.dumps(other).encode()) is False
+    assert parser.result().content == ""
+
+
+# --------------------------------------------------------------------------- JSON completion
+
+
+def test_parse_completion() -> None:
+    body = {
+        "model": "served",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "<think>hm</think> 42"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+    }
+    parsed = parse_completion(body)
+    assert (parsed.content, parsed.thinking) == ("42", "hm")
+    assert (parsed.prompt_tokens, parsed.completion_tokens) == (9, 3)
+    assert parsed.finish_reason == "stop" and parsed.model == "served"
+
+
+def test_parse_completion_reasoning_field_and_tool_calls() -> None:
+    message = {"content": None, "reasoning_content": "why", "tool_calls": [{"id": "t"}]}
+    parsed = parse_completion({"choices": [{"message": message, "finish_reason": "tool_calls"}]})
+    assert (parsed.content, parsed.thinking) == ("", "why")
+    assert parsed.has_tool_calls
+    assert parsed.prompt_tokens is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        {"choices": []},
+        {"choices": [{"index": 0}]},
+        {"error": {"message": "quota", "code": "insufficient_quota"}},
+    ],
+)
+def test_parse_completion_rejects_unusable_bodies(body: Any) -> None:
+    with pytest.raises(TransientError):
+        parse_completion(body)
+
+
+def test_named_error_event_with_plain_text_is_transient() -> None:
+    with pytest.raises(TransientError, match="Overloaded"):
+        ChatStreamParser().feed_event(b"Overloaded", b"error")
+
+
+def test_json_after_extra_whitespace_still_parses() -> None:
+    parser = ChatStreamParser()
+    assert parser.feed_event(b' {"choices":[{"index":0,"delta":{"content":"x"}}]}') is True
+    assert parser.has_content

@@ -1,0 +1,170 @@
+"""The liveness watchdog on hand-made async iterators (real, short delays)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from polygateway.errors import StreamLivenessTimeout, TransientError
+from polygateway.streaming import LivenessWatchdog, watch
+
+
+class Scripted:
+    """Yields after each delay in ``delays``; records whether it was closed."""
+
+    def __init__(self, delays: list[float], *, fail: BaseException | None = None) -> None:
+        self.delays = list(delays)
+        self.fail = fail
+        self.closed = False
+        self.index = 0
+        self.waiting = asyncio.Event()
+
+    def __aiter__(self) -> Scripted:
+        return self
+
+    async def __anext__(self) -> int:
+        if self.index >= len(self.delays):
+            if self.fail is not None:
+                raise self.fail
+            raise StopAsyncIteration
+        self.waiting.set()
+        await asyncio.sleep(self.delays[self.index])
+        self.index += 1
+        return self.index
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def drain(wrapper: LivenessWatchdog[int]) -> list[int]:
+    return [item async for item in wrapper]
+
+
+async def test_passes_items_through_and_measures() -> None:
+    source = Scripted([0.03, 0.0, 0.05, 0.01])
+    wrapper = watch(source, ttft_s=1.0, inter_token_s=0.5, total_s=2.0)
+    assert await drain(wrapper) == [1, 2, 3, 4]
+    assert wrapper.tokens == 4
+    assert wrapper.ttft_ms is not None and 25 <= wrapper.ttft_ms < 500
+    assert wrapper.max_inter_token_ms is not None and 45 <= wrapper.max_inter_token_ms < 500
+    assert source.closed  # exhausted: closed as well
+
+
+async def test_single_item_has_no_gap() -> None:
+    wrapper = watch(Scripted([0.0]), total_s=1.0)
+    await drain(wrapper)
+    assert wrapper.max_inter_token_ms is None
+
+
+@pytest.mark.parametrize(
+    ("delays", "limits", "kind"),
+    [
+        ([0.5], {"ttft_s": 0.05, "inter_token_s": 0.02, "total_s": 2.0}, "ttft"),
+        ([0.0, 0.0, 0.5], {"ttft_s": 0.2, "inter_token_s": 0.05, "total_s": 2.0}, "inter_token"),
+        ([0.02] * 50, {"ttft_s": 0.1, "inter_token_s": 0.08, "total_s": 0.15}, "total"),
+        # The total deadline can be the first to bite before the first token too.
+        ([0.5], {"ttft_s": 0.3, "total_s": 0.05}, "total"),
+        ([0.0, 0.5], {"total_s": 0.08}, "total"),
+    ],
+)
+async def test_deadlines(delays: list[float], limits: dict[str, float], kind: str) -> None:
+    source = Scripted(delays)
+    wrapper = watch(source, **limits)
+    with pytest.raises(StreamLivenessTimeout) as caught:
+        await drain(wrapper)
+    assert caught.value.kind == kind
+    assert isinstance(caught.value, TransientError)
+    assert caught.value.reason == "timeout"
+    assert source.closed
+
+
+async def test_deadline_counts_from_started_at() -> None:
+    loop = asyncio.get_running_loop()
+    # The request was sent 1 s ago: the TTFT budget is already spent.
+    wrapper = watch(Scripted([0.0]), ttft_s=0.5, started_at=loop.time() - 1.0)
+    with pytest.raises(StreamLivenessTimeout) as caught:
+        await drain(wrapper)
+    assert caught.value.kind == "ttft"
+
+
+async def test_steady_tokens_never_trip_the_inter_token_deadline() -> None:
+    # Many gaps each below the limit, for longer than the limit in total: the lazily
+    # re-armed timer must follow the moving deadline.
+    wrapper = watch(Scripted([0.02] * 15), ttft_s=0.1, inter_token_s=0.06, total_s=5.0)
+    assert len(await drain(wrapper)) == 15
+
+
+async def test_upstream_timeout_error_passes_through_unchanged() -> None:
+    upstream = TimeoutError("engine read timeout")
+    source = Scripted([0.0], fail=upstream)
+    with pytest.raises(TimeoutError) as caught:
+        await drain(watch(source, ttft_s=1.0, inter_token_s=0.5, total_s=2.0))
+    assert caught.value is upstream
+    assert not isinstance(caught.value, StreamLivenessTimeout)
+    assert source.closed
+
+
+async def test_upstream_errors_pass_through_and_close() -> None:
+    source = Scripted([0.0], fail=TransientError("boom"))
+    with pytest.raises(TransientError, match="boom"):
+        await drain(watch(source, total_s=1.0))
+    assert source.closed
+
+
+async def test_outer_cancellation_propagates_and_closes() -> None:
+    source = Scripted([10.0])
+    wrapper = watch(source, ttft_s=5.0, total_s=9.0)
+    task = asyncio.create_task(drain(wrapper))
+    await source.waiting.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert source.closed
+
+
+async def test_outer_timeout_is_not_mistaken_for_ours() -> None:
+    source = Scripted([10.0])
+    with pytest.raises(TimeoutError) as caught:
+        async with asyncio.timeout(0.05):
+            await drain(watch(source, ttft_s=5.0, total_s=9.0))
+    assert not isinstance(caught.value, StreamLivenessTimeout)
+    assert source.closed
+
+
+async def test_works_on_async_generators_and_closes_them() -> None:
+    closed = asyncio.Event()
+
+    async def gen() -> AsyncIterator[int]:
+        try:
+            yield 1
+            await asyncio.sleep(10)
+            yield 2
+        finally:
+            closed.set()
+
+    wrapper = watch(gen(), inter_token_s=0.05, ttft_s=1.0, total_s=5.0)
+    with pytest.raises(StreamLivenessTimeout):
+        await drain(wrapper)
+    assert closed.is_set()
+
+
+async def test_aclose_is_idempotent_and_stops_iteration() -> None:
+    source = Scripted([0.0, 0.0])
+    wrapper = watch(source, total_s=1.0)
+    assert await wrapper.__anext__() == 1
+    await wrapper.aclose()
+    await wrapper.aclose()
+    assert source.closed
+    with pytest.raises(StopAsyncIteration):
+        await wrapper.__anext__()
+
+
+async def test_no_limits_is_a_plain_pass_through() -> None:
+    assert await drain(watch(Scripted([0.0, 0.01]))) == [1, 2]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+async def test_bad_limits_are_rejected(bad: float) -> None:
+    with pytest.raises(ValueError, match="ttft_s"):
+        LivenessWatchdog(Scripted([]), ttft_s=bad)
