@@ -412,3 +412,38 @@ async def test_non_streaming_missing_usage_is_estimated(
     assert (result.content, result.completion_tokens) == ("y" * 8, 2)
     assert result.usage_source == "estimated"
     assert result.ttft_ms is None
+
+
+async def test_sse_labelled_as_json_is_still_read_as_a_stream(engine: str) -> None:
+    body = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    runner, url = await _serve(handler)
+    source = SourceConfig(
+        name="label", provider="generic", base_url=url, model="m", options={"engine": engine}
+    )
+    transport = OpenAICompatTransport(source)
+    try:
+        result = await transport.send(_chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+        await runner.cleanup()
+    assert result.content == "ok"
+    assert result.usage_source == "estimated"
+
+
+async def test_non_streaming_total_deadline(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(timeout_s=0.2)
+    fake_upstream.script(source.name, Reply.black_hole())
+    with pytest.raises(TransientError) as caught:
+        await transport.send(_chat(stream=False), source, call_id="c")
+    assert caught.value.reason == "timeout"
+    assert "0.2s" in str(caught.value)
+    await wait_until(lambda: fake_upstream.inflight(source.name) == 0)

@@ -81,3 +81,15 @@ def test_token_estimates() -> None:
     assert estimate_completion_tokens("abcdefgh") == 2
     assert estimate_completion_tokens("abc", "d") == 1
     assert estimate_completion_tokens("") == 0
+
+
+async def test_unserialisable_body_is_rejected_before_sending() -> None:
+    from polygateway.transports.openai_compat import OpenAICompatTransport
+
+    transport = OpenAICompatTransport(SOURCE)
+    request = ChatRequest(messages=[{"role": "user", "content": "hi"}], extra_body={"x": object()})
+    try:
+        with pytest.raises(RequestRejectedError, match="JSON"):
+            await transport.send(request, SOURCE, call_id="c")
+    finally:
+        await transport.aclose()

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,3 +128,99 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s}s")
         await asyncio.sleep(every_s)
+
+
+@dataclass
+class RoundTrips:
+    """Writes to the socket: one per command, one per pipeline (connection setup included)."""
+
+    count: int = 0
+
+
+def counting_client(url: str) -> tuple[Any, RoundTrips]:
+    """A client like ``pgw_redis.connection.connect`` makes, counting its round trips."""
+    from redis.asyncio import BlockingConnectionPool, Connection, Redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    trips = RoundTrips()
+
+    class CountingConnection(Connection):
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            trips.count += 1
+            await super().send_packed_command(command, check_health)
+
+    pool = BlockingConnectionPool.from_url(
+        url,
+        connection_class=CountingConnection,
+        max_connections=64,
+        timeout=2.0,
+        decode_responses=True,
+        socket_timeout=2.0,
+        socket_connect_timeout=2.0,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return Redis.from_pool(pool), trips
+
+
+async def scope_snapshot(client: Any, keys: list[str]) -> dict[str, Any]:
+    """Type and content of each key (not its TTL, which moves by itself)."""
+    snapshot: dict[str, Any] = {}
+    for key in sorted(keys):
+        kind = await client.type(key)
+        if kind == "zset":
+            snapshot[key] = ("zset", await client.zrange(key, 0, -1, withscores=True))
+        elif kind == "hash":
+            snapshot[key] = ("hash", await client.hgetall(key))
+        elif kind == "string":
+            snapshot[key] = ("string", await client.get(key))
+        else:
+            snapshot[key] = (kind, None)
+    return snapshot
+
+
+def gateway_settings(
+    source_url: str,
+    redis_url: str,
+    scope: str,
+    *,
+    global_limits: Any = None,
+    source_name: str = "a",
+    **overrides: Any,
+) -> Any:
+    """One source on ``source_url``; limiter and breaker on Redis; cache and telemetry off."""
+    from polygateway.settings import (
+        BreakerSettings,
+        CacheSettings,
+        ComponentChoice,
+        Limits,
+        ScopeSettings,
+        Secret,
+        SourceConfig,
+        TelemetrySettings,
+    )
+
+    values: dict[str, Any] = {
+        "scope": scope,
+        "sources": (
+            SourceConfig(
+                name=source_name,
+                provider="openai",
+                base_url=source_url,
+                model="fake-model",
+                api_key=Secret("sk-test"),
+                scope=scope,
+                timeout_s=30.0,
+                est_tokens=10,
+            ),
+        ),
+        "global_limits": global_limits if global_limits is not None else Limits(),
+        "limiter": ComponentChoice("redis"),
+        "breaker_backend": ComponentChoice("redis"),
+        "breaker": BreakerSettings(fail_threshold=3, cooldown_s=30.0),
+        "cache": CacheSettings(backend="none"),
+        "telemetry": TelemetrySettings(backend="none"),
+        "redis_url": Secret(redis_url),
+    }
+    values.update(overrides)
+    return ScopeSettings(**values)

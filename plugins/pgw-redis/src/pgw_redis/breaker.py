@@ -10,7 +10,8 @@ Same algorithm as the in-memory gate, field for field (``state``, ``epoch``, ``f
 - The epoch increments only when entering open. A write-back quoting another epoch (or, for a
   probe, another owner) is fenced: ``applied=False`` with the current state, nothing written.
 - Probe ids are made here before the script is sent: a ``try_enter`` cancelled after sending
-  hands back the probe it may have been given, so nobody waits for the probe TTL.
+  hands back the probe it may have been given (or, if its script has not run yet, marks the
+  id abandoned so that it never becomes the probe), so nobody waits for the probe TTL.
 
 The hash carries a TTL refreshed on every write (``max(1 h, 2 x (cooldown + probe TTL))``):
 no key is left without one, and it outlives any open period or probe lease.
@@ -40,6 +41,7 @@ from typing import Any, Final, cast
 
 from polygateway.errors import GovernanceBackendError
 from polygateway.ports import GateDecision, GateState, GateUpdate
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient, as_text
@@ -133,7 +135,7 @@ class RedisGate:
         owner = uuid.uuid4().hex
         call = ScriptCall(GATE_TRY_ENTER, (key,), (owner, self._probe_ttl_ms, self._key_ttl_ms))
         try:
-            reply = await self._run(call, "try_enter")
+            reply = await self._run(call, "try_enter", idempotent=True)
         except (asyncio.CancelledError, GovernanceBackendError):
             # The script may have run and made this caller the probe: hand it back.
             self._in_background(self._hand_back(key, owner))
@@ -163,7 +165,8 @@ class RedisGate:
         if not sources:
             raise ValueError("retry_after_s needs at least one source name")
         keys = tuple(self._key(source) for source in sources)
-        wait_ms = await self._run(ScriptCall(GATE_RETRY_AFTER, keys, ()), "retry_after_s")
+        call = ScriptCall(GATE_RETRY_AFTER, keys, ())
+        wait_ms = await self._run(call, "retry_after_s", idempotent=True)
         return max(0.0, int(wait_ms) / 1000.0)
 
     async def state(self, source: str) -> GateState:
@@ -231,7 +234,7 @@ class RedisGate:
             (decision.epoch, decision.probe_owner, self._key_ttl_ms),
         )
         try:
-            await self._run(call, "release_probe")
+            await self._run(call, "release_probe", idempotent=True)
         except GovernanceBackendError as exc:
             self._warn.failed("release_probe", exc, "the probe lease expires by itself")
 
@@ -259,9 +262,17 @@ class RedisGate:
             key = self._keys[source] = gate_key(self._tag, source)
         return key
 
-    async def _run(self, call: ScriptCall, operation: str) -> Any:
+    async def _run(self, call: ScriptCall, operation: str, *, idempotent: bool = False) -> Any:
         try:
-            reply = await self._scripts.run(call)
+            try:
+                reply = await self._scripts.run(call)
+            except RedisConnectionError:
+                # A pooled connection that died with the server fails once although Redis is
+                # back; only operations that may run twice (try_enter is keyed by its probe
+                # id, reads change nothing) get one more try on a fresh connection.
+                if not idempotent:
+                    raise
+                reply = await self._scripts.run(call)
         except BACKEND_ERRORS as exc:
             raise self._backend_error(operation, exc) from exc
         self._warn.succeeded()

@@ -22,9 +22,12 @@ everything queued has been sent. A process that dies with writes queued loses th
 TTL frees its leases, as it does after a SIGKILL.
 
 Cancellation: lease ids are made here before the script is sent. If the caller is cancelled
-(or the connection fails) after sending, the script may still have run; the lease is then
-released (and its TPM pre-charge refunded) by a queued compensation that applies only if the
-lease exists. The connection itself is dropped by redis-py, so it is never a reply behind.
+(or the connection fails) after sending, the script may have run, or may still run (the
+command can sit in the server's input while the compensation arrives on another connection).
+A queued compensation therefore releases the lease and refunds its TPM pre-charge when the
+lease exists, and otherwise records the id as abandoned so that the acquire, should it run
+afterwards, admits nothing. redis-py drops the connection of a cancelled command, so it is
+never a reply behind.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any, Final, Literal, SupportsIndex, TypeAlias, cast
 from polygateway.errors import GovernanceBackendError
 from polygateway.ports import Clock, Denial, Permit, SourceStats
 from polygateway.settings import Limits
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient
@@ -380,7 +384,17 @@ class RedisLimiter:
         """
         queued = self._take_queued()
         try:
-            results = await self._scripts.run_many([*queued, call])
+            try:
+                results = await self._scripts.run_many([*queued, call])
+            except RedisConnectionError as exc:
+                # A pooled connection that died with the server (restart, failover) fails
+                # once although Redis is back. Admission scripts and reads are idempotent (an
+                # acquire is keyed by its lease id), so one more try on a fresh connection is
+                # safe; the queued accounting is not, so it is dropped with a warning.
+                if queued:
+                    self._warn.failed("accounting", exc, "queued writes dropped; leases expire")
+                    queued = []
+                results = await self._scripts.run_many([call])
         except BACKEND_ERRORS as exc:
             if queued:
                 self._warn.failed("accounting", exc, "queued writes dropped; leases expire")

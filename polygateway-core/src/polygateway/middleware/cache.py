@@ -52,6 +52,7 @@ _HIT_OVERRIDES: dict[str, Any] = {
     "max_inter_token_ms": None,
     "cost": 0.0,
 }
+SCHEMA_MEMO_SIZE = 1024
 DECODED_MEMO_SIZE = 256
 """Entries whose decoded fields a layer keeps, so a repeated hit skips JSON parsing."""
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -240,6 +241,8 @@ class CacheMiddleware:
             schema_fn = getattr(structured, "model_json_schema", None)
             schema = canonical_json(schema_fn()) if callable(schema_fn) else repr(structured)
             ident = f"{name}:{hashlib.sha256(schema.encode('utf-8')).hexdigest()[:16]}"
+            if len(self._schema_ids) >= SCHEMA_MEMO_SIZE:  # models made per call must not leak
+                self._schema_ids.clear()
             self._schema_ids[structured] = ident
         return ident
 

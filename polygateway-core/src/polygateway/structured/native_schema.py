@@ -18,6 +18,7 @@ from polygateway.types import ChatRequest
 
 _NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 MAX_SCHEMA_NAME = 64
+MEMO_SIZE = 1024
 
 
 def schema_name(model: type[Any]) -> str:
@@ -53,6 +54,8 @@ class NativeSchemaStrategy:
                     "strict": False,
                 },
             }
+            if len(self._formats) >= MEMO_SIZE:  # models made per call must not leak
+                self._formats.clear()
             self._formats[model] = fmt
         return fmt
 

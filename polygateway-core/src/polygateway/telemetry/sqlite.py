@@ -3,8 +3,10 @@
 The event loop only appends to an in-memory queue; a dedicated writer thread owns the
 connection and writes batches with ``executemany`` in one transaction each. That keeps every
 byte of SQLite I/O (open, WAL checkpoints, fsync, lock waits) off the loop, and costs the loop
-no wake-ups per batch. Measured against an aiosqlite writer task (same batching) the thread
-costs less loop CPU per row; both write far faster than calls arrive.
+no wake-ups per batch. Measured against an aiosqlite writer task with the same batching, the
+loop spends about a third of the CPU per row (0.4-0.6 us against 1.3-1.8 us on the test
+machine) for the same total CPU: aiosqlite needs the row tuples built and each batch awaited
+on the loop.
 
 Failures never reach the call: an unopenable database, a write error or a full queue each log
 one warning and count the lost rows in ``dropped``.

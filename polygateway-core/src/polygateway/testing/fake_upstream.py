@@ -47,7 +47,6 @@ DEFAULT_SOURCE: Final = "default"
 DEFAULT_MODEL: Final = "fake-model"
 DEFAULT_EMBEDDING_DIM: Final = 8
 
-Route = Literal["chat", "embeddings", "models", "other"]
 _ROUTES: Final[frozenset[str]] = frozenset(("chat", "embeddings", "models", "other"))
 _SCRIPTABLE_ROUTES: Final[frozenset[str]] = frozenset(("chat", "embeddings", "models"))
 _ROUTE_BY_PATH: Final[dict[tuple[str, str], str]] = {
@@ -151,6 +150,10 @@ class Reply:
     after_headers: bool = False
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.content, str) or callable(self.content)):
+            raise TypeError(
+                f"Reply content must be a str or a callable, got {type(self.content).__name__}"
+            )
         if self.chunks is not None and self.chunks < 1:
             raise ValueError(f"Reply.chunks must be >= 1 or None, got {self.chunks!r}")
         for name in ("headers_delay", "first_token_delay", "inter_token_delay"):
@@ -442,8 +445,12 @@ class FakeUpstream:
         clock: Clock | None = None,
     ) -> None:
         """
+        :param port: 0 picks a free port (see :attr:`port`).
         :param default_reply: answer of every source without a script or default of its own
             (``Reply.ok()`` when None); restored by :meth:`reset`.
+        :param embedding_dim: vector size of ``/v1/embeddings`` unless the request asks
+            ``dimensions`` (the attribute of the same name can be changed; reset restores it).
+        :param models: ids listed by ``/v1/models`` (attribute ``models``).
         :param keep_received: record every request for :meth:`received` (turn off for long
             benchmark runs, where it would grow without bound).
         :param clock: source of delays and ``created`` timestamps.
@@ -463,7 +470,6 @@ class FakeUpstream:
         self._lock = threading.Lock()
         self._scripts: dict[tuple[str, str], deque[Reply]] = {}
         self._defaults: dict[tuple[str, str], Reply] = {}
-        self._fallback = self._initial_default
         self._requests: dict[tuple[str | None, str], int] = {}
         self._inflight: dict[tuple[str | None, str], int] = {}
         self._max_inflight: dict[tuple[str | None, str], int] = {}
@@ -490,10 +496,11 @@ class FakeUpstream:
 
     def base_url(self, source: str | None = None) -> str:
         """``http://HOST:PORT/<source>/v1``, or ``http://HOST:PORT/v1`` for the default source."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
         if source is None:
-            return f"http://{self.host}:{self.port}/v1"
+            return f"http://{host}:{self.port}/v1"
         _check_source(source)
-        return f"http://{self.host}:{self.port}/{source}/v1"
+        return f"http://{host}:{self.port}/{source}/v1"
 
     async def start(self) -> None:
         """Bind and start listening on the running loop."""
@@ -591,7 +598,6 @@ class FakeUpstream:
         with self._lock:
             self._scripts.clear()
             self._defaults.clear()
-            self._fallback = self._initial_default
             self._requests.clear()
             self._inflight.clear()
             self._max_inflight.clear()
@@ -740,7 +746,7 @@ class FakeUpstream:
                 else:
                     reply = self._defaults.get((source, route))
                     if reply is None:
-                        reply = self._fallback if route == "chat" else Reply.ok()
+                        reply = self._initial_default if route == "chat" else Reply.ok()
             self._next_id += 1
             return self._generation, reply
 

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+# Contract suites that plugins subclass report readable assertion diffs.
+pytest.register_assert_rewrite("polygateway.testing.contracts")
+
 if TYPE_CHECKING:
     from polygateway.testing.fake_upstream import FakeUpstream
 

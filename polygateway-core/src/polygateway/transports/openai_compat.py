@@ -260,8 +260,9 @@ class OpenAICompatTransport:
         self, request: ChatRequest, source: SourceConfig, *, call_id: str
     ) -> TransportResult:
         profile = self._profile(source)
+        payload = build_request_body(request, source, profile)
         try:
-            body = json_dumps(build_request_body(request, source, profile))
+            body = json_dumps(payload)
         except TypeError as exc:
             raise RequestRejectedError(
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
@@ -347,30 +348,37 @@ class OpenAICompatTransport:
                 source_name=source.name,
                 secret=self._secret,
             )
+        read_chunk = response.read_chunk
+        chunk = b""
         content_type = response.headers.get("content-type", "")
         if "json" in content_type and "event-stream" not in content_type:
-            # Some gateways ignore stream=true and answer a plain completion.
-            exchange.completion = self._parse_json(await response.read(), source, profile)
-            yield None
-            return
+            chunk = await read_chunk()
+            if chunk.lstrip()[:1] == b"{":
+                # Some gateways ignore stream=true and answer a plain completion.
+                raw = chunk + await response.read()
+                exchange.completion = self._parse_json(raw, source, profile)
+                yield None
+                return
+            # Labelled JSON but not a JSON object: read it as the stream it probably is.
         decoder = SSEDecoder()
         feed = parser.feed_event
-        read_chunk = response.read_chunk
         try:
             while True:
-                chunk = await read_chunk()
                 if not chunk:
-                    for data, event_name in decoder.flush():
-                        feed(data, event_name)
-                        if parser.done:
-                            break
-                    return
+                    chunk = await read_chunk()
+                    if not chunk:
+                        for data, event_name in decoder.flush():
+                            feed(data, event_name)
+                            if parser.done:
+                                break
+                        return
                 token = False
                 for data, event_name in decoder.feed(chunk):
                     if feed(data, event_name):
                         token = True
                     if parser.done:
                         break
+                chunk = b""
                 if token:
                     yield None
                 if parser.done:

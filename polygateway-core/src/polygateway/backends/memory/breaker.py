@@ -41,10 +41,10 @@ class _GateRecord:
         self.open_until = 0.0
         self.probe_until = 0.0
         self.probe_owner: str | None = None
+        # Immutable answers shared by every caller of the epoch: the closed path, taken by
+        # nearly every call, then allocates nothing.
         self.closed_decision = GateDecision(source, True, "closed", 0)
         self.clean_success = GateUpdate(source, True, "closed", 0, 0)
-        # Both are immutable and shared by every caller of the epoch: the closed path, taken
-        # by nearly every call, then allocates nothing.
 
     def close(self, source: str) -> None:
         self.state = "closed"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import math
 import secrets
-from collections import OrderedDict
 
 from polygateway.backends import MAX_TOKENS, check_token_count
 from polygateway.ports import Clock, Denial, Permit, SourceStats
@@ -42,8 +41,10 @@ class _SourceState:
 
     def __init__(self) -> None:
         # lease id -> expiry (monotonic). Insertion order is expiry order: the TTL is constant
-        # and the clock is monotonic, so the earliest expiry is always the first entry.
-        self.leases: OrderedDict[str, float] = OrderedDict()
+        # and the clock is monotonic, so the earliest expiry is always the first entry. Plain
+        # dicts (insertion-ordered) are about twice as fast as OrderedDict here; reaching the
+        # first entry costs at most a scan over the slots freed since the last resize.
+        self.leases: dict[str, float] = {}
         self.usage = _WindowUsage()
 
 
@@ -52,7 +53,6 @@ class _MemoryPermit:
 
     __slots__ = (
         "_est_tokens",
-        "_expires_at",
         "_lease_id",
         "_limiter",
         "_released",
@@ -70,7 +70,6 @@ class _MemoryPermit:
         state: _SourceState,
         est_tokens: int,
         window: int,
-        expires_at: float,
     ) -> None:
         self._limiter = limiter
         self._lease_id = lease_id
@@ -78,7 +77,6 @@ class _MemoryPermit:
         self._state = state
         self._est_tokens = est_tokens
         self._window = window
-        self._expires_at = expires_at
         self._settled = False
         self._released = False
 
@@ -150,7 +148,7 @@ class InMemoryLimiter:
         self._lease_ttl_s = float(lease_ttl_s)
         self._clock = clock
         # lease id -> source state, scope-wide; insertion order is expiry order (see above).
-        self._leases: OrderedDict[str, _SourceState] = OrderedDict()
+        self._leases: dict[str, _SourceState] = {}
         self._sources: dict[str, _SourceState] = {}
         self._global_usage = _WindowUsage()
         self._progress_at: float | None = None
@@ -213,14 +211,13 @@ class InMemoryLimiter:
             return Denial("source_tpm", (window + 1) * WINDOW_S - wall)
 
         lease_id = self._lease_prefix + str(next(self._lease_ids))
-        expires_at = now + self._lease_ttl_s
         leases[lease_id] = state
-        state.leases[lease_id] = expires_at
+        state.leases[lease_id] = now + self._lease_ttl_s
         gusage.requests += 1
         gusage.tokens += est_tokens
         susage.requests += 1
         susage.tokens += est_tokens
-        return _MemoryPermit(self, lease_id, source, state, est_tokens, window, expires_at)
+        return _MemoryPermit(self, lease_id, source, state, est_tokens, window)
 
     # ------------------------------------------------------------------ introspection
 
@@ -262,7 +259,7 @@ class InMemoryLimiter:
             del leases[lease_id]
             del state.leases[lease_id]
 
-    def _lease_wait(self, now: float, leases: OrderedDict[str, _SourceState]) -> float:
+    def _lease_wait(self, now: float, leases: dict[str, _SourceState]) -> float:
         lease_id, state = next(iter(leases.items()))
         return state.leases[lease_id] - now
 

@@ -28,7 +28,14 @@ from polygateway.ports import ProviderGate, RateLimiter
 from polygateway.settings import Limits
 from polygateway.testing.clock import FakeClock
 from polygateway.testing.contracts.breaker import BreakerContract
+from polygateway.testing.contracts.cache import CacheContract
 from polygateway.testing.contracts.limiter import LimiterContract
+from polygateway.testing.contracts.telemetry import (
+    TelemetryRecorderContract,
+    assert_row_matches,
+    sample_record,
+)
+from polygateway.testing.contracts.transport import TransportContract
 
 
 @runtime_checkable
@@ -119,8 +126,13 @@ class MemoryGovernanceBackend:
 
 __all__ = [
     "BreakerContract",
+    "CacheContract",
     "GovernanceBackend",
     "LimiterContract",
     "MemoryGovernanceBackend",
+    "TelemetryRecorderContract",
+    "TransportContract",
+    "assert_row_matches",
+    "sample_record",
     "UninjectableClock",
 ]
