@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from polygateway.cli import main
 from polygateway.telemetry.report import build_report, parse_since, percentile, read_sqlite_rows
 from polygateway.types import TelemetryRecord

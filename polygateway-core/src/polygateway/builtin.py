@@ -134,9 +134,12 @@ def pgw_register_middleware(register: Register) -> None:
         register(name, factory)
 
 
+CommandFactory = Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]
+
+
 @hookimpl
 def pgw_register_commands(register: Register) -> None:
-    def lazy(module: str) -> Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]:
+    def lazy(module: str) -> CommandFactory:
         def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
             import importlib
 

@@ -157,7 +157,7 @@ class CircuitOpenError(ScopeUnavailableError):
 
 
 class AllSourcesExhausted(ScopeUnavailableError):
-    """Retries are spent, every source is dead or cooling, the quota is full, or the scope stalled."""
+    """Retries are spent, every source is dead or cooling, the quota is full, or it stalled."""
 
 
 class GovernanceBackendError(PolyGatewayError):
@@ -165,7 +165,7 @@ class GovernanceBackendError(PolyGatewayError):
 
 
 class ConfigError(PolyGatewayError):
-    """Configuration is missing or invalid. ``problems`` holds one line per problem, naming the key."""
+    """Configuration is missing or invalid. ``problems``: one line per problem, naming the key."""
 
     def __init__(self, problems: str | Sequence[str]) -> None:
         items = [problems] if isinstance(problems, str) else list(problems)

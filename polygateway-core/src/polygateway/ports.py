@@ -325,8 +325,9 @@ class Pricing(Protocol):
 class SourceSelector(Protocol):
     """Picks one of the runnable sources (already filtered: not cooling, not excluded)."""
 
-    def choose(self, sources: Sequence[SourceConfig], inflight: Mapping[str, int]) -> SourceConfig:
-        ...
+    def choose(
+        self, sources: Sequence[SourceConfig], inflight: Mapping[str, int]
+    ) -> SourceConfig: ...
 
 
 @runtime_checkable

@@ -99,25 +99,31 @@ class _TransitionLog:
 
 
 def _progress(done: int, total: int, failed: int) -> None:
-    width = 40
-    filled = int(width * done / total)
-    sys.stderr.write(
-        f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  failed {failed}"
-    )
-    if done == total:
-        sys.stderr.write("\n")
+    """A bar redrawn in place on a terminal; a line per quarter otherwise (logs, CI)."""
+    if sys.stderr.isatty():
+        width = 40
+        filled = int(width * done / total)
+        sys.stderr.write(
+            f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  failed {failed}"
+        )
+        if done == total:
+            sys.stderr.write("\n")
+    elif done == total or done % max(1, total // 4) == 0:
+        sys.stderr.write(f"  {done}/{total} calls done, {failed} failed\n")
     sys.stderr.flush()
 
 
 async def _demo(args: argparse.Namespace, pricing: str) -> int:
+    import functools
     import random
+
+    from pydantic import BaseModel
 
     from polygateway import GatewayClient, PolyGatewayError
     from polygateway.backends.memory.breaker import InMemoryGate
     from polygateway.clock import SystemClock
     from polygateway.telemetry.report import read_sqlite_rows
     from polygateway.testing import FakeUpstream, Reply
-    from pydantic import BaseModel
 
     class Invoice(BaseModel):
         number: str
@@ -127,18 +133,21 @@ async def _demo(args: argparse.Namespace, pricing: str) -> int:
 
     async with FakeUpstream() as fake:
         fake.set_default(
-            "healthy", Reply.ok(content=_answer, first_token_delay=0.01, inter_token_delay=0.001)
+            "healthy", Reply.ok(content=_answer, first_token_delay=0.05, inter_token_delay=0.002)
         )
+        # Flaky: scattered 429/503 (retried elsewhere) and one burst that opens its breaker,
+        # which half-opens after the cooldown and closes again on a good probe.
         flaky: list[Any] = []
-        for _ in range(args.calls * 2):
-            roll = rng.random()
-            if roll < 0.12:
-                flaky.append(Reply.error(429, retry_after=1))
-            elif roll < 0.24:
+        for i in range(args.calls * 2):
+            if 20 <= i < 25:
+                flaky.append(Reply.error(503))
+            elif i % 13 == 3:
+                flaky.append(Reply.error(429, retry_after=0.1))
+            elif i % 7 == 5:
                 flaky.append(Reply.error(503))
             else:
                 flaky.append(
-                    Reply.ok(content=_answer, first_token_delay=0.02, inter_token_delay=0.001)
+                    Reply.ok(content=_answer, first_token_delay=0.08, inter_token_delay=0.004)
                 )
         fake.script("flaky", *flaky)
         fake.set_default("dead", Reply.error(401))
@@ -157,8 +166,8 @@ async def _demo(args: argparse.Namespace, pricing: str) -> int:
             "LLM__RETRY__MAX_ATTEMPTS": "4",
             "LLM__RETRY__BASE_DELAY_S": "0.05",
             "LLM__RETRY__MAX_DELAY_S": "0.5",
-            "LLM__BREAKER__FAIL_THRESHOLD": "3",
-            "LLM__BREAKER__COOLDOWN_S": "2",
+            "LLM__BREAKER__FAIL_THRESHOLD": "4",
+            "LLM__BREAKER__COOLDOWN_S": "0.5",
             "LLM__OPENAI__1__TIMEOUT_S": "10",
             "LLM__QWEN__1__TIMEOUT_S": "10",
             "LLM__DEEPSEEK__1__TIMEOUT_S": "10",
@@ -172,7 +181,7 @@ async def _demo(args: argparse.Namespace, pricing: str) -> int:
             "PGW_PLUGINS": "",
         }
         breaker = _TransitionLog(
-            InMemoryGate(fail_threshold=3, cooldown_s=2.0, probe_ttl_s=20.0, clock=SystemClock())
+            InMemoryGate(fail_threshold=4, cooldown_s=0.5, probe_ttl_s=20.0, clock=SystemClock())
         )
         client = GatewayClient.from_env(env=env, breaker=breaker)
         unique = args.calls - args.calls // 6
@@ -198,8 +207,8 @@ async def _demo(args: argparse.Namespace, pricing: str) -> int:
         from polygateway import gather_bounded
 
         async with client:
-            await gather_bounded([lambda p=p: one(p) for p in prompts], args.concurrency)
-            await gather_bounded([lambda p=p: one(p) for p in repeats], args.concurrency)
+            await gather_bounded([functools.partial(one, p) for p in prompts], args.concurrency)
+            await gather_bounded([functools.partial(one, p) for p in repeats], args.concurrency)
             invoice = await client.chat(
                 [{"role": "user", "content": "Extract the invoice as JSON: INV-42, 99.50"}],
                 structured=Invoice,

@@ -132,7 +132,7 @@ __all__ = [
     "MemoryGovernanceBackend",
     "TelemetryRecorderContract",
     "TransportContract",
+    "UninjectableClock",
     "assert_row_matches",
     "sample_record",
-    "UninjectableClock",
 ]

@@ -1,0 +1,292 @@
+"""The plugin as users meet it: entry point, factories, configuration errors, the governed
+client on Redis (round trips per call), and the response cache on Redis."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import pgw_redis
+import pytest
+from pgw_redis.breaker import RedisGate
+from pgw_redis.cache import RedisCache
+from pgw_redis.connection import connect
+from pgw_redis.limiter import RedisLimiter
+from pgw_redis.testing import make_governance_backend
+from pgw_redis_test_helpers import counting_client, free_port, gateway_settings
+from polygateway.errors import ConfigError
+from polygateway.ports import BuildContext, CacheBackend, ProviderGate, RateLimiter
+from polygateway.settings import CacheSettings, Limits, ScopeSettings, Secret
+from polygateway.testing import Reply
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+pytestmark = pytest.mark.redis
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def _context(settings: ScopeSettings, **options: Any) -> BuildContext:
+    from polygateway.clock import SystemClock
+
+    return BuildContext(settings=settings, options=options, clock=SystemClock())
+
+
+def _settings(redis_url: str | None, scope: str = "S") -> ScopeSettings:
+    settings: ScopeSettings = gateway_settings("http://127.0.0.1:1/v1", redis_url or "x", scope)
+    if redis_url is None:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, redis_url=None)
+    return settings
+
+
+def _factories() -> dict[str, Any]:
+    from polygateway.plugins import load_registry
+
+    registry = load_registry()
+    return {kind: registry.get(kind, "redis") for kind in ("limiter", "breaker", "cache")}
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def test_the_entry_point_registers_redis_for_the_three_kinds() -> None:
+    from polygateway.plugins import load_registry
+
+    registry = load_registry()
+    info = next(p for p in registry.plugins if p.name == "pgw-redis")
+    assert info.status == "loaded", info.error
+    assert info.entry_point == "redis"
+    for kind in ("limiter", "breaker", "cache"):
+        assert "redis" in info.provides[kind]
+        assert registry.provider_of(kind, "redis") == "pgw-redis"
+
+
+async def test_factories_build_the_redis_components(redis_url: str) -> None:
+    factories = _factories()
+    ctx = _context(_settings(redis_url))
+    limiter = factories["limiter"](ctx)
+    breaker = factories["breaker"](ctx)
+    cache = factories["cache"](ctx)
+    try:
+        assert isinstance(limiter, RedisLimiter) and isinstance(limiter, RateLimiter)
+        assert isinstance(breaker, RedisGate) and isinstance(breaker, ProviderGate)
+        assert isinstance(cache, RedisCache) and isinstance(cache, CacheBackend)
+        assert limiter.scope == breaker.scope == "S"
+    finally:
+        for made in (limiter, breaker, cache):
+            await made.aclose()
+
+
+@pytest.mark.parametrize("kind", ["limiter", "breaker", "cache"])
+def test_a_missing_redis_url_is_a_config_error_naming_it(kind: str) -> None:
+    with pytest.raises(
+        ConfigError, match=f"REDIS_URL is required when the {kind} backend is redis"
+    ):
+        _factories()[kind](_context(_settings(None)))
+
+
+def test_unknown_and_bad_options_are_config_errors() -> None:
+    factories = _factories()
+    settings = _settings("redis://127.0.0.1:6379/3")
+    with pytest.raises(ConfigError, match=r"unknown option.*sockettimeout.*allowed: socket_"):
+        factories["limiter"](_context(settings, sockettimeout=1))
+    with pytest.raises(ConfigError, match="socket_timeout_s must be"):
+        factories["breaker"](_context(settings, socket_timeout_s=0))
+    with pytest.raises(ConfigError, match=r"unknown option.*prefix"):
+        factories["limiter"](_context(settings, prefix="x"))
+
+
+def test_the_url_never_shows_in_errors_or_reprs() -> None:
+    factories = _factories()
+    settings = _settings("ftp://user:s3cret@example.invalid/0")
+    with pytest.raises(ConfigError) as caught:
+        factories["limiter"](_context(settings))
+    assert "s3cret" not in str(caught.value)
+    assert "s3cret" not in repr(settings)
+
+
+async def test_a_password_is_never_in_a_backend_error() -> None:
+    from polygateway.errors import GovernanceBackendError
+
+    url = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+    limiter = RedisLimiter(
+        connect(Secret(url)), scope="S", global_limits=Limits(), lease_ttl_s=30.0,
+        owns_client=True,
+    )  # fmt: skip
+    try:
+        with pytest.raises(GovernanceBackendError) as caught:
+            await limiter.try_acquire("a", 1, Limits())
+        assert "s3cret" not in str(caught.value)
+        assert "s3cret" not in repr(limiter)
+    finally:
+        await limiter.aclose()
+
+
+def test_a_cluster_url_makes_a_cluster_client() -> None:
+    client = connect("redis+cluster://127.0.0.1:7000")
+    assert isinstance(client, RedisCluster)
+    plain = connect("redis://127.0.0.1:6379/3")
+    assert isinstance(plain, Redis)
+
+
+def test_the_package_root_holds_only_hook_implementations() -> None:
+    import types
+
+    public = {
+        name
+        for name, value in vars(pgw_redis).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public <= {
+        "annotations", "Any", "BuildContext", "Register", "hookimpl",
+        "pgw_register_limiters", "pgw_register_breakers", "pgw_register_caches",
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the governed client
+
+
+async def test_a_governed_call_costs_at_most_three_round_trips(
+    redis_url: str, unique_scope: str, fake_upstream: Any
+) -> None:
+    from polygateway import GatewayClient
+
+    fake_upstream.set_default("a", Reply.ok(content="pong"))
+    limiter_client, limiter_trips = counting_client(redis_url)
+    gate_client, gate_trips = counting_client(redis_url)
+    settings = gateway_settings(
+        fake_upstream.base_url("a"), redis_url, unique_scope,
+        global_limits=Limits(max_concurrency=8, rpm=10_000, tpm=10_000_000),
+    )  # fmt: skip
+    limiter = RedisLimiter(
+        limiter_client, scope=unique_scope, global_limits=settings.global_limits,
+        lease_ttl_s=settings.lease_ttl_s, owns_client=True,
+    )  # fmt: skip
+    gate = RedisGate(
+        gate_client, scope=unique_scope, fail_threshold=3, cooldown_s=30.0,
+        probe_ttl_s=settings.probe_ttl_s, owns_client=True,
+    )  # fmt: skip
+    client = GatewayClient(settings, limiter=limiter, breaker=gate)
+    try:
+        for _ in range(3):  # warm: connections open, scripts loaded
+            await client.chat(MESSAGES)
+        await limiter.flush()
+        limiter_trips.count = gate_trips.count = 0
+        calls = 20
+        for _ in range(calls):
+            assert (await client.chat(MESSAGES)).content == "pong"
+        await limiter.flush()
+        per_call = (limiter_trips.count + gate_trips.count) / calls
+        assert per_call <= 3.0, per_call
+        assert gate_trips.count == calls  # try_enter only: the clean success is elided
+        assert await limiter.inflight() == 0
+        assert await limiter.progress_age_s() < 5.0
+    finally:
+        await client.aclose()
+        await limiter.aclose()
+        await gate.aclose()
+        await make_governance_backend(redis_url, unique_scope).cleanup()
+
+
+async def test_the_client_built_from_settings_runs_on_redis(
+    redis_url: str, unique_scope: str, fake_upstream: Any, raw_redis: Any
+) -> None:
+    from polygateway import GatewayClient
+
+    fake_upstream.set_default("a", Reply.ok(content="pong"))
+    settings = gateway_settings(
+        fake_upstream.base_url("a"), redis_url, unique_scope,
+        global_limits=Limits(max_concurrency=2, rpm=100),
+    )  # fmt: skip
+    try:
+        async with GatewayClient(settings) as client:
+            responses = [await client.chat(MESSAGES) for _ in range(3)]
+        assert [r.content for r in responses] == ["pong"] * 3
+        backend = make_governance_backend(redis_url, unique_scope)
+        keys = await backend.scope_keys()
+        rpm_keys = [k for k in keys if ":global:rpm:" in k]
+        assert [await raw_redis.get(k) for k in rpm_keys] == ["3"]
+        assert await raw_redis.zcard(f"pgw:limit:{{{unique_scope}}}:global:lease") == 0
+    finally:
+        await make_governance_backend(redis_url, unique_scope).cleanup()
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+async def test_the_response_cache_on_redis_keys_by_namespace_with_a_ttl(
+    redis_url: str, unique_scope: str, fake_upstream: Any, raw_redis: Any
+) -> None:
+    import dataclasses
+
+    from polygateway import GatewayClient
+
+    fake_upstream.set_default("a", Reply.ok(content="cached answer"))
+    prefix = f"test-{uuid.uuid4().hex}:"
+    settings = dataclasses.replace(
+        gateway_settings(fake_upstream.base_url("a"), redis_url, unique_scope),
+        cache=CacheSettings(backend="redis", namespace="tenant-a", ttl_s=60.0,
+                            options={"prefix": prefix}),
+    )  # fmt: skip
+    try:
+        async with GatewayClient(settings) as client:
+            first = await client.chat(MESSAGES)
+            again = await client.chat(MESSAGES)
+            other_tenant = await client.chat(MESSAGES, cache_namespace="tenant-b")
+            # Delimiters cannot make two (namespace, salt) pairs meet.
+            await client.chat(MESSAGES, cache_namespace="a:b", cache_salt="c")
+            await client.chat(MESSAGES, cache_namespace="a", cache_salt="b:c")
+        assert (first.cache_hit, again.cache_hit, other_tenant.cache_hit) == (False, True, False)
+        assert fake_upstream.requests("a") == 4
+        keys = [k async for k in raw_redis.scan_iter(match=prefix + "*")]
+        assert len(keys) == 4
+        for key in keys:
+            assert key.startswith(prefix + "pgw:cache:")
+            assert 0 < await raw_redis.ttl(key) <= 60
+    finally:
+        keys = [k async for k in raw_redis.scan_iter(match=prefix + "*")]
+        if keys:
+            await raw_redis.delete(*keys)
+        await make_governance_backend(redis_url, unique_scope).cleanup()
+
+
+async def test_a_dead_cache_degrades_silently_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache = RedisCache(connect(f"redis://127.0.0.1:{free_port()}/0"), owns_client=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pgw_redis"):
+            for _ in range(3):
+                assert await cache.get("pgw:cache:k") is None
+                await cache.set("pgw:cache:k", "v", 10.0)
+        warnings = [r for r in caplog.records if r.name == "pgw_redis.cache"]
+        assert len(warnings) == 2, [r.getMessage() for r in warnings]  # one per operation
+        with pytest.raises(ValueError, match="ttl"):
+            await cache.set("pgw:cache:k", "v", 0)  # a missing TTL is a bug, not an outage
+    finally:
+        await cache.aclose()
+
+
+async def test_calls_go_on_when_the_cache_redis_is_down(
+    redis_url: str, unique_scope: str, fake_upstream: Any
+) -> None:
+    import dataclasses
+
+    from polygateway import GatewayClient
+
+    fake_upstream.set_default("a", Reply.ok(content="pong"))
+    settings = dataclasses.replace(
+        gateway_settings(fake_upstream.base_url("a"), redis_url, unique_scope),
+        cache=CacheSettings(backend="redis", namespace="t", ttl_s=60.0),
+    )
+    dead = RedisCache(connect(f"redis://127.0.0.1:{free_port()}/0"), owns_client=True)
+    try:
+        async with GatewayClient(settings, cache=dead) as client:
+            assert (await client.chat(MESSAGES)).content == "pong"
+            assert (await client.chat(MESSAGES)).cache_hit is False
+    finally:
+        await dead.aclose()
+        await make_governance_backend(redis_url, unique_scope).cleanup()
