@@ -44,8 +44,19 @@ def counting_client(url: str) -> tuple[Any, RoundTrips]:
     trips = RoundTrips()
 
     class CountingConnection(Connection):
+        handshaking = False
+
+        async def on_connect_check_health(self, check_health: bool = True) -> None:
+            # The connection's own setup (HELLO, CLIENT SETINFO) is not a command's round trip.
+            self.handshaking = True
+            try:
+                await super().on_connect_check_health(check_health)
+            finally:
+                self.handshaking = False
+
         async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            trips.count += 1
+            if not self.handshaking:
+                trips.count += 1
             await super().send_packed_command(command, check_health)
 
     pool = BlockingConnectionPool.from_url(

@@ -14,7 +14,7 @@ from pgw_redis.cache import RedisCache
 from pgw_redis.connection import connect
 from pgw_redis.limiter import RedisLimiter
 from pgw_redis.testing import make_governance_backend
-from pgw_redis_test_helpers import counting_client, free_port, gateway_settings
+from pgw_redis_test_helpers import RedisServer, counting_client, free_port, gateway_settings
 from polygateway.errors import ConfigError
 from polygateway.ports import BuildContext, CacheBackend, ProviderGate, RateLimiter
 from polygateway.settings import CacheSettings, Limits, ScopeSettings, Secret
@@ -290,3 +290,55 @@ async def test_calls_go_on_when_the_cache_redis_is_down(
     finally:
         await dead.aclose()
         await make_governance_backend(redis_url, unique_scope).cleanup()
+
+
+async def test_one_env_line_selects_redis_for_all_three(
+    redis_url: str, unique_scope: str, fake_upstream: Any
+) -> None:
+    from polygateway import GatewayClient
+
+    fake_upstream.set_default("a", Reply.ok(content="pong"))
+    scope = unique_scope.upper()
+    env = {
+        "PGW_STATE_BACKEND": "redis",
+        "REDIS_URL": redis_url,
+        "PGW_CACHE_NAMESPACE": f"test-{uuid.uuid4().hex}",
+        "PGW_CACHE_TTL_S": "30",
+        "PGW_TELEMETRY_BACKEND": "none",
+        f"{scope}__OPENAI__1__BASE_URL": fake_upstream.base_url("a"),
+        f"{scope}__OPENAI__1__MODEL": "fake-model",
+        f"{scope}__OPENAI__1__API_KEY": "sk-test",
+    }
+    client = GatewayClient.from_env(scope, env=env)
+    try:
+        components = client._components
+        assert isinstance(components.limiter, RedisLimiter)
+        assert isinstance(components.breaker, RedisGate)
+        assert isinstance(components.cache, RedisCache)
+        assert (await client.chat(MESSAGES)).content == "pong"
+        assert (await client.chat(MESSAGES)).cache_hit
+    finally:
+        await client.aclose()
+        await make_governance_backend(redis_url, scope).cleanup()
+
+
+async def test_governed_calls_fail_closed_while_redis_is_down_and_resume_after_a_restart(
+    spare_redis: RedisServer, fake_upstream: Any
+) -> None:
+    from polygateway import GatewayClient
+    from polygateway.errors import GovernanceBackendError
+
+    fake_upstream.set_default("a", Reply.ok(content="pong"))
+    settings = gateway_settings(
+        fake_upstream.base_url("a"), spare_redis.url, "S", global_limits=Limits(max_concurrency=4)
+    )
+    async with GatewayClient(settings) as client:
+        assert (await client.chat(MESSAGES)).content == "pong"
+        spare_redis.stop()
+        for _ in range(3):
+            with pytest.raises(GovernanceBackendError):
+                await client.chat(MESSAGES)
+        assert fake_upstream.requests("a") == 1  # nothing went through ungoverned
+        spare_redis.start()  # empty: no scripts, no state
+        assert (await client.chat(MESSAGES)).content == "pong"
+        assert fake_upstream.requests("a") == 2

@@ -62,7 +62,7 @@ async def _window_headroom(backend: RedisGovernanceBackend, need_s: float) -> No
 async def test_four_processes_of_fifty_tasks_admit_exactly_the_rpm(
     backend: RedisGovernanceBackend,
 ) -> None:
-    await _window_headroom(backend, 15.0)
+    await _window_headroom(backend, 10.0)
     admitted = await asyncio.to_thread(
         _run_processes, 4, workers.admit_many, backend.redis_url, backend.scope, 50
     )

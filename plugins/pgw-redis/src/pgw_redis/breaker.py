@@ -36,7 +36,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any, Final, cast
 
 from polygateway.errors import GovernanceBackendError
@@ -251,6 +251,7 @@ class RedisGate:
         """Wait for probe hand-backs still in flight; close the client if owned."""
         if self._background:
             await asyncio.wait(tuple(self._background))
+        await self._scripts.disconnect()
         if self._owns_client:
             await self._client.aclose()
 
@@ -299,7 +300,7 @@ class RedisGate:
         except BACKEND_ERRORS as exc:
             self._warn.failed("release_probe", exc, "the probe lease expires by itself")
 
-    def _in_background(self, coro: Any) -> None:
+    def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

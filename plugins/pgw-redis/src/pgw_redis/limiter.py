@@ -17,9 +17,11 @@ Round trips: admission (``try_acquire``) and reads are one round trip each. Acco
 queued and sent in one pipelined round trip, either with this limiter's next command or by a
 background flush as soon as the caller yields to the event loop. A permit settled and then
 released in the same turn costs one script (``release`` applies the TPM correction), and a
-progress mark rides along with a release. ``flush()`` (and ``aclose()``) waits until
-everything queued has been sent. A process that dies with writes queued loses them; the lease
-TTL frees its leases, as it does after a SIGKILL.
+progress mark rides along with a release. Reads (``inflight``, ``source_stats``,
+``progress_age_s``) see every write queued before them; an admission may not see a release
+still on the wire, so at worst it refuses early, never admits too much. ``flush()`` (and
+``aclose()``) waits until everything queued has been sent. A process that dies with writes
+queued loses them; the lease TTL frees its leases, as it does after a SIGKILL.
 
 Cancellation: lease ids are made here before the script is sent. If the caller is cancelled
 (or the connection fails) after sending, the script may have run, or may still run (the
@@ -189,6 +191,7 @@ class RedisLimiter:
     __slots__ = (
         "_client",
         "_closed",
+        "_flush_scheduled",
         "_flush_task",
         "_global_limits",
         "_keys",
@@ -232,6 +235,7 @@ class RedisLimiter:
         self._pending: dict[str, _QueuedAccounting] = {}
         self._progress_pending = False
         self._flush_task: asyncio.Task[None] | None = None
+        self._flush_scheduled = False
         self._closed = False
         self._warn = WarnOnce(logger, f"Redis limiter (scope {scope!r})")
 
@@ -282,7 +286,7 @@ class RedisLimiter:
                 ),
             )
             try:
-                reply = await self._exchange(call, "try_acquire")
+                reply = await self._exchange(call, "try_acquire", read=False)
             except (asyncio.CancelledError, GovernanceBackendError):
                 # Cancelled or failed after the script may have run: free what it may have
                 # taken (a no-op when the lease does not exist), then let the error go on.
@@ -357,6 +361,7 @@ class RedisLimiter:
             await self.flush()
         finally:
             self._closed = True
+            await self._scripts.disconnect()
             if self._owns_client:
                 await self._client.aclose()
 
@@ -376,12 +381,20 @@ class RedisLimiter:
         self._offset_ms = server_ms - self._now_s() * 1000.0
         return server_ms // WINDOW_MS
 
-    async def _exchange(self, call: ScriptCall, operation: str) -> Any:
+    async def _exchange(self, call: ScriptCall, operation: str, *, read: bool = True) -> Any:
         """Run ``call`` (admission or read) behind the queued accounting, in one round trip.
+
+        A read first waits for the accounting round trip in flight, if any, so that it sees
+        every write this limiter queued before it. An admission does not wait: what it might
+        miss is a release or a refund still on the wire, so at worst it refuses a little early
+        (and the caller polls), it never admits too much.
 
         Backend failures raise ``GovernanceBackendError``: these are admission-side answers,
         and a limiter that cannot answer must not let a call through.
         """
+        if read and self._flush_task is not None:
+            # asyncio.wait: a reader cancelled here must not cancel the flush itself.
+            await asyncio.wait((self._flush_task,))
         queued = self._take_queued()
         try:
             try:
@@ -434,19 +447,31 @@ class RedisLimiter:
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
-        if self._flush_task is None:
+        # At the next turn of the loop, not now: the caller usually has more to queue, or
+        # is about to send a command the queue can ride along with (then no task is made).
+        if self._flush_task is None and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._start_flush)
+
+    def _start_flush(self) -> None:
+        self._flush_scheduled = False
+        if self._flush_task is None and (self._pending or self._progress_pending):
             self._flush_task = asyncio.get_running_loop().create_task(
                 self._flush_queued(), name=f"pgw-redis limiter flush ({self._scope})"
             )
 
     async def _flush_queued(self) -> None:
         # Runs once the caller yields: everything queued in the same turn goes in one
-        # pipeline; whatever is queued while that round trip is in flight goes in the next.
+        # pipeline. One round per task, so a reader waiting for "the flush in flight" waits
+        # one round trip; whatever was queued meanwhile goes in the next round.
         try:
-            while calls := self._take_queued():
+            calls = self._take_queued()
+            if calls:
                 await self._send_accounting(calls)
         finally:
             self._flush_task = None
+        if self._pending or self._progress_pending:
+            self._schedule_flush()
 
     def _take_queued(self) -> list[ScriptCall]:
         pending = self._pending

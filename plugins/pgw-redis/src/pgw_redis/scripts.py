@@ -35,9 +35,12 @@ class LuaScript:
     name: str
     source: str
     sha: str = field(init=False)
+    sha_bytes: bytes = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
+        sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
+        object.__setattr__(self, "sha", sha)
+        object.__setattr__(self, "sha_bytes", sha.encode("ascii"))
 
 
 # --------------------------------------------------------------------------- limiter

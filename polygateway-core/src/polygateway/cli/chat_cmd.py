@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.description = "One governed call with the configured sources."
     parser.add_argument("text", help="the user message")
     parser.add_argument("--scope", default="LLM", help="configuration scope (default LLM)")
     parser.add_argument("--system", help="an optional system message")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.description = "Serve a fake OpenAI-compatible upstream (testing and benchmarks)."
     parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--chunks", type=_positive_int, help="content chunks per streamed reply")

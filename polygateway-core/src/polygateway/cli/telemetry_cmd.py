@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.description = "Report calls, errors, latency, tokens and cost from a telemetry database."
     sub = parser.add_subparsers(dest="telemetry_command", required=True)
     report = sub.add_parser("report", help="calls, errors, latency, tokens and cost")
     report.add_argument("--db", default="pgw_telemetry.db", help="SQLite telemetry file")

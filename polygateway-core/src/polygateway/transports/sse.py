@@ -74,9 +74,23 @@ class SSEDecoder:
             # Next time only the tail can start a new blank line.
             self._scan_from = max(0, len(buf) - 1)
             return []
+        cut = buf.rfind(b"\n\n")
+        rest = buf[cut + 2 :]
+        if len(rest) > self._max_event_bytes:
+            raise SSEProtocolError(f"SSE event larger than {self._max_event_bytes} bytes")
+        self._buf = rest + b"\r" if held else rest
+        self._scan_from = max(0, len(rest) - 1)
+        complete = buf[:cut]
+        if complete[:6] == b"data: ":
+            # The usual stream: nothing but single-line "data: ..." events. Then every line
+            # end in ``complete`` belongs to an event separator, which one count proves.
+            datas = complete[6:].split(b"\n\ndata: ")
+            if complete.count(b"\n") == 2 * (len(datas) - 1):
+                return [(data, None) for data in datas]
+        return self._events(complete.split(b"\n\n"))
+
+    def _events(self, parts: list[bytes]) -> list[SSEEvent]:
         events: list[SSEEvent] = []
-        parts = buf.split(b"\n\n")
-        rest = parts.pop()
         for raw in parts:
             # Fast path: the usual single-line event "data: {...}".
             if raw.startswith(b"data: ") and b"\n" not in raw:
@@ -85,10 +99,6 @@ class SSEDecoder:
                 event = _parse_event(raw.split(b"\n"))
                 if event is not None:
                     events.append(event)
-        if len(rest) > self._max_event_bytes:
-            raise SSEProtocolError(f"SSE event larger than {self._max_event_bytes} bytes")
-        self._buf = rest + b"\r" if held else rest
-        self._scan_from = max(0, len(rest) - 1)
         return events
 
     def flush(self) -> list[SSEEvent]:
@@ -233,6 +243,16 @@ def split_think(
     return splitter.finish()
 
 
+def _opens_think_block(text: str, tags: Sequence[tuple[str, str]]) -> bool:
+    """Whether ``text`` (after leading whitespace) starts with an opening tag: only then can
+    ``split_think`` change it, so a complete answer without one skips the splitter."""
+    stripped = text.lstrip()
+    for open_tag, _ in tags:
+        if stripped.startswith(open_tag):
+            return True
+    return False
+
+
 # --------------------------------------------------------------------------- chunks
 
 
@@ -320,6 +340,8 @@ class ChatStreamParser:
         return self._splitter.has_text
 
     def feed_event(self, data: bytes, event: bytes | None = None) -> bool:
+        # Runs once per streamed chunk: the usual content chunk takes the straight path
+        # (one JSON parse, a handful of dict lookups, one list append).
         if not data:
             return False  # an empty data line is a keep-alive, not a frame
         if data[0] != 0x7B or event is not None:  # not "{": [DONE], a named event, junk
@@ -328,27 +350,38 @@ class ChatStreamParser:
                 return False
             if event == b"error":
                 raise _error_from_payload(self._load(data, strict=False), self.source_name)
-        chunk = self._load(data, strict=True)
-        if chunk.get("error"):
+            chunk = self._load(data, strict=True)
+        else:
+            try:
+                chunk = json_loads(data)
+            except ValueError:
+                chunk = self._load(data, strict=True)  # raises the malformed-frame error
+            if type(chunk) is not dict:
+                chunk = self._load(data, strict=True)
+        get = chunk.get
+        if get("error"):
             raise _error_from_payload(chunk, self.source_name)
-        choices = chunk.get("choices")
-        usage = chunk.get("usage")
+        usage = get("usage")
         if usage:
             self._usage = _usage(usage) or self._usage
         if not self.model:
-            model = chunk.get("model")
+            model = get("model")
             if type(model) is str:
                 self.model = model
+        choices = get("choices")
         if not choices:
-            if chunk.get("object") == "error":  # flat vLLM error object
+            if get("object") == "error":  # flat vLLM error object
                 raise _error_from_payload(chunk, self.source_name)
             return False  # the usage chunk: choices [] / null / missing
         if type(choices) is not list:
             return False
         choice = choices[0]
-        if type(choice) is not dict or choice.get("index", 0):
+        if type(choice) is not dict:
+            return False
+        get = choice.get
+        if get("index", 0):
             return False  # only the first choice is read
-        finish = choice.get("finish_reason")
+        finish = get("finish_reason")
         if finish:
             if finish == "error":  # OpenRouter's way of failing mid-stream
                 raise TransientError(
@@ -356,7 +389,7 @@ class ChatStreamParser:
                     source_name=self.source_name,
                 )
             self.finish_reason = str(finish)
-        delta = choice.get("delta")
+        delta = get("delta")
         if not delta or type(delta) is not dict:
             return False
         content = delta.get("content")
@@ -372,7 +405,11 @@ class ChatStreamParser:
                 self.has_tool_calls = True
                 token = True
         if content and type(content) is str:
-            self._splitter.feed(content)
+            splitter = self._splitter
+            if splitter._mode == _BODY:
+                splitter.content.append(content)  # past any think block: plain text
+            else:
+                splitter.feed(content)
             return True
         return token
 
@@ -447,9 +484,10 @@ def parse_completion(
             break
     raw_content = message.get("content")
     content = raw_content if isinstance(raw_content, str) else ""
-    content, inline_thinking = split_think(content, think_tags)
-    if inline_thinking:
-        thinking = thinking + inline_thinking if thinking else inline_thinking
+    if content and _opens_think_block(content, think_tags):
+        content, inline_thinking = split_think(content, think_tags)
+        if inline_thinking:
+            thinking = thinking + inline_thinking if thinking else inline_thinking
     usage = _usage(body.get("usage"))
     finish = choice.get("finish_reason")
     model = body.get("model")
