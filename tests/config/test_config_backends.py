@@ -28,6 +28,9 @@ def test_state_backend_redis_requires_redis_url() -> None:
     assert scope.redis_url is not None
     assert scope.redis_url.reveal() == f"redis://:{SECRET}@127.0.0.1:6379/3"
     assert (scope.limiter.name, scope.breaker_backend.name, scope.cache.backend) == ("redis",) * 3
+    cluster = load_scope("LLM", {**env, "REDIS_URL": "redis+cluster://127.0.0.1:7000"})
+    assert cluster.redis_url is not None
+    assert cluster.redis_url.reveal() == "redis+cluster://127.0.0.1:7000"
 
 
 @pytest.mark.parametrize("key", ["PGW_LIMITER_BACKEND", "PGW_BREAKER_BACKEND", "PGW_CACHE_BACKEND"])

@@ -25,10 +25,6 @@ pytest.register_assert_rewrite("polygateway.testing.contracts")
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "cluster: runs against the suite's own Redis Cluster")
-
-
 @pytest.fixture
 def redis_url() -> str:
     """URL of the machine's Redis (database 3, reserved for tests)."""
@@ -129,7 +125,7 @@ def _wait_cluster_ok(cli: str, nodes: list[RedisServer], deadline_s: float = 30.
             time.sleep(0.05)
 
 
-@pytest.fixture(params=["redis", pytest.param("cluster", marks=pytest.mark.cluster)])
+@pytest.fixture(params=["redis", "cluster"])
 def any_redis_url(request: pytest.FixtureRequest) -> str:
     """The machine's Redis, then the suite's own 3-master Cluster."""
     if request.param == "redis":

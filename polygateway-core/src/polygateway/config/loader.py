@@ -64,7 +64,8 @@ DEFAULT_CACHE_TTL_S = 3600.0
 REDIS = "redis"
 POSTGRES = "postgres"
 EMBEDDING_SCOPE = "EMBED"
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+# ``+cluster`` selects a Redis Cluster client (pgw-redis).
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 _PG_SCHEMES = ("postgresql://", "postgres://")
 
 _SOURCE_ARGS = (
