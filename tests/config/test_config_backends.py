@@ -212,3 +212,24 @@ def test_describe_warns_about_scopes_without_sources() -> None:
     described = describe_settings(settings)
     assert described["scopes"]["LMM"]["sources"] == []
     assert described["warnings"] == [one_problem_with(described["warnings"], "LMM", "no sources")]
+
+
+def test_describe_masks_url_queries_and_every_header_value() -> None:
+    import dataclasses
+
+    env = source_env("LLM", BASE_URL=f"https://gw.example/v1?api_key={SECRET}")
+    settings = load_settings(env)
+    source = settings.scopes["LLM"].sources[0]
+
+    with_headers = dataclasses.replace(
+        source, options={"headers": {"Cookie": f"session={SECRET}"}, "engine": "aiohttp"}
+    )
+    scope = dataclasses.replace(settings.scopes["LLM"], sources=(with_headers,))
+    described = describe_settings(dataclasses.replace(settings, scopes={"LLM": scope}))
+    text = repr(described)
+    assert SECRET not in text
+    assert SECRET not in repr(scope)  # options are kept out of the settings repr
+    options = described["scopes"]["LLM"]["sources"][0]["options"]
+    assert options["headers"] == {"Cookie": "***"}
+    assert options["engine"] == "aiohttp"
+    assert "gw.example" in described["scopes"]["LLM"]["sources"][0]["base_url"]

@@ -446,4 +446,32 @@ async def test_non_streaming_total_deadline(
         await transport.send(_chat(stream=False), source, call_id="c")
     assert caught.value.reason == "timeout"
     assert "0.2s" in str(caught.value)
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0  # the deadline's cancel is consumed
     await wait_until(lambda: fake_upstream.inflight(source.name) == 0)
+
+
+async def test_non_streaming_outside_cancellation_is_not_a_timeout(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(timeout_s=30.0)
+    fake_upstream.script(source.name, Reply.black_hole())
+    task = asyncio.create_task(transport.send(_chat(stream=False), source, call_id="c"))
+    await wait_until(lambda: fake_upstream.inflight(source.name) == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_until(lambda: fake_upstream.inflight(source.name) == 0)
+
+
+async def test_non_streaming_outer_deadline_wins_over_a_later_attempt_deadline(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    transport, source = open_transport(timeout_s=30.0)
+    fake_upstream.script(source.name, Reply.black_hole())
+    with pytest.raises(TimeoutError) as caught:
+        async with asyncio.timeout(0.1):
+            await transport.send(_chat(stream=False), source, call_id="c")
+    assert not isinstance(caught.value, TransientError)
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0

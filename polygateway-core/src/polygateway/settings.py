@@ -41,6 +41,18 @@ class Secret:
         return hash(self._value)
 
 
+def _url_without_credentials(url: str) -> str:
+    """``url`` with any ``user:password@`` and ``?query`` replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    path, qmark, _query = path.partition("?")
+    return f"{scheme}://{authority}{slash}{path}" + ("?***" if qmark else "")
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Concurrency / requests per minute / tokens per minute. 0 disables that gate."""
@@ -50,7 +62,7 @@ class Limits:
     tpm: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class SourceConfig:
     """One upstream account: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` aggregated.
 
@@ -75,8 +87,18 @@ class SourceConfig:
     enable_thinking: bool | None = None
     missing_done: Literal["retry", "salvage"] = "retry"
     transport: str = "openai-compat"
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """Transport options (e.g. ``engine``, ``trust_env``) from env or the pipeline file."""
+    options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    """Transport options (e.g. ``engine``, ``trust_env``, ``headers``) from env or the pipeline
+    file. Kept out of the repr: headers may carry credentials."""
+
+    def __repr__(self) -> str:
+        # Hand-written so that no credential shows: the key, a password or query in the URL,
+        # and the options (headers may carry tokens) stay out.
+        return (
+            f"SourceConfig(name={self.name!r}, provider={self.provider!r}, "
+            f"base_url={_url_without_credentials(self.base_url)!r}, model={self.model!r}, "
+            f"scope={self.scope!r}, timeout_s={self.timeout_s!r}, limits={self.limits!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

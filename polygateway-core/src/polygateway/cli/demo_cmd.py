@@ -22,9 +22,7 @@ PRICES = {
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    parser.description = (
-        "Run a governed batch against an in-process fake upstream; summarize it."
-    )
+    parser.description = "Run a governed batch against an in-process fake upstream; summarize it."
     parser.add_argument("--calls", type=int, default=300, help="governed calls in the batch")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--db", default="pgw_demo_telemetry.db", help="SQLite telemetry file")

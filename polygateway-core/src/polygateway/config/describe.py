@@ -23,6 +23,8 @@ def _plain(value: Any, name: str = "") -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name), f.name) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
+        if name == "headers":  # any header may carry a credential (Cookie, X-Api-Key, ...)
+            return {str(key): MASK for key in value}
         return {
             str(key): MASK if is_secret_key(str(key)) else _plain(item, str(key))
             for key, item in value.items()
@@ -30,7 +32,8 @@ def _plain(value: Any, name: str = "") -> Any:
     if isinstance(value, list | tuple):
         return [_plain(item, name) for item in value]
     if isinstance(value, str):
-        return mask_url(value) if "://" in value and "@" in value else value
+        # A URL may carry a password or a key in its query (``?api_key=...``).
+        return mask_url(value) if "://" in value else value
     if value is None or isinstance(value, bool | int | float):
         return value
     return str(value)

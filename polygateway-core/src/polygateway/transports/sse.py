@@ -15,9 +15,8 @@ frames raise ``TransientError``. ``parse_completion`` does the same for a non-st
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 from polygateway.errors import TransientError
 from polygateway.transports.errors import describe_error_body, sanitize_message
@@ -165,7 +164,7 @@ class ThinkTagSplitter:
     __slots__ = ("_close", "_mode", "_pending", "_tags", "content", "found", "thinking")
 
     def __init__(self, tags: Sequence[tuple[str, str]] = (("<think>", "</think>"),)) -> None:
-        self._tags = tuple(tags)
+        self._tags = tags if type(tags) is tuple else tuple(tags)
         self._mode = _START if self._tags else _BODY
         self._pending = ""
         self._close = ""
@@ -256,9 +255,12 @@ def _opens_think_block(text: str, tags: Sequence[tuple[str, str]]) -> bool:
 # --------------------------------------------------------------------------- chunks
 
 
-@dataclass(frozen=True, slots=True)
-class ParsedCompletion:
-    """What a stream or a JSON body said, before the transport applies its rules."""
+class ParsedCompletion(NamedTuple):
+    """What a stream or a JSON body said, before the transport applies its rules.
+
+    Immutable like the public types, but a named tuple: one is built per attempt and a
+    tuple costs a fraction of a frozen dataclass (whose fields are set one by one).
+    """
 
     content: str
     thinking: str
@@ -271,6 +273,8 @@ class ParsedCompletion:
 
 
 def _as_tokens(value: Any) -> int:
+    if type(value) is int:
+        return value if value > 0 else 0
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
@@ -326,7 +330,9 @@ class ChatStreamParser:
         think_tags: Sequence[tuple[str, str]] = (("<think>", "</think>"),),
         source_name: str | None = None,
     ) -> None:
-        self._reasoning_fields = tuple(reasoning_fields)
+        self._reasoning_fields = (
+            reasoning_fields if type(reasoning_fields) is tuple else tuple(reasoning_fields)
+        )
         self._splitter = ThinkTagSplitter(think_tags)
         self._usage: tuple[int, int] | None = None
         self.done = False
@@ -340,8 +346,6 @@ class ChatStreamParser:
         return self._splitter.has_text
 
     def feed_event(self, data: bytes, event: bytes | None = None) -> bool:
-        # Runs once per streamed chunk: the usual content chunk takes the straight path
-        # (one JSON parse, a handful of dict lookups, one list append).
         if not data:
             return False  # an empty data line is a keep-alive, not a frame
         if data[0] != 0x7B or event is not None:  # not "{": [DONE], a named event, junk
@@ -350,14 +354,49 @@ class ChatStreamParser:
                 return False
             if event == b"error":
                 raise _error_from_payload(self._load(data, strict=False), self.source_name)
-            chunk = self._load(data, strict=True)
-        else:
-            try:
-                chunk = json_loads(data)
-            except ValueError:
-                chunk = self._load(data, strict=True)  # raises the malformed-frame error
-            if type(chunk) is not dict:
-                chunk = self._load(data, strict=True)
+        return self._chunk(self._load(data, strict=True))
+
+    def feed_events(self, events: Iterable[SSEEvent]) -> bool:
+        """Feed events in order up to ``[DONE]`` (later ones are ignored); ``True`` when any
+        of them carried a token. Same outcome as ``feed_event`` on each."""
+        token = False
+        splitter = self._splitter
+        for data, event in events:
+            # The straight path, once per streamed chunk: a plain content delta of the first
+            # choice, past any think block. Anything else takes the general path.
+            if event is None and data[:1] == b"{" and splitter._mode == _BODY:
+                try:
+                    chunk = json_loads(data)
+                except ValueError:
+                    chunk = self._load(data, strict=True)  # raises the malformed-frame error
+                if type(chunk) is not dict:
+                    chunk = self._load(data, strict=True)  # raises: not a JSON object
+                if self.model and "error" not in chunk and not chunk.get("usage"):
+                    choices = chunk.get("choices")
+                    if type(choices) is list and choices:
+                        choice = choices[0]
+                        if (
+                            type(choice) is dict
+                            and not choice.get("finish_reason")
+                            and not choice.get("index")
+                        ):
+                            delta = choice.get("delta")
+                            if type(delta) is dict and len(delta) == 1:
+                                content = delta.get("content")
+                                if type(content) is str and content:
+                                    splitter.content.append(content)
+                                    token = True
+                                    continue
+                if self._chunk(chunk):
+                    token = True
+            elif self.feed_event(data, event):
+                token = True
+            if self.done:
+                break
+        return token
+
+    def _chunk(self, chunk: dict[str, Any]) -> bool:
+        """One parsed chunk (a JSON object): the general path."""
         get = chunk.get
         if get("error"):
             raise _error_from_payload(chunk, self.source_name)
@@ -405,11 +444,7 @@ class ChatStreamParser:
                 self.has_tool_calls = True
                 token = True
         if content and type(content) is str:
-            splitter = self._splitter
-            if splitter._mode == _BODY:
-                splitter.content.append(content)  # past any think block: plain text
-            else:
-                splitter.feed(content)
+            self._splitter.feed(content)
             return True
         return token
 
