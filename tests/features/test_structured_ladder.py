@@ -291,7 +291,12 @@ async def test_a_bad_structured_spec_is_refused_before_any_request(
 ) -> None:
     rig = make_rig(tmp_path, scope(fake_upstream))
     async with rig.client as client:
-        for bad in ("yaml", dict, City(name="x", country="y")):
+        class LooksLikeAModel:  # has model_validate, but is not a pydantic model
+            @classmethod
+            def model_validate(cls, data: Any) -> Any:
+                return data
+
+        for bad in ("yaml", dict, City(name="x", country="y"), LooksLikeAModel):
             with pytest.raises(RequestRejectedError, match="pydantic BaseModel subclass"):
                 await client.chat(MESSAGES, structured=bad)
     assert fake_upstream.requests() == 0

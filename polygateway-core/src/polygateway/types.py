@@ -55,6 +55,9 @@ class LLMResponse:
     usage_source: UsageSource = "measured"
     structured_data: Any = field(default=None, compare=False)
     finish_reason: str | None = None
+    salvaged: bool = False
+    """The stream ended without ``[DONE]`` and ``missing_done="salvage"`` kept what arrived:
+    possibly truncated, so it is never cached."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,8 @@ class TransportResult:
     ttft_ms: float | None = None
     max_inter_token_ms: float | None = None
     finish_reason: str | None = None
+    salvaged: bool = False
+    """Set when the answer is what arrived before the stream ended without ``[DONE]``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ports import Handler, ProviderProfile, StructuredOutputStrategy
 from polygateway.settings import SourceConfig
@@ -120,7 +122,7 @@ class StructuredMiddleware:
             return await call_next(request)
         if schema == "json":
             return await self._repair_only(request, call_next)
-        if not (isinstance(schema, type) and hasattr(schema, "model_validate")):
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
             raise RequestRejectedError(
                 "structured must be None, 'json' or a pydantic BaseModel subclass, "
                 f"got {schema!r} ({type(schema).__name__})"

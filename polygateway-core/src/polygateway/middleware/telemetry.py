@@ -270,6 +270,15 @@ class TelemetryMiddleware:
         if record is not None:
             self.submit(record)
 
+    async def drain(self) -> None:
+        """Wait until every row handed to a recorder without ``record_nowait`` is recorded.
+
+        The client awaits this on ``aclose`` before flushing the recorder, so a graceful
+        shutdown loses no row.
+        """
+        while self._tasks:
+            await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
+
     def _submit_as_task(self, record: TelemetryRecord) -> None:
         task = asyncio.get_running_loop().create_task(self._record(record))
         self._tasks.add(task)  # a strong reference until done, or the task may vanish
