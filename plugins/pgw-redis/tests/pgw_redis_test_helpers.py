@@ -235,3 +235,80 @@ def gateway_settings(
     }
     values.update(overrides)
     return ScopeSettings(**values)
+
+
+class RedisProxy:
+    """A TCP proxy in front of a real Redis, to put network faults between a client and it.
+
+    Commands always reach Redis (and run there); what comes back can be held (a slow network:
+    the client keeps its connection busy), dropped (the commands ran, the client never learns
+    it), or cut (every open connection closed, as by a failover; ``refuse`` also closes new
+    ones at once).
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.drop_replies = False
+        self.refuse = False
+        self.replies_dropped = asyncio.Event()
+        self.replies_held = asyncio.Event()
+        self._forwarding = asyncio.Event()
+        self._forwarding.set()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+    def url(self, db: int = 0) -> str:
+        assert self._server is not None
+        return f"redis://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/{db}"
+
+    def hold_replies(self) -> None:
+        self.replies_held.clear()
+        self._forwarding.clear()
+
+    def forward_replies(self) -> None:
+        self._forwarding.set()
+
+    def cut_connections(self) -> None:
+        for writer in list(self._writers):
+            writer.close()
+
+    async def aclose(self) -> None:
+        self._forwarding.set()
+        self.cut_connections()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers.update((writer, up_writer))
+        try:
+            await asyncio.gather(
+                self._pump(reader, up_writer, replies=False),
+                self._pump(up_reader, writer, replies=True),
+                return_exceptions=True,
+            )
+        finally:
+            self._writers.difference_update((writer, up_writer))
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *, replies: bool
+    ) -> None:
+        try:
+            while data := await source.read(65536):
+                if replies and self.drop_replies:
+                    self.replies_dropped.set()
+                    continue
+                if replies and not self._forwarding.is_set():
+                    self.replies_held.set()
+                    await self._forwarding.wait()
+                sink.write(data)
+                await sink.drain()
+        finally:
+            sink.close()

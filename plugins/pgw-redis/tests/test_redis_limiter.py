@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from pgw_redis.connection import connect
 from pgw_redis.keys import LimiterKeys, encode_name, gate_key, scope_tag
-from pgw_redis.limiter import RedisLimiter
+from pgw_redis.limiter import RedisLimiter, RedisPermit
 from pgw_redis.testing import RedisGovernanceBackend, make_governance_backend, scope_keys
 from pgw_redis_test_helpers import (
+    RedisProxy,
     RedisServer,
     counting_client,
     free_port,
@@ -143,6 +144,7 @@ async def test_empty_source_name_is_refused_before_any_state(
 async def test_no_key_is_ever_left_without_a_ttl(
     backend: RedisGovernanceBackend, raw_redis: Any
 ) -> None:
+    await _window_headroom(raw_redis, 5.0)  # a minute's settled set expires at its end
     limiter = backend.make_limiter(global_limits=Limits(tpm=10_000), lease_ttl_s=30.0)
     gate = backend.make_breaker(fail_threshold=2, cooldown_s=5.0, probe_ttl_s=10.0)
     for name in ("a", "{b}:c", "源"):
@@ -381,6 +383,120 @@ async def test_cancelled_calls_through_the_client_leave_no_lease(
     await _delete_scope(redis_url, unique_scope)
 
 
+# --------------------------------------------------------------------------- queued accounting
+# Accounting queued by earlier calls rides with the next admission. Whatever becomes of that
+# admission (cancelled, failed, its connection lost), the accounting must still reach Redis,
+# and exactly once.
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[RedisProxy]:
+    made = RedisProxy(6379)
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.aclose()
+
+
+def _proxied_limiter(proxy: RedisProxy, scope: str, **options: Any) -> RedisLimiter:
+    return RedisLimiter(
+        connect(proxy.url(db=3), **options), scope=scope,
+        global_limits=Limits(max_concurrency=10), lease_ttl_s=60.0, owns_client=True,
+    )  # fmt: skip
+
+
+async def _settle_release_then_acquire(
+    limiter: RedisLimiter, permits: list[Permit]
+) -> Permit | Denial:
+    # No await in front of try_acquire yields: the admission takes all of this accounting.
+    for permit in permits:
+        await permit.settle(10)
+        await permit.release()
+    return await limiter.try_acquire("a", 100, NO_LIMITS)
+
+
+async def test_an_admission_cancelled_waiting_for_a_connection_keeps_the_queued_accounting(
+    proxy: RedisProxy, redis_url: str, unique_scope: str, raw_redis: Any
+) -> None:
+    await _window_headroom(raw_redis, 3.0)
+    limiter = _proxied_limiter(proxy, unique_scope, max_connections=1)
+    try:
+        permits = [await _admit(limiter, "a", 100) for _ in range(3)]
+        proxy.hold_replies()
+        reader = asyncio.create_task(limiter.inflight())  # holds the one connection
+        await proxy.replies_held.wait()
+        task = asyncio.create_task(_settle_release_then_acquire(limiter, permits))
+        await asyncio.sleep(0)  # one turn: it queues, takes the queue, waits for the connection
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proxy.forward_replies()
+        assert await reader == 3
+        await limiter.flush()
+        assert await limiter.inflight() == 0
+        assert await raw_redis.zcard(f"pgw:limit:{{{unique_scope}}}:global:lease") == 0
+        assert await limiter.source_stats("a") == SourceStats(inflight=0, rpm_used=3, tpm_used=30)
+    finally:
+        await limiter.aclose()
+        await _delete_scope(redis_url, unique_scope)
+
+
+@pytest.mark.parametrize("redis_back", [True, False], ids=["admitted", "failed"])
+async def test_a_lost_connection_under_an_admission_keeps_the_queued_accounting(
+    proxy: RedisProxy, redis_url: str, unique_scope: str, raw_redis: Any, redis_back: bool
+) -> None:
+    await _window_headroom(raw_redis, 3.0)
+    limiter = _proxied_limiter(proxy, unique_scope)
+    try:
+        permits = [await _admit(limiter, "a", 100) for _ in range(3)]
+        proxy.cut_connections()  # the pooled connection dies (failover, restart, idle kill)
+        if redis_back:  # the fresh connection of the second try works
+            again = await _settle_release_then_acquire(limiter, permits)
+            assert isinstance(again, RedisPermit)
+        else:  # it fails too: so does the admission
+            proxy.refuse = True
+            with pytest.raises(GovernanceBackendError):
+                await _settle_release_then_acquire(limiter, permits)
+            proxy.refuse = False
+        await limiter.flush()
+        assert await limiter.inflight() == (1 if redis_back else 0)
+        assert (await limiter.source_stats("a")).tpm_used == 30 + (100 if redis_back else 0)
+    finally:
+        await limiter.aclose()
+        await _delete_scope(redis_url, unique_scope)
+
+
+async def test_accounting_resent_after_a_lost_reply_applies_once(
+    proxy: RedisProxy, redis_url: str, unique_scope: str, raw_redis: Any
+) -> None:
+    await _window_headroom(raw_redis, 3.0)
+    limiter = _proxied_limiter(proxy, unique_scope)
+    try:
+        released = await _admit(limiter, "a", 10)
+        kept = await _admit(limiter, "a", 10)
+        proxy.drop_replies = True
+
+        async def account_then_acquire() -> Permit | Denial:
+            await released.settle(100)  # settle and release: one release script
+            await released.release()
+            await kept.settle(50)  # settle alone: a settle script
+            return await limiter.try_acquire("a", 5, NO_LIMITS)
+
+        task = asyncio.create_task(account_then_acquire())
+        await proxy.replies_dropped.wait()  # Redis ran the whole pipeline; no reply arrives
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        proxy.drop_replies = False
+        await limiter.flush()  # sends the same accounting again, and the compensation
+        assert await limiter.inflight() == 1
+        assert (await limiter.source_stats("a")).tpm_used == 100 + 50
+    finally:
+        await limiter.aclose()
+        await _delete_scope(redis_url, unique_scope)
+
+
 # --------------------------------------------------------------------------- outages, faults
 
 
@@ -547,7 +663,7 @@ async def test_a_skewed_host_clock_changes_no_decision(
 _HOLDER = """
 import asyncio, sys
 from pgw_redis.connection import connect
-from pgw_redis.limiter import RedisLimiter
+from pgw_redis.limiter import RedisLimiter, RedisPermit
 from polygateway.settings import Limits
 
 async def main() -> None:

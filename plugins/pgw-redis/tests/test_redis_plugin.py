@@ -99,6 +99,76 @@ def test_unknown_and_bad_options_are_config_errors() -> None:
         factories["limiter"](_context(settings, prefix="x"))
 
 
+@pytest.mark.parametrize(
+    ("value", "elide"),
+    [
+        ("false", False), ("False", False), (" NO ", False), ("0", False), (False, False),
+        (0, False), ("true", True), ("Yes", True), ("1", True), (True, True), (1, True),
+    ],
+)  # fmt: skip
+async def test_elide_clean_success_is_read_by_meaning_not_truthiness(
+    redis_url: str, unique_scope: str, value: Any, elide: bool
+) -> None:
+    gate = _factories()["breaker"](
+        _context(_settings(redis_url, unique_scope), elide_clean_success=value)
+    )
+    other = RedisGate(
+        connect(redis_url), scope=unique_scope, fail_threshold=3, cooldown_s=30.0,
+        probe_ttl_s=10.0, owns_client=True,
+    )  # fmt: skip
+    try:
+        decision = await gate.try_enter("a")
+        await other.force_open("a")
+        # Elided, the clean success is answered from the gate's last view (closed: applied);
+        # asked, Redis fences it (the breaker opened since).
+        assert (await gate.record_success(decision)).applied is elide
+    finally:
+        await gate.aclose()
+        await other.aclose()
+        await make_governance_backend(redis_url, unique_scope).cleanup()
+
+
+@pytest.mark.parametrize(
+    ("kind", "option", "value", "expected"),
+    [
+        ("breaker", "elide_clean_success", "maybe", "a boolean"),
+        ("breaker", "elide_clean_success", "", "a boolean"),
+        ("breaker", "elide_clean_success", 2, "a boolean"),
+        ("breaker", "elide_clean_success", None, "a boolean"),
+        ("limiter", "socket_timeout_s", "soon", "a number"),
+        ("limiter", "socket_timeout_s", True, "a number"),
+        ("cache", "connect_timeout_s", [1], "a number"),
+        ("breaker", "max_connections", "8.5", "an integer"),
+        ("limiter", "max_connections", 8.0, "an integer"),
+        ("cache", "prefix", 5, "a string"),
+    ],
+)
+def test_options_of_the_wrong_type_are_config_errors_naming_them(
+    kind: str, option: str, value: Any, expected: str
+) -> None:
+    context = _context(_settings("redis://127.0.0.1:6379/3"), **{option: value})
+    message = f"{kind} backend redis: option {option} must be {expected}"
+    with pytest.raises(ConfigError, match=message):
+        _factories()[kind](context)
+
+
+async def test_numeric_options_may_be_strings() -> None:
+    context = _context(
+        _settings("redis://127.0.0.1:6379/3"),
+        socket_timeout_s=" 0.5", connect_timeout_s="1", max_connections="3",
+    )  # fmt: skip
+    limiter = _factories()["limiter"](context)
+    try:
+        pool = limiter._client.connection_pool
+        assert pool.max_connections == 3
+        assert pool.connection_kwargs["socket_timeout"] == 0.5
+        assert pool.connection_kwargs["socket_connect_timeout"] == 1.0
+    finally:
+        await limiter.aclose()
+    with pytest.raises(ConfigError, match="socket_timeout_s must be a finite number > 0"):
+        _factories()["limiter"](_context(_settings("redis://x:1/0"), socket_timeout_s="nan"))
+
+
 def test_the_url_never_shows_in_errors_or_reprs() -> None:
     factories = _factories()
     settings = _settings("ftp://user:s3cret@example.invalid/0")

@@ -5,8 +5,9 @@ loading the plugin costs nothing for a scope that does not select Redis.
 
 Factory options (pipeline file ``[scope.limiter]`` / ``[scope.breaker]`` / ``[scope.cache]``
 ``options``): ``socket_timeout_s``, ``connect_timeout_s``, ``max_connections`` for all three;
-``prefix`` for the cache; ``elide_clean_success`` for the breaker. ``REDIS_URL`` (a
-``redis+cluster://`` URL selects Redis Cluster) is required.
+``prefix`` for the cache; ``elide_clean_success`` for the breaker (a boolean: ``true``/
+``false``, ``yes``/``no``, ``1``/``0`` as strings too). ``REDIS_URL`` (a ``redis+cluster://``
+URL selects Redis Cluster) is required.
 """
 
 from __future__ import annotations
@@ -39,9 +40,13 @@ def pgw_register_limiters(register: Register) -> None:
 @hookimpl
 def pgw_register_breakers(register: Register) -> None:
     def redis(ctx: BuildContext) -> Any:
+        from pgw_redis._options import parse_bool
         from pgw_redis.breaker import RedisGate
         from pgw_redis.connection import connect_for
 
+        elide = parse_bool(
+            ctx.options.get("elide_clean_success", True), "elide_clean_success", "breaker"
+        )
         client = connect_for(ctx, "breaker", ("elide_clean_success",))
         breaker = ctx.settings.breaker
         return RedisGate(
@@ -50,7 +55,7 @@ def pgw_register_breakers(register: Register) -> None:
             fail_threshold=breaker.fail_threshold,
             cooldown_s=breaker.cooldown_s,
             probe_ttl_s=ctx.settings.probe_ttl_s,
-            elide_clean_success=bool(ctx.options.get("elide_clean_success", True)),
+            elide_clean_success=elide,
             owns_client=True,
         )
 
@@ -60,11 +65,12 @@ def pgw_register_breakers(register: Register) -> None:
 @hookimpl
 def pgw_register_caches(register: Register) -> None:
     def redis(ctx: BuildContext) -> Any:
+        from pgw_redis._options import parse_str
         from pgw_redis.cache import DEFAULT_PREFIX, RedisCache
         from pgw_redis.connection import connect_for
 
+        prefix = parse_str(ctx.options.get("prefix", DEFAULT_PREFIX), "prefix", "cache")
         client = connect_for(ctx, "cache", ("prefix",))
-        prefix = ctx.options.get("prefix", DEFAULT_PREFIX)
-        return RedisCache(client, prefix=str(prefix), owns_client=True)
+        return RedisCache(client, prefix=prefix, owns_client=True)
 
     register("redis", redis)

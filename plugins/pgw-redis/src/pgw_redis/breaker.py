@@ -41,6 +41,7 @@ from typing import Any, Final, cast
 
 from polygateway.errors import GovernanceBackendError
 from polygateway.ports import GateDecision, GateState, GateUpdate
+from polygateway.validation import check_threshold, check_ttl
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
@@ -99,18 +100,17 @@ class RedisGate:
         elide_clean_success: bool = True,
         owns_client: bool = False,
     ) -> None:
-        _check_threshold(fail_threshold, "fail_threshold")
+        check_threshold(fail_threshold, "fail_threshold")
         if not (cooldown_s >= 0.0 and math.isfinite(cooldown_s)):
             raise ValueError(f"cooldown_s must be a finite number >= 0, got {cooldown_s!r}")
-        if not (probe_ttl_s > 0.0 and math.isfinite(probe_ttl_s)):
-            raise ValueError(f"probe_ttl_s must be a finite number > 0, got {probe_ttl_s!r}")
+        probe_ttl_s = check_ttl(probe_ttl_s, "probe_ttl_s")
         self._client = client
         self._scripts = ScriptClient(client)
         self._scope = scope
         self._tag = scope_tag(scope)
         self._fail_threshold = fail_threshold
         self._cooldown_s = float(cooldown_s)
-        self._probe_ttl_s = float(probe_ttl_s)
+        self._probe_ttl_s = probe_ttl_s
         self._cooldown_ms = round(cooldown_s * 1000.0)
         self._probe_ttl_ms = max(1, round(probe_ttl_s * 1000.0))
         self._key_ttl_ms = round(max(_MIN_KEY_TTL_S, 2.0 * (cooldown_s + probe_ttl_s)) * 1000.0)
@@ -204,7 +204,7 @@ class RedisGate:
         if threshold is None:
             threshold = self._fail_threshold
         else:
-            _check_threshold(threshold, "threshold")
+            check_threshold(threshold, "threshold")
         _check_allowed(decision, "record_failure")
         call = ScriptCall(
             GATE_RECORD_FAILURE,
@@ -324,8 +324,3 @@ def _check_allowed(decision: GateDecision, method: str) -> None:
             f"{method} got a refused decision for source {decision.source!r}: "
             "only admitted attempts report an outcome"
         )
-
-
-def _check_threshold(value: int, what: str) -> None:
-    if type(value) is not int or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")

@@ -16,6 +16,8 @@ import asyncio
 import logging
 import math
 
+from polygateway.validation import check_ttl
+
 from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import BACKEND_ERRORS, RedisClient, as_text, initialize_cluster
 
@@ -86,16 +88,5 @@ class RedisCache:
 
 
 def _ttl_ms(ttl_s: object) -> int:
-    """``ttl_s`` in whole milliseconds (at least 1); ``ValueError`` unless finite and > 0.
-
-    Entries that never expire are refused: a cache without expiry keeps serving an answer
-    long after the model or prompt behind it changed.
-    """
-    if (
-        isinstance(ttl_s, bool)
-        or not isinstance(ttl_s, int | float)
-        or not math.isfinite(ttl_s)
-        or ttl_s <= 0
-    ):
-        raise ValueError(f"cache ttl_s must be a finite number > 0, got {ttl_s!r}")
-    return max(1, math.ceil(ttl_s * 1000.0))
+    """``ttl_s`` in whole milliseconds (at least 1); ``ValueError`` unless finite and > 0."""
+    return max(1, math.ceil(check_ttl(ttl_s) * 1000.0))

@@ -20,7 +20,6 @@ own ``register_script`` would add a ``SCRIPT EXISTS`` round trip before every pi
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -29,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 from polygateway.errors import ConfigError
 from polygateway.ports import BuildContext
 from polygateway.settings import Secret
+from polygateway.validation import check_ttl
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -36,6 +36,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
+from pgw_redis._options import parse_int, parse_number
 from pgw_redis.scripts import ALL_SCRIPTS, LuaScript
 
 RedisClient: TypeAlias = "Redis | RedisCluster"
@@ -83,12 +84,8 @@ def connect(
     No I/O happens here: the first command connects.
     """
     raw = url.reveal() if isinstance(url, Secret) else url
-    for name, value in (
-        ("socket_timeout_s", socket_timeout_s),
-        ("connect_timeout_s", connect_timeout_s),
-    ):
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    socket_timeout_s = check_ttl(socket_timeout_s, "socket_timeout_s")
+    connect_timeout_s = check_ttl(connect_timeout_s, "connect_timeout_s")
     if max_connections is not None and (type(max_connections) is not int or max_connections < 1):
         raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
     parts = urlsplit(raw)
@@ -134,10 +131,18 @@ def connect_for(ctx: BuildContext, component: str, own_options: Sequence[str] = 
             f"REDIS_URL is required when the {component} backend is redis "
             f"(scope {ctx.settings.scope!r})"
         )
-    check_options(ctx.options, component, (*CONNECTION_OPTIONS, *own_options))
-    options = {key: ctx.options[key] for key in CONNECTION_OPTIONS if key in ctx.options}
+    options = ctx.options
+    check_options(options, component, (*CONNECTION_OPTIONS, *own_options))
+    # Types here (strings included), ranges in connect().
+    kwargs: dict[str, Any] = {}
+    for name in ("socket_timeout_s", "connect_timeout_s"):
+        if name in options:
+            kwargs[name] = parse_number(options[name], name, component)
+    if "max_connections" in options:
+        name = "max_connections"
+        kwargs[name] = parse_int(options[name], name, component)
     try:
-        return connect(url, **options)
+        return connect(url, **kwargs)
     except ValueError as exc:
         raise ConfigError(f"{component} backend redis: {exc}") from None
 

@@ -5,6 +5,7 @@
     pgw:limit:{<scope>}:global:tpm:<window>       STRING tokens in that minute
     pgw:limit:{<scope>}:global:progress_ms        STRING server ms of the last completed call
     pgw:limit:{<scope>}:global:abandoned          ZSET  lease ids given up before admission
+    pgw:limit:{<scope>}:global:settled:<window>   SET   lease ids whose TPM correction ran
     pgw:limit:{<scope>}:source:<source>:lease     ZSET
     pgw:limit:{<scope>}:source:<source>:rpm:<window>
     pgw:limit:{<scope>}:source:<source>:tpm:<window>
@@ -60,6 +61,8 @@ class LimiterKeys:
     tpm_base: str
     progress: str
     abandoned: str
+    settled_base: str
+    """Append the acquire-time window id to get the key."""
 
     @classmethod
     def for_scope(cls, scope: str) -> LimiterKeys:
@@ -71,6 +74,7 @@ class LimiterKeys:
             tpm_base=base + "global:tpm:",
             progress=base + "global:progress_ms",
             abandoned=base + "global:abandoned",
+            settled_base=base + "global:settled:",
         )
 
     def source(self, source: str) -> SourceKeys:

@@ -23,6 +23,14 @@ still on the wire, so at worst it refuses early, never admits too much. ``flush(
 ``aclose()``) waits until everything queued has been sent. A process that dies with writes
 queued loses them; the lease TTL frees its leases, as it does after a SIGKILL.
 
+Queued writes are never lost to someone else's trouble: when the command they ride with is
+cancelled or fails (waiting for a connection, connecting, a connection lost, a timeout), they
+go back to the front of the queue and the background flush sends them. Whether they ran
+before the failure is often unknowable, so every accounting script is idempotent: a release
+removes a lease id (twice is once), and a lease's TPM correction is applied only by the run
+that records its id in the window's set of settled leases. Only the background flush, the
+last try, drops them when Redis fails (a warning; the leases expire after their TTL).
+
 Cancellation: lease ids are made here before the script is sent. If the caller is cancelled
 (or the connection fails) after sending, the script may have run, or may still run (the
 command can sit in the server's input while the compensation arrives on another connection).
@@ -37,15 +45,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import operator
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, Final, Literal, SupportsIndex, TypeAlias, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal, TypeAlias
 
 from polygateway.errors import GovernanceBackendError
 from polygateway.ports import Clock, Denial, Permit, SourceStats
 from polygateway.settings import Limits
+from polygateway.validation import MAX_TOKENS, check_limits, check_token_count, check_ttl
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
@@ -62,9 +70,6 @@ from pgw_redis.scripts import (
 )
 
 logger = logging.getLogger(__name__)
-
-MAX_TOKENS: Final = 2**31 - 1
-"""Largest accepted token count: far above any request, exact in a Lua double."""
 
 WINDOW_MS: Final = 60_000
 
@@ -102,6 +107,28 @@ class _QueuedAccounting:
         self.delta = 0
         self.release = False
         self.compensation = False
+
+    def absorb(self, later: _QueuedAccounting) -> None:
+        """Add what was queued for the same lease after this entry."""
+        # A lease has one TPM correction at most (a permit settles once; a compensation is
+        # for a lease no permit was made of), so the sum is that correction, and the script
+        # applying it does so once even if this entry's part already ran.
+        self.delta += later.delta
+        self.release = self.release or later.release
+        self.compensation = self.compensation or later.compensation
+
+
+class _Batch:
+    """Accounting taken from the queue to be sent: the entries, and their scripts."""
+
+    __slots__ = ("calls", "entries", "progress")
+
+    def __init__(
+        self, entries: dict[str, _QueuedAccounting], progress: bool, calls: list[ScriptCall]
+    ) -> None:
+        self.entries = entries
+        self.progress = progress
+        self.calls = calls
 
 
 class RedisPermit:
@@ -219,14 +246,13 @@ class RedisLimiter:
         owns_client: bool = False,
     ) -> None:
         check_limits(global_limits, "global_limits")
-        if not (lease_ttl_s > 0.0 and math.isfinite(lease_ttl_s)):
-            raise ValueError(f"lease_ttl_s must be a finite number > 0, got {lease_ttl_s!r}")
+        lease_ttl_s = check_ttl(lease_ttl_s, "lease_ttl_s")
         self._client = client
         self._scripts = ScriptClient(client)
         self._scope = scope
         self._keys = LimiterKeys.for_scope(scope)
         self._global_limits = global_limits
-        self._lease_ttl_s = float(lease_ttl_s)
+        self._lease_ttl_s = lease_ttl_s
         self._lease_ttl_ms = max(1, round(lease_ttl_s * 1000.0))
         self._now_s: Callable[[], float] = clock.time if clock is not None else time.time
         self._offset_ms = 0.0
@@ -349,9 +375,9 @@ class RedisLimiter:
         if task is not None:
             # asyncio.wait: a caller cancelled here must not cancel the flush itself.
             await asyncio.wait((task,))
-        calls = self._take_queued()
-        if calls:
-            await self._send_accounting(calls)
+        batch = self._take_queued()
+        if batch is not None:
+            await self._send_accounting(batch)
 
     async def aclose(self) -> None:
         """Send queued accounting, then close the client if this limiter owns it."""
@@ -390,32 +416,27 @@ class RedisLimiter:
         (and the caller polls), it never admits too much.
 
         Backend failures raise ``GovernanceBackendError``: these are admission-side answers,
-        and a limiter that cannot answer must not let a call through.
+        and a limiter that cannot answer must not let a call through. The accounting taken
+        along is not this caller's: if the exchange does not complete it is queued again.
         """
         if read and self._flush_task is not None:
             # asyncio.wait: a reader cancelled here must not cancel the flush itself.
             await asyncio.wait((self._flush_task,))
-        queued = self._take_queued()
+        batch = self._take_queued()
+        delivered = False
         try:
-            try:
-                results = await self._scripts.run_many([*queued, call])
-            except RedisConnectionError as exc:
-                # A pooled connection that died with the server (restart, failover) fails
-                # once although Redis is back. Admission scripts and reads are idempotent (an
-                # acquire is keyed by its lease id), so one more try on a fresh connection is
-                # safe; the queued accounting is not, so it is dropped with a warning.
-                if queued:
-                    self._warn.failed("accounting", exc, "queued writes dropped; leases expire")
-                    queued = []
-                results = await self._scripts.run_many([call])
+            results = await self._run((call,) if batch is None else (*batch.calls, call))
+            delivered = True
         except BACKEND_ERRORS as exc:
-            if queued:
-                self._warn.failed("accounting", exc, "queued writes dropped; leases expire")
             raise GovernanceBackendError(
                 f"Redis limiter (scope {self._scope!r}): {operation} failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        if queued:
+        finally:
+            if batch is not None and not delivered:
+                self._requeue(batch)
+                self._schedule_flush()
+        if batch is not None:
             self._check_accounting(results)
         result = results[-1]
         if isinstance(result, Exception):
@@ -425,6 +446,15 @@ class RedisLimiter:
             ) from result
         self._warn.succeeded()
         return result
+
+    async def _run(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        try:
+            return await self._scripts.run_many(calls)
+        except RedisConnectionError:
+            # A pooled connection that died with the server (restart, failover, idle kill)
+            # fails once although Redis is back: one more try, on a fresh connection. Safe,
+            # as every script here is idempotent (an acquire is keyed by its lease id).
+            return await self._scripts.run_many(calls)
 
     def _queue(
         self,
@@ -465,25 +495,27 @@ class RedisLimiter:
         # pipeline. One round per task, so a reader waiting for "the flush in flight" waits
         # one round trip; whatever was queued meanwhile goes in the next round.
         try:
-            calls = self._take_queued()
-            if calls:
-                await self._send_accounting(calls)
+            batch = self._take_queued()
+            if batch is not None:
+                await self._send_accounting(batch)
         finally:
             self._flush_task = None
         if self._pending or self._progress_pending:
             self._schedule_flush()
 
-    def _take_queued(self) -> list[ScriptCall]:
+    def _take_queued(self) -> _Batch | None:
         pending = self._pending
         progress = self._progress_pending
         if not pending and not progress:
-            return []
+            return None
         self._pending = {}
         self._progress_pending = False
         keys = self._keys
         calls: list[ScriptCall] = []
+        mark = progress
         for entry in pending.values():
             w = str(entry.window)
+            window_end_s = (entry.window + 1) * (WINDOW_MS // 1000)
             source_keys = entry.source_keys
             if entry.release:
                 calls.append(
@@ -496,37 +528,56 @@ class RedisLimiter:
                             source_keys.tpm_base + w,
                             keys.progress,
                             keys.abandoned,
+                            keys.settled_base + w,
                         ),
                         (
                             entry.lease_id,
                             entry.delta,
                             1 if entry.compensation else 0,
-                            1 if progress else 0,
+                            1 if mark else 0,
                             self._lease_ttl_ms,
+                            window_end_s,
                         ),
                     )
                 )
-                progress = False  # one mark per batch is enough
+                mark = False  # one mark per batch is enough
             elif entry.delta:
                 calls.append(
                     ScriptCall(
                         SETTLE,
-                        (keys.tpm_base + w, source_keys.tpm_base + w),
-                        (entry.delta,),
+                        (keys.tpm_base + w, source_keys.tpm_base + w, keys.settled_base + w),
+                        (entry.delta, entry.lease_id, window_end_s),
                     )
                 )
-        if progress:
+        if mark:
             calls.append(ScriptCall(PROGRESS_MARK, (keys.progress,), ()))
-        return calls
+        return _Batch(pending, progress, calls)
 
-    async def _send_accounting(self, calls: list[ScriptCall]) -> None:
+    def _requeue(self, batch: _Batch) -> None:
+        """Put ``batch`` back in front of what was queued since (its scripts are idempotent)."""
+        entries = batch.entries
+        for lease_id, later in self._pending.items():
+            entry = entries.get(lease_id)
+            if entry is None:
+                entries[lease_id] = later
+            else:
+                entry.absorb(later)
+        self._pending = entries
+        self._progress_pending = self._progress_pending or batch.progress
+
+    async def _send_accounting(self, batch: _Batch) -> None:
         try:
-            results = await self._scripts.run_many(calls)
+            results = await self._run(batch.calls)
         except BACKEND_ERRORS as exc:
             self._warn.failed(
                 "accounting", exc, "release/settle/progress dropped; leases expire after their TTL"
             )
             return
+        except asyncio.CancelledError:
+            # Whoever sent it is going away (a cancelled flush(), the loop shutting down):
+            # keep it for this limiter's next command or flush rather than lose it.
+            self._requeue(batch)
+            raise
         self._check_accounting(results)
 
     def _check_accounting(self, results: list[Any]) -> None:
@@ -541,32 +592,3 @@ class RedisLimiter:
             f"RedisLimiter(scope={self._scope!r}, global_limits={self._global_limits!r}, "
             f"lease_ttl_s={self._lease_ttl_s!r})"
         )
-
-
-def check_token_count(value: object, what: str) -> int:
-    """``value`` as an int in ``[0, MAX_TOKENS]``; else ``ValueError`` naming ``what``.
-
-    Refused rather than clamped (negatives, NaN, floats, bools, huge values): a bad estimate
-    is a caller bug, and clamping would silently pre-charge the wrong amount of quota.
-    """
-    if type(value) is int:
-        if 0 <= value <= MAX_TOKENS:
-            return value
-    elif not isinstance(value, (bool, float)):
-        try:
-            as_int = operator.index(cast(SupportsIndex, value))  # numpy integers and the like
-        except TypeError:
-            pass
-        else:
-            if 0 <= as_int <= MAX_TOKENS:
-                return as_int
-    raise ValueError(f"{what} must be an integer in [0, {MAX_TOKENS}], got {value!r}")
-
-
-def check_limits(limits: Limits, what: str) -> None:
-    for field_name in ("max_concurrency", "rpm", "tpm"):
-        value = getattr(limits, field_name)
-        if type(value) is not int or value < 0:
-            raise ValueError(
-                f"{what}.{field_name} must be an integer >= 0 (0 disables the gate), got {value!r}"
-            )

@@ -113,15 +113,18 @@ RELEASE = LuaScript(
     + """
 -- Release a lease; optionally settle its TPM and mark progress in the same step.
 -- KEYS: 1 global lease, 2 source lease, 3 global tpm, 4 source tpm (acquire-time window),
---       5 progress, 6 abandoned lease ids
+--       5 progress, 6 abandoned lease ids, 7 settled lease ids (acquire-time window)
 -- ARGV: 1 lease id, 2 tpm delta, 3 compensation (1: the caller never got the permit; apply
 --       the delta only if the acquire ran, and if it has not run yet make sure it never
---       admits), 4 mark progress (1/0), 5 lease ttl ms
+--       admits), 4 mark progress (1/0), 5 lease ttl ms, 6 end of the acquire-time window (s)
+-- Running twice (a release re-sent after its reply was lost) changes nothing more: ZREM finds
+-- nothing, and the delta is applied only by the run that adds the id to KEYS[7] (see SETTLE).
 -- Reply: 1 when the lease was held, else 0 (already released, expired, or never granted)
 local held = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 local delta = tonumber(ARGV[2])
-if delta ~= 0 and (ARGV[3] == '0' or held == 1) then
+if delta ~= 0 and (ARGV[3] == '0' or held == 1) and redis.call('SADD', KEYS[7], ARGV[1]) == 1 then
+  redis.call('EXPIREAT', KEYS[7], ARGV[6])
   redis.call('INCRBY', KEYS[3], delta)
   redis.call('EXPIRE', KEYS[3], 120)
   redis.call('INCRBY', KEYS[4], delta)
@@ -144,9 +147,14 @@ SETTLE = LuaScript(
     "settle",
     """
 -- Move TPM of the acquire-time window by actual - est (negative allowed; readers clamp).
--- KEYS: 1 global tpm, 2 source tpm; ARGV: 1 delta
--- EXPIRE is re-applied: a settle arriving after its window expired must not leave a key
--- without TTL behind.
+-- KEYS: 1 global tpm, 2 source tpm, 3 settled lease ids (all of that window)
+-- ARGV: 1 delta, 2 lease id, 3 end of that window (unix seconds)
+-- Once per lease: a settle re-sent after its reply was lost finds the id in KEYS[3]. The set
+-- lives until its window ends: after that, nothing reads the window's counters, so a late
+-- duplicate changes no decision (past its end EXPIREAT deletes the set at once). EXPIRE is
+-- re-applied: a settle arriving after its window expired must not leave a key without TTL.
+if redis.call('SADD', KEYS[3], ARGV[2]) == 0 then return 0 end
+redis.call('EXPIREAT', KEYS[3], ARGV[3])
 redis.call('INCRBY', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], 120)
 redis.call('INCRBY', KEYS[2], ARGV[1])
