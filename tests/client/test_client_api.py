@@ -427,3 +427,30 @@ def test_public_exports() -> None:
     assert polygateway.GatewayClient is GatewayClient
     assert polygateway.gather_bounded is gather_bounded
     assert dataclasses.is_dataclass(LLMResponse)
+
+
+class _SlowRecorder(_Recorder):
+    """Writes in ``record()`` itself (no ``record_nowait``) and takes a while to do it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def record(self, record: TelemetryRecord) -> None:
+        await self.release.wait()
+        self.rows.append(record)
+
+
+async def test_aclose_waits_for_rows_still_being_recorded(fake: FakeUpstream) -> None:
+    recorder = _SlowRecorder()
+    client = http_client(fake, ["a"], injected={"telemetry": recorder})
+    for _ in range(20):
+        await client.chat(MESSAGES)
+    assert recorder.rows == []  # all 20 are still in the recorder's record()
+    closing = asyncio.create_task(client.aclose())
+    await asyncio.sleep(0)
+    assert not closing.done()  # aclose waits for the rows in flight
+    recorder.release.set()
+    await closing
+    assert len(recorder.rows) == 20
+    assert recorder.flushes == 1 and not recorder.closed  # injected: flushed, not closed

@@ -8,6 +8,7 @@ Requests never pass through pluggy or this module: the result is a plain async c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from polygateway.errors import ConfigError
@@ -62,6 +63,16 @@ def _enabled(layer: str, backend: str, settings: ScopeSettings, injected: object
     return injected is not None or (layer in settings.middleware and backend != OFF)
 
 
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """What assembly produces for one scope."""
+
+    handler: Handler
+    components: Components
+    layers: tuple[Middleware, ...]
+    """The active layers, outer first (switched-off ones are already dropped)."""
+
+
 def build_pipeline(
     settings: ScopeSettings,
     registry: Any,
@@ -74,8 +85,8 @@ def build_pipeline(
     pricing: Pricing | None = None,
     transports: Mapping[str, Transport] | None = None,
     selector: SourceSelector | None = None,
-) -> tuple[Handler, Components]:
-    """Build the onion for one scope; returns ``(handler, components)``.
+) -> Pipeline:
+    """Build the onion for one scope: the handler, the parts, the layers (outer first).
 
     ``registry`` is a ``polygateway.plugins.Registry``. Injected parts are used as given (and
     stay the caller's to close); ``transports`` may cover only some sources, the rest are
@@ -163,4 +174,4 @@ def build_pipeline(
     handler: Handler = _retry_is_innermost
     for layer in reversed(layers):
         handler = _bind(layer, handler)
-    return handler, components
+    return Pipeline(handler=handler, components=components, layers=tuple(layers))

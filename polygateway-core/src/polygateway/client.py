@@ -69,6 +69,7 @@ class GatewayClient:
     __slots__ = (
         "_closed",
         "_components",
+        "_drains",
         "_handler",
         "_owned",
         "_owns_telemetry",
@@ -99,7 +100,7 @@ class GatewayClient:
             from polygateway.plugins import load_registry
 
             registry = load_registry()
-        handler, components = build_pipeline(
+        pipeline = build_pipeline(
             settings,
             registry,
             clock=clock if clock is not None else SystemClock(),
@@ -111,9 +112,14 @@ class GatewayClient:
             transports=transports,
             selector=selector,
         )
+        components = pipeline.components
         self._settings = settings
-        self._handler: Handler = handler
+        self._handler: Handler = pipeline.handler
         self._components = components
+        # Layers that hand work to the background (telemetry rows) and can wait for it.
+        self._drains = [
+            drain for layer in pipeline.layers if callable(drain := getattr(layer, "drain", None))
+        ]
         self._structured_on = "structured" in settings.middleware
         # What this client built and therefore closes, in closing order.
         owned: list[tuple[str, Any]] = [
@@ -244,6 +250,8 @@ class GatewayClient:
         self._closed = True
         for what, part in self._owned:
             await _close_quietly(what, part.aclose)
+        for drain in self._drains:
+            await _close_quietly("telemetry rows in flight", drain)
         # Last, once nothing can produce rows any more; an injected recorder is flushed only.
         telemetry = self._components.telemetry
         if telemetry is not None:
