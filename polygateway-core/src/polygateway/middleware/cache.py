@@ -22,13 +22,13 @@ import hashlib
 import json
 import logging
 import math
-import os
 from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
 from polygateway.digest import canonical_json
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
+from polygateway.ids import new_call_id
 from polygateway.middleware.telemetry import canonical_messages_json
 from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy
 from polygateway.types import ChatRequest, LLMResponse
@@ -276,7 +276,7 @@ class CacheMiddleware:
                 return None
         try:
             # A fresh call_id: the hit is a call of its own (its telemetry row, its id).
-            return LLMResponse(**fields, call_id=os.urandom(16).hex(), structured_data=data)
+            return LLMResponse(**fields, call_id=new_call_id(), structured_data=data)
         except TypeError as exc:  # a stored field of the wrong kind
             self._decoded.pop(cached, None)
             logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)

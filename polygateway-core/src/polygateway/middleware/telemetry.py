@@ -27,11 +27,11 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from polygateway.digest import canonical_json, digest_messages
+from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
 from polygateway.settings import SourceConfig
 from polygateway.types import ChatRequest, LLMResponse, Message, TelemetryRecord
@@ -194,8 +194,8 @@ class TelemetryMiddleware:
                 self._emit(
                     request,
                     response,
-                    call_id=response.call_id or os.urandom(16).hex(),
-                    latency_ms=_elapsed_ms(self._clock, started),
+                    call_id=response.call_id or new_call_id(),
+                    latency_ms=elapsed_ms(started, self._clock.monotonic()),
                     messages=observer.canonical_messages(request.messages),
                 )
                 return response
@@ -216,8 +216,8 @@ class TelemetryMiddleware:
                 self._emit(
                     request,
                     exc,
-                    call_id=os.urandom(16).hex(),
-                    latency_ms=_elapsed_ms(self._clock, started),
+                    call_id=new_call_id(),
+                    latency_ms=elapsed_ms(started, self._clock.monotonic()),
                 )
         except Exception as error:  # noqa: BLE001 - telemetry must never mask the call's error
             self._warn_once("finish", "telemetry bookkeeping failed: %r", error)
@@ -377,10 +377,6 @@ class _CallObserver:
         if pending is not None:
             self._pending = None
             self._layer.submit(pending)
-
-
-def _elapsed_ms(clock: Clock, started: float) -> int:
-    return max(0, int((clock.monotonic() - started) * 1000))
 
 
 __all__ = [
