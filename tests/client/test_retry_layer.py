@@ -685,3 +685,35 @@ async def test_least_inflight_spreads_concurrent_calls() -> None:
 
 def test_messages_constant_is_valid() -> None:
     check_message_fields(MESSAGES)
+
+
+async def test_a_refusal_during_a_probe_does_not_shut_the_source_after_it_recovers() -> None:
+    clock = FakeClock()
+    breaker = InMemoryGate(fail_threshold=1, cooldown_s=5.0, probe_ttl_s=240.0, clock=clock)
+    rig = make_rig(
+        ["a"],
+        breaker=breaker,
+        clock=clock,
+        backpressure=BackpressureSettings(quota_full="fail_fast", poll_interval_s=0.5),
+    )
+    await breaker.force_open("a")
+    clock.advance(5.0)  # half-open: the next call becomes the probe
+    gate = asyncio.Event()
+
+    async def slow_probe() -> Any:
+        await gate.wait()
+        return ok()
+
+    rig.transport.script("a", slow_probe)
+    probe = asyncio.create_task(rig.call())
+    async with asyncio.timeout(5):
+        while rig.transport.count("a") == 0:
+            await asyncio.sleep(0)
+    with pytest.raises(CircuitOpenError) as refused:  # someone else holds the probe
+        await rig.call()
+    assert refused.value.retry_after_s <= 0.5  # look again soon, not after the 240 s lease
+    gate.set()
+    await probe
+    assert await breaker.state("a") == "closed"
+    await rig.call()  # the recovered source takes calls at once: no stale local memo
+    assert rig.transport.count("a") == 2

@@ -176,7 +176,7 @@ def test_scope_without_sources_names_the_expected_keys() -> None:
         ("LLM__QWEN__1__ENABLE_THINKING", "maybe", "true or false"),
         ("LLM__QWEN__1__TRUST_ENV", "sometimes", "true or false"),
         ("LLM__QWEN__1__MISSING_DONE", "ignore", "'retry' or 'salvage'"),
-        ("LLM__QWEN__1__ENGINE", "curl", "'aiohttp', 'httpx' or 'httpx-aiohttp'"),
+        ("LLM__QWEN__1__ENGINE", "curl", "'aiohttp', 'httpx', 'httpx-aiohttp' or 'httpx2'"),
         ("LLM__QWEN__1__BASE_URL", "ftp://example.com", "http:// or https://"),
         ("LLM__QWEN__1__BASE_URL", "not a url", "http:// or https://"),
         ("LLM__RETRY__MAX_ATTEMPTS", "0", "must be >= 1"),

@@ -167,6 +167,19 @@ async def test_truncated_and_empty_completions_are_not_cached(
     assert fake_upstream.requests("a") == 2
 
 
+async def test_a_salvaged_stream_is_returned_but_never_cached(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    fake_upstream.set_default("a", Reply.cut(after_chunks=2))
+    salvaging = source(fake_upstream, missing_done="salvage")
+    rig = make_rig(tmp_path, scope(fake_upstream, salvaging))
+    async with rig.client as client:
+        responses = [await client.chat(MESSAGES) for _ in range(2)]
+    assert all(r.salvaged and r.usage_source == "estimated" for r in responses)
+    assert [r.cache_hit for r in responses] == [False, False]
+    assert fake_upstream.requests("a") == 2
+
+
 async def test_failed_calls_are_not_cached(
     make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:

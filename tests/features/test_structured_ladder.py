@@ -291,6 +291,7 @@ async def test_a_bad_structured_spec_is_refused_before_any_request(
 ) -> None:
     rig = make_rig(tmp_path, scope(fake_upstream))
     async with rig.client as client:
+
         class LooksLikeAModel:  # has model_validate, but is not a pydantic model
             @classmethod
             def model_validate(cls, data: Any) -> Any:

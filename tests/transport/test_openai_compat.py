@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -21,9 +23,22 @@ from polygateway.testing.contracts.transport import (
     wait_until,
 )
 from polygateway.testing.fake_upstream import DEFAULT_CONTENT
-from polygateway.transports.engines import ENGINE_NAMES, AiohttpEngine
+from polygateway.transports.engines import DEFAULT_ENGINE, ENGINE_NAMES, AiohttpEngine
 from polygateway.transports.openai_compat import OpenAICompatTransport
 from polygateway.types import ChatRequest
+
+# Engines on optional packages run when their package is installed and are skipped otherwise.
+_ENGINE_MODULES = {"httpx-aiohttp": "httpx_aiohttp", "httpx2": "httpx2"}
+ENGINES = [
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            name in _ENGINE_MODULES and importlib.util.find_spec(_ENGINE_MODULES[name]) is None,
+            reason=f"engine {name!r}: optional package not installed",
+        ),
+    )
+    for name in ENGINE_NAMES
+]
 
 
 def _on_engine(engine: str) -> Callable[[SourceConfig], Transport]:
@@ -35,12 +50,12 @@ def _on_engine(engine: str) -> Callable[[SourceConfig], Transport]:
 
 
 class TestOpenAICompatContract(TransportContract):
-    @pytest.fixture(params=ENGINE_NAMES)
+    @pytest.fixture(params=ENGINES)
     def make_transport(self, request: pytest.FixtureRequest) -> Callable[[SourceConfig], Transport]:
         return _on_engine(request.param)
 
 
-@pytest.fixture(params=ENGINE_NAMES)
+@pytest.fixture(params=ENGINES)
 def engine(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -209,6 +224,28 @@ def test_bad_options_are_config_errors() -> None:
     assert transport.engine.name == "httpx"
 
 
+@pytest.mark.parametrize(
+    ("engine", "module"), [("httpx2", "httpx2"), ("httpx-aiohttp", "httpx_aiohttp")]
+)
+def test_engine_on_a_missing_optional_package_names_the_pip_command(
+    engine: str, module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # makes ``import module`` fail
+    base = SourceConfig(name="s", provider="generic", base_url="http://127.0.0.1:9/v1", model="m")
+    with pytest.raises(ConfigError, match=rf"pip install 'polygateway-core\[{engine}\]'"):
+        OpenAICompatTransport(dataclasses.replace(base, options={"engine": engine}))
+
+
+def test_default_engine_is_aiohttp_and_engines_are_named() -> None:
+    base = SourceConfig(name="s", provider="generic", base_url="http://127.0.0.1:9/v1", model="m")
+    assert OpenAICompatTransport(base).engine.name == DEFAULT_ENGINE == "aiohttp"
+    for name in ENGINE_NAMES:
+        module = _ENGINE_MODULES.get(name)
+        if module is None or importlib.util.find_spec(module) is not None:
+            transport = OpenAICompatTransport(dataclasses.replace(base, options={"engine": name}))
+            assert transport.engine.name == name
+
+
 # --------------------------------------------------------------------------- stream outcomes
 
 
@@ -222,6 +259,7 @@ async def test_salvage_returns_the_partial_answer_with_estimated_usage(
     assert DEFAULT_CONTENT.startswith(result.content)
     assert len(result.content) < len(DEFAULT_CONTENT)
     assert result.usage_source == "estimated"
+    assert result.salvaged
     assert result.completion_tokens >= 1
 
 
@@ -348,6 +386,7 @@ async def test_crlf_comments_and_split_frames_from_a_real_socket(engine: str) ->
     assert result.thinking == "hmm"
     assert (result.prompt_tokens, result.completion_tokens) == (3, 4)
     assert result.usage_source == "measured"
+    assert not result.salvaged
 
 
 async def test_json_answer_to_a_stream_request_is_accepted(engine: str) -> None:

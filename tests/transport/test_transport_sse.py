@@ -80,6 +80,52 @@ def test_decoder_splits_inside_multibyte_characters(cuts: list[int]) -> None:
     assert json.loads(events[0][0])["choices"][0]["delta"]["content"] == text
 
 
+def reference_events(wire: bytes) -> list[SSEEvent]:
+    """Plain reading of the SSE spec for \n line ends: blank line ends an event."""
+    out: list[SSEEvent] = []
+    data: list[bytes] = []
+    name: bytes | None = None
+    for line in wire.split(b"\n"):
+        if not line:
+            if data:
+                out.append((b"\n".join(data), name))
+            data, name = [], None
+            continue
+        if line.startswith(b":"):
+            continue
+        field, sep, value = line.partition(b":")
+        if sep and value.startswith(b" "):
+            value = value[1:]
+        if field == b"data":
+            data.append(value)
+        elif field == b"event":
+            name = value
+    return out
+
+
+sse_lines = st.one_of(
+    texts.map(lambda t: f"data: {t}"),
+    texts.map(lambda t: f"data:{t}"),
+    texts.map(lambda t: f": {t}"),
+    st.sampled_from(["event: error", "id: 3", "retry: 5", "data", "data: [DONE]", ""]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    events=st.lists(st.lists(sse_lines, min_size=1, max_size=3), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6),
+)
+def test_decoder_matches_the_spec_on_mixed_streams(
+    events: list[list[str]], cuts: list[int]
+) -> None:
+    """Whole-buffer fast path or line-by-line path: the same events as a plain reading."""
+    wire = "".join("\n".join(lines) + "\n\n" for lines in events).encode("utf-8")
+    expected = reference_events(wire)
+    assert decode_all([wire]) == expected
+    assert decode_all(split_at(wire, cuts)) == expected
+
+
 def test_decoder_one_byte_at_a_time_with_mixed_line_ends() -> None:
     data = b"data: a\r\n\r\ndata: b\n\ndata: c\r\rdata: d\n\r\n"
     decoder = SSEDecoder()
@@ -196,6 +242,53 @@ def test_content_reasoning_usage_and_done() -> None:
     assert (result.prompt_tokens, result.completion_tokens) == (5, 2)
     assert result.finish_reason == "length"
     assert result.model == "served"
+
+
+chunk_bodies = st.one_of(
+    st.builds(lambda c: chunk({"content": c}, usage=None), st.text(max_size=6)),
+    st.builds(
+        lambda c: chunk({"content": c}), st.sampled_from(["<think>", "a</think>b", " ", "x"])
+    ),
+    st.builds(lambda r: chunk({"content": None, "reasoning_content": r}), st.text(max_size=4)),
+    st.just(chunk({"role": "assistant", "content": ""})),
+    st.just(chunk({"tool_calls": [{"index": 0}]})),
+    st.just(chunk({}, usage={"prompt_tokens": 3, "completion_tokens": 4})),
+    st.just(json.dumps({"choices": [{"index": 1, "delta": {"content": "other"}}]}).encode()),
+    st.just(json.dumps({"choices": [{"index": 0, "delta": {"content": "y"}}]}).encode()),
+    st.just(
+        json.dumps(
+            {"model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        ).encode()
+    ),
+    st.just(json.dumps({"usage": {"prompt_tokens": 1, "completion_tokens": 2}}).encode()),
+    st.sampled_from([b"[DONE]", b"", b"not json", b"[1]", b'{"error": {"message": "x"}}']),
+)
+
+
+def _outcome(feed: Any) -> tuple[Any, ...]:
+    parser = ChatStreamParser()
+    try:
+        tokens = feed(parser)
+    except TransientError as exc:
+        return ("error", str(exc))
+    return ("ok", tokens, parser.done, parser.result())
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(chunk_bodies, max_size=8))
+def test_feed_events_is_feed_event_in_a_loop(frames: list[bytes]) -> None:
+    events: list[SSEEvent] = [(frame, None) for frame in frames]
+
+    def one_by_one(parser: ChatStreamParser) -> bool:
+        token = False
+        for data, name in events:
+            if parser.feed_event(data, name):
+                token = True
+            if parser.done:
+                break
+        return token
+
+    assert _outcome(lambda parser: parser.feed_events(events)) == _outcome(one_by_one)
 
 
 def test_reasoning_field_order_prefers_reasoning_content() -> None:

@@ -1,32 +1,56 @@
 """Overhead of the governed client against raw HTTP clients, in one run, against one upstream.
 
-    python tools/bench/overhead.py [--calls 2000] [--chunks 20] [--only aiohttp,governed-aiohttp]
+    python tools/bench/overhead.py [--calls 3000] [--chunks 20] [--rounds 3]
+                                   [--only aiohttp,governed-aiohttp] [--modes stream,json]
 
-Starts ``pgw fake-upstream`` in its own process, then for every client (raw aiohttp, raw httpx,
-the governed client on each HTTP engine, the full default pipeline with SQLite telemetry, the
-cache-hit path) measures, at concurrency 1 and 64, streaming and not: calls/s (wall) and client
-CPU microseconds per call (process time of this process / calls). Ratios are printed against
-raw aiohttp measured in the same run: these machines are noisy, absolute numbers are not.
+Starts ``pgw fake-upstream`` in its own process, then for every client measures, at concurrency
+1 and 64, streaming and not: calls/s (wall) and client CPU microseconds per call (process time
+of this process, all its threads, divided by the calls). Clients:
+
+- ``aiohttp``, ``httpx``, ``httpx2``: raw clients doing the minimal equivalent work: send the
+  request, read the body as it arrives, split the SSE events on blank lines and JSON-decode
+  every ``data:`` frame (streaming), or JSON-decode the body (non-streaming). They decode with
+  ``orjson``, like the library does, so the comparison measures governance, not JSON speed.
+- ``governed-<engine>``: ``GatewayClient`` with the memory limiter and breaker, telemetry and
+  cache off, on each HTTP engine (the default engine's row is marked).
+- ``full-pipeline-sqlite``: the full default pipeline (telemetry on SQLite, memory cache,
+  structured layer, retry) on the default engine, every call a cache miss; the telemetry rows
+  written are counted against the calls made (warm-up included).
+- ``cache-hit``: one repeated prompt answered from the memory cache.
+
+Every point is measured ``--rounds`` times with the clients interleaved (raw, governed, raw,
+...) and the median is reported: these machines are shared and noisy, and interleaving spreads
+load changes over every client alike. Ratios are against raw aiohttp measured in the same run.
+The budgets (issues 3 and 4) are checked at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import gc
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
+
+import orjson
 
 MESSAGES = [{"role": "user", "content": "Say hello in twenty small pieces."}]
 MODEL = "bench-model"
+WARMUP_CALLS = 20
+ENGINES = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2")
+RAW_CLIENTS = ("aiohttp", "httpx", "httpx2")
+
+Measure = Callable[[], Awaitable[tuple[float, float, str]]]
 
 
 @dataclass
@@ -38,6 +62,13 @@ class Row:
     calls_per_s: float
     cpu_us_per_call: float
     note: str = ""
+    spread: str = ""
+
+
+def default_engine() -> str:
+    from polygateway.transports.engines import DEFAULT_ENGINE
+
+    return DEFAULT_ENGINE
 
 
 def free_port() -> int:
@@ -76,84 +107,110 @@ def body(stream: bool) -> bytes:
     payload: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "stream": stream}
     if stream:
         payload["stream_options"] = {"include_usage": True}
-    return json.dumps(payload).encode()
+    return orjson.dumps(payload)
 
 
-def consume_sse_line(line: bytes, parts: list[str]) -> bool:
-    """Minimal work a raw client must do: decode each data frame. True at [DONE]."""
-    if not line.startswith(b"data:"):
+class SSEConsumer:
+    """The minimal work a raw client does on a stream: split the events on blank lines,
+    decode every ``data:`` frame, keep the content deltas. ``feed`` is True at ``[DONE]``."""
+
+    __slots__ = ("_buf", "parts")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.parts: list[str] = []
+
+    def feed(self, chunk: bytes) -> bool:
+        *events, self._buf = (self._buf + chunk).split(b"\n\n")
+        for event in events:
+            if not event.startswith(b"data:"):
+                continue
+            data = event[5:].strip()
+            if data == b"[DONE]":
+                return True
+            frame = orjson.loads(data)
+            for choice in frame.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    self.parts.append(piece)
         return False
-    data = line[5:].strip()
-    if data == b"[DONE]":
-        return True
-    chunk = json.loads(data)
-    for choice in chunk.get("choices") or ():
-        piece = choice.get("delta", {}).get("content")
-        if piece:
-            parts.append(piece)
-    return False
+
+
+def warmup_calls(concurrency: int) -> int:
+    """Calls made before the timing: enough to open ``concurrency`` pooled connections."""
+    return max(WARMUP_CALLS, 2 * concurrency)
 
 
 async def run_calls(
     call: Callable[[], Awaitable[None]], calls: int, concurrency: int
 ) -> tuple[float, float]:
-    queue = iter(range(calls))
-
-    async def worker() -> None:
+    async def worker(queue: Iterator[int]) -> None:
         for _ in queue:
             await call()
 
-    for _ in range(min(20, calls)):  # warm connections and caches
-        await call()
+    # Warm up at the measured concurrency, so the timing sees the steady state (a full
+    # connection pool, warm caches) for every client alike.
+    warm = iter(range(warmup_calls(concurrency)))
+    await asyncio.gather(*(worker(warm) for _ in range(concurrency)))
+    queue = iter(range(calls))
+    # Collect the garbage of the set-up (building a client allocates a lot) now, so that no
+    # client pays a full collection of it inside its timing.
+    gc.collect()
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(queue) for _ in range(concurrency)))
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     return calls / wall, cpu / calls * 1e6
 
 
-async def bench_raw_aiohttp(url: str, stream: bool, calls: int, conc: int) -> tuple[float, float]:
+HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
+
+
+async def bench_raw_aiohttp(
+    url: str, stream: bool, calls: int, conc: int
+) -> tuple[float, float, str]:
     import aiohttp
 
     data = body(stream)
-    headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=HEADERS) as session:
 
         async def call() -> None:
-            async with session.post(f"{url}/chat/completions", data=data, headers=headers) as r:
+            async with session.post(f"{url}/chat/completions", data=data) as r:
                 if stream:
-                    parts: list[str] = []
-                    async for line in r.content:
-                        if consume_sse_line(line, parts):
+                    consumer = SSEConsumer()
+                    async for chunk in r.content.iter_any():
+                        if consumer.feed(chunk):
                             break
                 else:
-                    await r.json()
+                    orjson.loads(await r.read())
 
-        return await run_calls(call, calls, conc)
+        rate, cpu = await run_calls(call, calls, conc)
+        return rate, cpu, ""
 
 
-async def bench_raw_httpx(url: str, stream: bool, calls: int, conc: int) -> tuple[float, float]:
-    import httpx
+async def bench_raw_httpx_api(
+    module_name: str, url: str, stream: bool, calls: int, conc: int
+) -> tuple[float, float, str]:
+    import importlib
 
+    api = importlib.import_module(module_name)
     data = body(stream)
-    headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=128)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+    limits = api.Limits(max_connections=None, max_keepalive_connections=128)
+    async with api.AsyncClient(limits=limits, timeout=60, headers=HEADERS) as client:
 
         async def call() -> None:
             if stream:
-                async with client.stream(
-                    "POST", f"{url}/chat/completions", content=data, headers=headers
-                ) as r:
-                    parts: list[str] = []
-                    async for line in r.aiter_lines():
-                        if consume_sse_line(line.encode(), parts):
+                async with client.stream("POST", f"{url}/chat/completions", content=data) as r:
+                    consumer = SSEConsumer()
+                    async for chunk in r.aiter_bytes():
+                        if consumer.feed(chunk):
                             break
             else:
-                r = await client.post(f"{url}/chat/completions", content=data, headers=headers)
-                r.json()
+                r = await client.post(f"{url}/chat/completions", content=data)
+                orjson.loads(r.content)
 
-        return await run_calls(call, calls, conc)
+        rate, cpu = await run_calls(call, calls, conc)
+        return rate, cpu, ""
 
 
 def governed_env(url: str, engine: str, *, telemetry: str, cache: str, db: str) -> dict[str, str]:
@@ -201,61 +258,104 @@ async def bench_governed(
 
             rate, cpu = await run_calls(call, calls, conc)
         finally:
-            await client.aclose()
+            await client.aclose()  # flushes the telemetry buffer (outside the timing)
         note = ""
         if telemetry == "sqlite":
             import sqlite3
 
             with closing(sqlite3.connect(db)) as conn:
                 rows = conn.execute("SELECT COUNT(*) FROM pgw_calls").fetchone()[0]
-            expected = calls + min(20, calls)
+            expected = calls + warmup_calls(conc)
             note = f"telemetry rows {rows}/{expected}" + ("" if rows == expected else " LOST")
         return rate, cpu, note
 
 
-def clients(url: str, stream: bool, calls: int, conc: int) -> list[tuple[str, Any]]:
+def clients(url: str, stream: bool, calls: int, conc: int) -> list[tuple[str, Measure]]:
     """(name, zero-arg coroutine factory) for every client measured at one point."""
-    out: list[tuple[str, Any]] = [
-        ("aiohttp", lambda: bench_raw_aiohttp(url, stream, calls, conc)),
-        ("httpx", lambda: bench_raw_httpx(url, stream, calls, conc)),
+    default = default_engine()
+    out: list[tuple[str, Measure]] = [
+        ("aiohttp", partial(bench_raw_aiohttp, url, stream, calls, conc)),
     ]
-    for engine in ("aiohttp", "httpx", "httpx-aiohttp"):
+    for module in RAW_CLIENTS[1:]:
+        out.append((module, partial(bench_raw_httpx_api, module, url, stream, calls, conc)))
+    for engine in ENGINES:
         out.append(
-            (
-                f"governed-{engine}",
-                lambda e=engine: bench_governed(url, stream, calls, conc, engine=e),
-            )
+            (f"governed-{engine}", partial(bench_governed, url, stream, calls, conc, engine=engine))
         )
     out.append(
         (
             "full-pipeline-sqlite",
-            lambda: bench_governed(
-                url, stream, calls, conc, engine="aiohttp", telemetry="sqlite", cache="memory"
+            partial(
+                bench_governed,
+                url,
+                stream,
+                calls,
+                conc,
+                engine=default,
+                telemetry="sqlite",
+                cache="memory",
             ),
         )
     )
     out.append(
         (
             "cache-hit",
-            lambda: bench_governed(
-                url, stream, calls, conc, engine="aiohttp", cache="memory", cache_hits=True
+            partial(
+                bench_governed,
+                url,
+                stream,
+                calls,
+                conc,
+                engine=default,
+                cache="memory",
+                cache_hits=True,
             ),
         )
     )
     return out
 
 
-async def measure(name: str, factory: Any, mode: str, conc: int, calls: int) -> Row:
-    try:
-        rate, cpu, *rest = await factory()
-    except Exception as exc:  # a failing engine is reported, not fatal
-        return Row(name, mode, conc, calls, 0.0, 0.0, f"FAILED: {exc!r}")
-    row = Row(name, mode, conc, calls, rate, cpu, rest[0] if rest else "")
-    print(
-        f"{name:22} {mode:6} c={conc:<3} {rate:9.0f} calls/s {cpu:8.0f} us CPU/call {row.note}",
-        flush=True,
-    )
-    return row
+async def measure_point(
+    points: list[tuple[str, Measure]], mode: str, conc: int, calls: int, rounds: int
+) -> list[Row]:
+    """Every client ``rounds`` times, interleaved (rotating the order each round); medians."""
+    samples: dict[str, list[tuple[float, float, str]]] = {name: [] for name, _ in points}
+    failed: dict[str, str] = {}
+    for round_no in range(rounds):
+        shift = round_no % len(points)
+        for name, factory in points[shift:] + points[:shift]:
+            if name in failed:
+                continue
+            try:
+                samples[name].append(await factory())
+            except Exception as exc:  # a failing client is reported, not fatal
+                failed[name] = f"FAILED: {exc!r}"[:200]
+    rows: list[Row] = []
+    for name, _ in points:
+        got = samples[name]
+        if name in failed:
+            rows.append(Row(name, mode, conc, calls, 0.0, 0.0, failed[name]))
+            continue
+        rates = [g[0] for g in got]
+        cpus = [g[1] for g in got]
+        notes = sorted({g[2] for g in got if g[2]})
+        row = Row(
+            name,
+            mode,
+            conc,
+            calls,
+            statistics.median(rates),
+            statistics.median(cpus),
+            "; ".join(notes),
+            spread=f"{min(cpus):.0f}-{max(cpus):.0f}",
+        )
+        print(
+            f"{name:22} {mode:6} c={conc:<3} {row.calls_per_s:9.0f} calls/s "
+            f"{row.cpu_us_per_call:8.0f} us CPU/call (CPU range {row.spread}) {row.note}",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
 
 
 async def main_async(args: argparse.Namespace) -> list[Row]:
@@ -264,52 +364,103 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
     url = f"http://127.0.0.1:{port}/v1"
     rows: list[Row] = []
     only = set(args.only.split(",")) if args.only else None
+    modes = args.modes.split(",")
     try:
         for stream in (True, False):
             mode = "stream" if stream else "json"
+            if mode not in modes:
+                continue
             for conc in (1, 64):
                 calls = args.calls if conc > 1 else max(50, args.calls // 8)
-                for name, factory in clients(url, stream, calls, conc):
-                    if only is None or name in only:
-                        rows.append(await measure(name, factory, mode, conc, calls))
+                points = [
+                    (name, factory)
+                    for name, factory in clients(url, stream, calls, conc)
+                    if only is None or name in only
+                ]
+                rows += await measure_point(points, mode, conc, calls, args.rounds)
     finally:
         proc.terminate()
         proc.wait(10)
     return rows
 
 
+RAW_OF_ENGINE = {"aiohttp": "aiohttp", "httpx": "httpx", "httpx2": "httpx2"}
+
+
 def print_table(rows: list[Row]) -> None:
     base = {(r.mode, r.concurrency): r for r in rows if r.client == "aiohttp"}
+    by_key = {(r.client, r.mode, r.concurrency): r for r in rows}
+    default = default_engine()
     print()
-    header = (
-        "client",
-        "mode",
-        "conc",
-        "calls/s",
-        "CPU us/call",
-        "vs aiohttp calls/s",
-        "vs aiohttp CPU",
-        "note",
+    print(
+        "| client | mode | conc | calls/s | CPU us/call | vs aiohttp calls/s | vs aiohttp CPU "
+        "| vs own raw CPU | note |"
     )
-    print("| " + " | ".join(header) + " |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         b = base.get((r.mode, r.concurrency))
         rate = f"{r.calls_per_s / b.calls_per_s:.0%}" if b and b.calls_per_s else "-"
         cpu = f"{r.cpu_us_per_call / b.cpu_us_per_call:.2f}x" if b and b.cpu_us_per_call else "-"
+        own = "-"
+        engine = r.client.removeprefix("governed-")
+        if r.client.startswith("governed-") and engine in RAW_OF_ENGINE:
+            raw = by_key.get((RAW_OF_ENGINE[engine], r.mode, r.concurrency))
+            if raw and raw.cpu_us_per_call:
+                own = f"{r.cpu_us_per_call / raw.cpu_us_per_call:.2f}x"
+        name = r.client + (" (default)" if r.client == f"governed-{default}" else "")
         print(
-            f"| {r.client} | {r.mode} | {r.concurrency} | {r.calls_per_s:.0f} | "
-            f"{r.cpu_us_per_call:.0f} | {rate} | {cpu} | {r.note} |"
+            f"| {name} | {r.mode} | {r.concurrency} | {r.calls_per_s:.0f} | "
+            f"{r.cpu_us_per_call:.0f} | {rate} | {cpu} | {own} | {r.note} |"
         )
 
 
+def print_budgets(rows: list[Row]) -> None:
+    """The budgets of issues 3 and 4, on the default engine, against raw aiohttp."""
+    by_key = {(r.client, r.mode, r.concurrency): r for r in rows}
+    governed = f"governed-{default_engine()}"
+    print()
+    print("Budgets (medians; default engine):")
+    for mode in ("stream", "json"):
+        raw = by_key.get(("aiohttp", mode, 64))
+        gov = by_key.get((governed, mode, 64))
+        full = by_key.get(("full-pipeline-sqlite", mode, 64))
+        if raw and gov and raw.calls_per_s and gov.calls_per_s:
+            ratio = gov.calls_per_s / raw.calls_per_s
+            verdict = "ok" if ratio >= 0.5 else "OVER BUDGET"
+            print(f"  {mode:6} c=64 governed calls/s >= 50% of raw aiohttp: {ratio:.0%} {verdict}")
+            cpu = gov.cpu_us_per_call / raw.cpu_us_per_call
+            verdict = "ok" if cpu <= 1.5 else "OVER BUDGET"
+            print(f"  {mode:6} c=64 governed CPU/call <= 1.5x raw aiohttp: {cpu:.2f}x {verdict}")
+        if raw and full and raw.calls_per_s and full.calls_per_s:
+            ratio = full.calls_per_s / raw.calls_per_s
+            verdict = "ok" if ratio >= 0.4 and "LOST" not in full.note else "OVER BUDGET"
+            print(
+                f"  {mode:6} c=64 full pipeline calls/s >= 40% of raw aiohttp, no row lost: "
+                f"{ratio:.0%} ({full.note}) {verdict}"
+            )
+        for conc in (1, 64):
+            hit = by_key.get(("cache-hit", mode, conc))
+            if hit and hit.cpu_us_per_call:
+                verdict = "ok" if hit.cpu_us_per_call < 50 else "OVER BUDGET"
+                print(
+                    f"  {mode:6} c={conc:<2} cache hit CPU < 50 us/call: "
+                    f"{hit.cpu_us_per_call:.0f} us {verdict}"
+                )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--chunks", type=int, default=20)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000, help="calls per point at c=64")
+    parser.add_argument("--chunks", type=int, default=20, help="content chunks per stream")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point")
     parser.add_argument("--only", default="", help="comma list of client names")
+    parser.add_argument("--modes", default="stream,json", help="stream,json or one of them")
     args = parser.parse_args()
-    print_table(asyncio.run(main_async(args)))
+    print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}", flush=True)
+    rows = asyncio.run(main_async(args))
+    print(f"load average after: {os.getloadavg()}")
+    print_table(rows)
+    print_budgets(rows)
 
 
 if __name__ == "__main__":

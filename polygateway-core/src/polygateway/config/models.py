@@ -57,7 +57,7 @@ ProviderName = Annotated[
 HttpUrl = Annotated[str, StringConstraints(strip_whitespace=True), AfterValidator(_http_url)]
 Options = dict[str, Any]
 
-Engine = Literal["aiohttp", "httpx", "httpx-aiohttp"]
+Engine = Literal["aiohttp", "httpx", "httpx-aiohttp", "httpx2"]
 
 
 class LayerModel(BaseModel):

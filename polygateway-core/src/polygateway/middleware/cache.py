@@ -85,9 +85,11 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
 
 
 def is_cacheable(response: LLMResponse) -> bool:
-    """A real, complete answer: not a hit already, not empty, not cut off by the token limit."""
+    """A real, complete answer: not a hit already, not empty, not cut off by the token limit,
+    not salvaged from a stream that ended without ``[DONE]``."""
     return (
         not response.cache_hit
+        and not response.salvaged
         and response.finish_reason != "length"
         and bool(response.content.strip())
     )

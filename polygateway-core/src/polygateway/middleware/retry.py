@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,6 +38,7 @@ from polygateway.errors import (
     SourceDeadError,
     TransientError,
 )
+from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import (
     Clock,
     Denial,
@@ -71,14 +71,15 @@ _BREAKER_REASONS = frozenset({"circuit_open", "source_dead"})
 
 def check_message_shape(messages: object) -> None:
     """Refuse anything that is not a non-empty list of mappings (before any layer digests it)."""
-    if not isinstance(messages, list | tuple):
+    if type(messages) is not list and not isinstance(messages, list | tuple):
         raise RequestRejectedError(
             f"messages must be a non-empty list of message mappings, got {type(messages).__name__}"
         )
     if not messages:
         raise RequestRejectedError("messages is empty: at least one message is required")
     for index, message in enumerate(messages):
-        if not isinstance(message, Mapping):
+        # ``type() is dict`` first: the usual message, without the ABC machinery.
+        if type(message) is not dict and not isinstance(message, Mapping):
             raise RequestRejectedError(
                 f"messages[{index}] must be a mapping with 'role' and 'content', "
                 f"got {type(message).__name__}"
@@ -98,7 +99,7 @@ def check_message_fields(messages: Sequence[Mapping[str, Any]]) -> None:
         if "content" not in message:
             raise RequestRejectedError(f"messages[{index}] has no 'content'")
         content = message["content"]
-        if isinstance(content, str | list | tuple):
+        if type(content) is str or isinstance(content, str | list | tuple):
             continue
         # An assistant turn that only carries tool calls has ``content: null`` (OpenAI format).
         if content is None and role == "assistant":
@@ -234,7 +235,10 @@ class RetryMiddleware:
         last_error: BaseException | None = None
 
         while True:
-            candidates = self._runnable(dead, refused, avoid)
+            if attempts or self._cooldowns or refused is not None:
+                candidates = self._runnable(dead, refused, avoid)
+            else:
+                candidates = self._sources  # first try, nothing cooling: every source
             if not candidates:
                 # Nothing admitted in this round: raise, or wait and start a new round.
                 await self._when_blocked(entered_at, dead, denial_wait, reasons, last_error)
@@ -293,7 +297,12 @@ class RetryMiddleware:
                     refused.add(name)
             else:
                 reasons = _noted(reasons, name, "circuit_open")
-                self._cool(name, outcome.retry_after_s, "circuit_open")
+                wait = outcome.retry_after_s
+                if outcome.state == "half_open":
+                    # Another call holds the probe: its verdict may come any moment, so look
+                    # again soon instead of for the whole probe lease.
+                    wait = min(wait, self._poll_interval_s)
+                self._cool(name, wait, "circuit_open")
                 refused.add(name)
 
     async def _attempt(
@@ -309,14 +318,14 @@ class RetryMiddleware:
         if not decision.allowed:
             return decision
         # A probe decision must end with a verdict or be handed back, whatever happens.
-        probe_pending = decision.is_probe
+        probe_pending = decision.probe_owner is not None
         try:
             admitted = await self._limiter.try_acquire(name, source.est_tokens, source.limits)
             if isinstance(admitted, Denial):
                 return admitted
             permit: Permit = admitted
             clock = self._clock
-            call_id = _new_call_id()
+            call_id = new_call_id()
             inflight = self._inflight
             inflight[name] += 1
             started = clock.monotonic()
@@ -363,13 +372,14 @@ class RetryMiddleware:
                 provider=source.provider,
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens,
-                latency_ms=result.latency_ms or _elapsed_ms(clock, started),
+                latency_ms=result.latency_ms or elapsed_ms(started, clock.monotonic()),
                 ttft_ms=result.ttft_ms,
                 max_inter_token_ms=result.max_inter_token_ms,
                 call_id=call_id,
                 source_name=name,
                 usage_source=result.usage_source,
                 finish_reason=result.finish_reason,
+                salvaged=result.salvaged,
             )
             if request.observer is not None:
                 self._observe(request, source, call_id, response, started)
@@ -379,6 +389,9 @@ class RetryMiddleware:
             except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
                 self._warn("breaker.record_success", exc)
             probe_pending = False
+            if self._cooldowns:
+                # The source answered: whatever this client remembered against it is stale.
+                self._cooldowns.pop(name, None)
             # Progress is a liveness signal read against windows of minutes: marking it at
             # most every ``_progress_every_s`` spares a backend round trip on most calls.
             now = clock.monotonic()
@@ -486,9 +499,12 @@ class RetryMiddleware:
         )
         if self._fail_fast:
             if breaker_only:
+                # The local memo is the sooner hint when a source is half-open: its probe's
+                # verdict may come long before the probe lease runs out.
+                reopen = await self._breaker.retry_after_s(names)
                 raise CircuitOpenError(
                     "every source's circuit breaker is open",
-                    retry_after_s=await self._breaker.retry_after_s(names),
+                    retry_after_s=reopen if earliest is None else min(reopen, earliest),
                     reason="circuit_open",
                     per_source_reasons=self._reasons_report(reasons),
                     last_error=last_error,
@@ -578,7 +594,7 @@ class RetryMiddleware:
             return
         try:
             observer.on_attempt(
-                request, source, call_id, outcome, _elapsed_ms(self._clock, started)
+                request, source, call_id, outcome, elapsed_ms(started, self._clock.monotonic())
             )
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self._warn("telemetry observer", exc)
@@ -629,15 +645,3 @@ def _noted(reasons: dict[str, str] | None, name: str, reason: str) -> dict[str, 
         return {name: reason}
     reasons[name] = reason
     return reasons
-
-
-def _new_call_id() -> str:
-    """A random UUID4 as 32 hex digits, like ``uuid.uuid4().hex`` at a third of the cost."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-    return raw.hex()
-
-
-def _elapsed_ms(clock: Clock, started: float) -> int:
-    return max(0, int((clock.monotonic() - started) * 1000.0))

@@ -1,9 +1,11 @@
-"""HTTP engines: the one thing the transport needs from an HTTP client, three ways.
+"""HTTP engines: the one thing the transport needs from an HTTP client, four ways.
 
-``aiohttp`` (default: the fastest per call), ``httpx``, and ``httpx-aiohttp`` (httpx's API over
-aiohttp's connection handling; needs the optional ``httpx-aiohttp`` package). Each engine holds
-one client/session per source, created lazily inside the running loop, with split timeouts and a
-connection pool sized for high concurrency (the limiter, not the pool, governs concurrency).
+``aiohttp`` (default: the fastest per call, see ``tools/bench/RESULTS.md``), ``httpx``,
+``httpx-aiohttp`` (httpx's API over aiohttp's connection handling; optional package
+``httpx-aiohttp``) and ``httpx2`` (the successor of httpx; optional package ``httpx2``). Each
+engine holds one client/session per source, created lazily inside the running loop, with split
+timeouts and a connection pool sized for high concurrency (the limiter, not the pool, governs
+concurrency).
 
 Engines translate their own failures: connection and read errors become
 ``TransientError(reason="network_error")``, engine timeouts ``TransientError(reason="timeout")``,
@@ -20,9 +22,11 @@ servers that drip a byte at a time (a per-read timeout never does, encode/httpx#
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
@@ -37,8 +41,15 @@ logger = logging.getLogger(__name__)
 
 _AIOHTTP_FAILURES: tuple[type[Exception], ...] = (aiohttp.ClientError, OSError)
 
-ENGINE_NAMES: tuple[str, ...] = ("aiohttp", "httpx", "httpx-aiohttp")
+ENGINE_NAMES: tuple[str, ...] = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2")
 DEFAULT_ENGINE = "aiohttp"
+"""The fastest engine that passes the whole transport suite (measured: tools/bench/RESULTS.md)."""
+
+# Engines that need an optional distribution: engine name -> (module, pip extra).
+_OPTIONAL: dict[str, tuple[str, str]] = {
+    "httpx-aiohttp": ("httpx_aiohttp", "httpx-aiohttp"),
+    "httpx2": ("httpx2", "httpx2"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,19 +111,23 @@ class HttpEngine(Protocol):
 
 
 def make_engine(name: str, config: EngineConfig) -> HttpEngine:
-    """The engine called ``name``; ``ConfigError`` naming the choices when unknown."""
+    """The engine called ``name``; ``ConfigError`` naming the choices when unknown, or the
+    pip command when its optional package is missing."""
     if name == "aiohttp":
         return AiohttpEngine(config)
     if name == "httpx":
         return HttpxEngine(config)
-    if name == "httpx-aiohttp":
+    if name in _OPTIONAL:
+        module_name, extra = _OPTIONAL[name]
         try:
-            import httpx_aiohttp  # noqa: F401
+            importlib.import_module(module_name)
         except ImportError as exc:
             raise ConfigError(
-                f"source {config.source_name!r}: engine 'httpx-aiohttp' needs the optional "
-                "package: pip install 'polygateway-core[httpx-aiohttp]'"
+                f"source {config.source_name!r}: engine {name!r} needs the optional package: "
+                f"pip install 'polygateway-core[{extra}]'"
             ) from exc
+        if name == "httpx2":
+            return HttpxEngine(config, api="httpx2")
         return HttpxEngine(config, over_aiohttp=True)
     raise ConfigError(
         f"source {config.source_name!r}: unknown transport engine {name!r}; "
@@ -264,14 +279,14 @@ class AiohttpEngine:
         # A session of a loop that is gone cannot be closed from here; its sockets went with it.
 
 
-# --------------------------------------------------------------------------- httpx
+# --------------------------------------------------------------------------- httpx, httpx2
 
 
-def _httpx_error(exc: Exception, config: EngineConfig) -> TransientError | SourceDeadError:
-    import httpx
-
+def _httpx_error(
+    exc: Exception, config: EngineConfig, api: ModuleType
+) -> TransientError | SourceDeadError:
     cause = exc.__cause__
-    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+    if isinstance(exc, (api.UnsupportedProtocol, api.InvalidURL)):
         return SourceDeadError(
             sanitize_message(f"source {config.source_name!r}: unusable URL: {exc}", config.secret),
             source_name=config.source_name,
@@ -280,29 +295,31 @@ def _httpx_error(exc: Exception, config: EngineConfig) -> TransientError | Sourc
     if cause is not None and isinstance(cause, aiohttp.ClientError):
         timed_out = isinstance(cause, TimeoutError)
     else:
-        timed_out = isinstance(exc, (httpx.TimeoutException, TimeoutError))
+        timed_out = isinstance(exc, (api.TimeoutException, TimeoutError))
     return wire_error(exc, timeout=timed_out, source_name=config.source_name, secret=config.secret)
 
 
-def _httpx_failures() -> tuple[type[Exception], ...]:
-    import httpx
-
+def _httpx_failures(api: ModuleType) -> tuple[type[Exception], ...]:
     # Errors httpx-aiohttp does not map (and its stream's aclose) surface as aiohttp's own.
-    return (httpx.TransportError, httpx.InvalidURL, OSError, aiohttp.ClientError)
+    return (api.TransportError, api.InvalidURL, OSError, aiohttp.ClientError)
 
 
 class _HttpxResponse:
-    __slots__ = ("_chunks", "_config", "_failures", "_response")
+    """A response of httpx or httpx2 (same API)."""
+
+    __slots__ = ("_api", "_chunks", "_config", "_failures", "_response")
 
     def __init__(
         self,
         response: httpx.Response,
         config: EngineConfig,
         failures: tuple[type[Exception], ...],
+        api: ModuleType,
     ) -> None:
         self._response = response
         self._config = config
         self._failures = failures
+        self._api = api
         self._chunks: AsyncIterator[bytes] | None = None
 
     @property
@@ -322,9 +339,9 @@ class _HttpxResponse:
         except StopAsyncIteration:
             return b""
         except TimeoutError as exc:
-            raise _httpx_error(exc, self._config) from exc
+            raise _httpx_error(exc, self._config, self._api) from exc
         except self._failures as exc:
-            raise _httpx_error(exc, self._config) from exc
+            raise _httpx_error(exc, self._config, self._api) from exc
 
     async def read(self, limit: int | None = None) -> bytes:
         return await _read_capped(self, limit)
@@ -349,27 +366,32 @@ class _HttpxResponse:
 
 
 class HttpxEngine:
-    """One ``httpx.AsyncClient`` per source; with ``over_aiohttp`` its I/O runs on aiohttp."""
+    """One ``AsyncClient`` per source on the httpx API: ``httpx`` (default), ``httpx2``
+    (``api="httpx2"``), or httpx with its I/O on aiohttp (``over_aiohttp``)."""
 
-    def __init__(self, config: EngineConfig, *, over_aiohttp: bool = False) -> None:
+    def __init__(
+        self, config: EngineConfig, *, over_aiohttp: bool = False, api: str = "httpx"
+    ) -> None:
+        if over_aiohttp and api != "httpx":
+            raise ValueError("over_aiohttp runs on the httpx API only")
         self._config = config
         self._over_aiohttp = over_aiohttp
-        self.name = "httpx-aiohttp" if over_aiohttp else "httpx"
+        self._api: ModuleType = importlib.import_module(api)
+        self.name = "httpx-aiohttp" if over_aiohttp else api
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._failures = _httpx_failures()
+        self._failures = _httpx_failures(self._api)
 
     def _new_client(self, loop: asyncio.AbstractEventLoop) -> httpx.AsyncClient:
-        import httpx
-
+        api = self._api
         config = self._config
         limit = config.max_connections or None
-        limits = httpx.Limits(
+        limits = api.Limits(
             max_connections=limit,
             max_keepalive_connections=limit,
             keepalive_expiry=config.keepalive_s,
         )
-        timeout = httpx.Timeout(
+        timeout = api.Timeout(
             connect=config.connect_timeout_s,
             read=config.read_timeout_s,
             write=config.read_timeout_s,
@@ -391,7 +413,7 @@ class HttpxEngine:
 
             client = HttpxAiohttpClient(**kwargs)
         else:
-            client = httpx.AsyncClient(**kwargs)
+            client = api.AsyncClient(**kwargs)
         self._loop = loop
         self._client = client
         return client
@@ -405,10 +427,10 @@ class HttpxEngine:
             request = client.build_request("POST", url, content=body)
             response = await client.send(request, stream=True)
         except TimeoutError as exc:
-            raise _httpx_error(exc, self._config) from exc
+            raise _httpx_error(exc, self._config, self._api) from exc
         except self._failures as exc:
-            raise _httpx_error(exc, self._config) from exc
-        return _HttpxResponse(response, self._config, self._failures)
+            raise _httpx_error(exc, self._config, self._api) from exc
+        return _HttpxResponse(response, self._config, self._failures, self._api)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None

@@ -3,8 +3,9 @@
 Body assembly (model, messages untouched, forced ``stream_options.include_usage``,
 ``response_format``, the provider profile's thinking fields, ``extra_body`` last), the HTTP
 exchange on a pluggable engine (``options["engine"]``: ``aiohttp`` (default), ``httpx``,
-``httpx-aiohttp``), incremental SSE parsing under the liveness watchdog, and the translation of
-every failure into the error classes of ARCHITECTURE §6.2. No retries, limits or cache here.
+``httpx-aiohttp``, ``httpx2``), incremental SSE parsing under the liveness watchdog, and the
+translation of every failure into the error classes of ARCHITECTURE §6.2. No retries, limits or
+cache here.
 
 Source options (``SourceConfig.options``; strings from the environment are accepted):
 ``engine``, ``trust_env`` (default false), ``read_timeout_s`` (default off: the watchdog owns
@@ -334,7 +335,10 @@ class OpenAICompatTransport:
         )
         try:
             async for _ in watchdog:
-                pass
+                if parser.done or exchange.completion is not None:
+                    # The answer is complete: asking the watchdog for one more item would only
+                    # learn that the token generator has ended (its aclose below ends it).
+                    break
             response = exchange.response
             if parser.done and response is not None and not response.at_eof():
                 await self._drain(response)
@@ -516,6 +520,7 @@ class OpenAICompatTransport:
     ) -> TransportResult:
         content = completion.content
         estimated = False
+        salvaged = False
         if not complete:
             if not content:
                 raise TransientError(
@@ -528,7 +533,9 @@ class OpenAICompatTransport:
                     "truncated",
                     source_name=source.name,
                 )
-            estimated = True  # salvaged: whatever usage arrived may not cover the answer
+            # Salvaged: possibly truncated (never cached), and whatever usage arrived may not
+            # cover the answer.
+            salvaged = estimated = True
         elif not content and not completion.has_tool_calls:
             raise TransientError(
                 f"source {source.name!r}: empty completion "
@@ -552,6 +559,7 @@ class OpenAICompatTransport:
             ttft_ms=ttft_ms,
             max_inter_token_ms=max_inter_token_ms,
             finish_reason=completion.finish_reason,
+            salvaged=salvaged,
         )
 
 

@@ -79,14 +79,13 @@ class SSEDecoder:
             raise SSEProtocolError(f"SSE event larger than {self._max_event_bytes} bytes")
         self._buf = rest + b"\r" if held else rest
         self._scan_from = max(0, len(rest) - 1)
-        complete = buf[:cut]
-        if complete[:6] == b"data: ":
+        if buf.startswith(b"data: "):
             # The usual stream: nothing but single-line "data: ..." events. Then every line
-            # end in ``complete`` belongs to an event separator, which one count proves.
-            datas = complete[6:].split(b"\n\ndata: ")
-            if complete.count(b"\n") == 2 * (len(datas) - 1):
+            # end before ``cut`` belongs to an event separator, which one count proves.
+            datas = buf[6:cut].split(b"\n\ndata: ")
+            if buf.count(b"\n", 0, cut) == 2 * (len(datas) - 1):
                 return [(data, None) for data in datas]
-        return self._events(complete.split(b"\n\n"))
+        return self._events(buf[:cut].split(b"\n\n"))
 
     def _events(self, parts: list[bytes]) -> list[SSEEvent]:
         events: list[SSEEvent] = []
@@ -246,7 +245,7 @@ def _opens_think_block(text: str, tags: Sequence[tuple[str, str]]) -> bool:
     """Whether ``text`` (after leading whitespace) starts with an opening tag: only then can
     ``split_think`` change it, so a complete answer without one skips the splitter."""
     stripped = text.lstrip()
-    for open_tag, _ in tags:
+    for open_tag, _ in tags:  # noqa: SIM110 - a plain loop: no generator per call
         if stripped.startswith(open_tag):
             return True
     return False
@@ -285,10 +284,12 @@ def _as_tokens(value: Any) -> int:
 
 
 def _usage(usage: Any) -> tuple[int, int] | None:
-    if not isinstance(usage, Mapping):
+    if type(usage) is not dict and not isinstance(usage, Mapping):
         return None
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
+    if type(prompt) is int and type(completion) is int and prompt >= 0 and completion >= 0:
+        return prompt, completion  # the usual report
     if prompt is None and completion is None:
         return None
     return _as_tokens(prompt), _as_tokens(completion)
@@ -361,38 +362,43 @@ class ChatStreamParser:
         of them carried a token. Same outcome as ``feed_event`` on each."""
         token = False
         splitter = self._splitter
+        append = splitter.content.append
+        # The straight path, once per streamed chunk: a plain content delta of the first
+        # choice, once the model is known and past any think block. Anything else (and any
+        # doubt) takes the general path, which is the definition.
+        straight = splitter._mode == _BODY and bool(self.model)
         for data, event in events:
-            # The straight path, once per streamed chunk: a plain content delta of the first
-            # choice, past any think block. Anything else takes the general path.
-            if event is None and data[:1] == b"{" and splitter._mode == _BODY:
+            if straight and event is None and data[:1] == b"{":
                 try:
                     chunk = json_loads(data)
                 except ValueError:
                     chunk = self._load(data, strict=True)  # raises the malformed-frame error
                 if type(chunk) is not dict:
                     chunk = self._load(data, strict=True)  # raises: not a JSON object
-                if self.model and "error" not in chunk and not chunk.get("usage"):
-                    choices = chunk.get("choices")
-                    if type(choices) is list and choices:
-                        choice = choices[0]
+                choices = chunk.get("choices")
+                if type(choices) is list and choices and "error" not in chunk:
+                    choice = choices[0]
+                    if type(choice) is dict:
+                        delta = choice.get("delta")
                         if (
-                            type(choice) is dict
+                            type(delta) is dict
+                            and len(delta) == 1
+                            and not chunk.get("usage")
                             and not choice.get("finish_reason")
                             and not choice.get("index")
                         ):
-                            delta = choice.get("delta")
-                            if type(delta) is dict and len(delta) == 1:
-                                content = delta.get("content")
-                                if type(content) is str and content:
-                                    splitter.content.append(content)
-                                    token = True
-                                    continue
+                            content = delta.get("content")
+                            if type(content) is str and content:
+                                append(content)
+                                token = True
+                                continue
                 if self._chunk(chunk):
                     token = True
             elif self.feed_event(data, event):
                 token = True
             if self.done:
                 break
+            straight = splitter._mode == _BODY and bool(self.model)
         return token
 
     def _chunk(self, chunk: dict[str, Any]) -> bool:
@@ -526,14 +532,15 @@ def parse_completion(
     usage = _usage(body.get("usage"))
     finish = choice.get("finish_reason")
     model = body.get("model")
+    # Positional: this runs once per non-streaming call.
     return ParsedCompletion(
-        content=content,
-        thinking=thinking,
-        finish_reason=str(finish) if finish else None,
-        prompt_tokens=usage[0] if usage else None,
-        completion_tokens=usage[1] if usage else None,
-        model=model if isinstance(model, str) else "",
-        has_tool_calls=bool(message.get("tool_calls")),
+        content,
+        thinking,
+        str(finish) if finish else None,
+        usage[0] if usage else None,
+        usage[1] if usage else None,
+        model if isinstance(model, str) else "",
+        bool(message.get("tool_calls")),
     )
 
 

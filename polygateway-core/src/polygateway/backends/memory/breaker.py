@@ -127,6 +127,17 @@ class InMemoryGate:
     # ------------------------------------------------------------------ write-backs
 
     async def record_success(self, decision: GateDecision) -> GateUpdate:
+        # The path of nearly every call: a closed gate, a decision of the current epoch.
+        record = self._records.get(decision.source)
+        if (
+            record is not None
+            and decision.probe_owner is None
+            and record.state == "closed"
+            and record.epoch == decision.epoch
+            and decision.allowed
+        ):
+            record.failures = 0
+            return record.clean_success
         record = self._record_for_write_back(decision, "record_success")
         if not _holds(record, decision):
             return _snapshot(decision.source, record, applied=False)

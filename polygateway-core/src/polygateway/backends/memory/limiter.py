@@ -44,7 +44,7 @@ class _SourceState:
         # and the clock is monotonic, so the earliest expiry is always the first entry. Plain
         # dicts (insertion-ordered) are about twice as fast as OrderedDict here; reaching the
         # first entry costs at most a scan over the slots freed since the last resize.
-        self.leases: dict[str, float] = {}
+        self.leases: dict[int, float] = {}
         self.usage = _WindowUsage()
 
 
@@ -53,7 +53,7 @@ class _MemoryPermit:
 
     __slots__ = (
         "_est_tokens",
-        "_lease_id",
+        "_lease",
         "_limiter",
         "_released",
         "_settled",
@@ -65,14 +65,14 @@ class _MemoryPermit:
     def __init__(
         self,
         limiter: InMemoryLimiter,
-        lease_id: str,
+        lease: int,
         source: str,
         state: _SourceState,
         est_tokens: int,
         window: int,
     ) -> None:
         self._limiter = limiter
-        self._lease_id = lease_id
+        self._lease = lease
         self._source = source
         self._state = state
         self._est_tokens = est_tokens
@@ -82,7 +82,8 @@ class _MemoryPermit:
 
     @property
     def lease_id(self) -> str:
-        return self._lease_id
+        # Leases are keyed by their number; the string id is made only when asked for.
+        return f"{self._limiter._lease_prefix}{self._lease}"
 
     @property
     def source(self) -> str:
@@ -93,7 +94,10 @@ class _MemoryPermit:
         return self._est_tokens
 
     async def settle(self, actual_tokens: int) -> None:
-        actual = check_token_count(actual_tokens, "actual_tokens")
+        if type(actual_tokens) is int and 0 <= actual_tokens <= MAX_TOKENS:
+            actual = actual_tokens
+        else:
+            actual = check_token_count(actual_tokens, "actual_tokens")
         if self._settled:
             return
         self._settled = True
@@ -105,11 +109,14 @@ class _MemoryPermit:
         if self._released:
             return
         self._released = True
-        self._limiter._drop_lease(self._lease_id, self._state)
+        # Absent when the lease already expired and was purged: then releasing is a no-op.
+        lease = self._lease
+        if self._limiter._leases.pop(lease, None) is not None:
+            del self._state.leases[lease]
 
     def __repr__(self) -> str:
         return (
-            f"<Permit lease_id={self._lease_id!r} source={self._source!r} "
+            f"<Permit lease_id={self.lease_id!r} source={self._source!r} "
             f"est_tokens={self._est_tokens} settled={self._settled} released={self._released}>"
         )
 
@@ -132,7 +139,7 @@ class InMemoryLimiter:
         "_clock",
         "_global_limits",
         "_global_usage",
-        "_lease_ids",
+        "_lease_numbers",
         "_lease_prefix",
         "_lease_ttl_s",
         "_leases",
@@ -147,14 +154,15 @@ class InMemoryLimiter:
         self._global_limits = global_limits
         self._lease_ttl_s = float(lease_ttl_s)
         self._clock = clock
-        # lease id -> source state, scope-wide; insertion order is expiry order (see above).
-        self._leases: dict[str, _SourceState] = {}
+        # lease number -> source state, scope-wide; insertion order is expiry order (see above).
+        self._leases: dict[int, _SourceState] = {}
         self._sources: dict[str, _SourceState] = {}
         self._global_usage = _WindowUsage()
         self._progress_at: float | None = None
-        # Unique, cheap lease ids: a random per-limiter prefix plus a counter.
+        # Unique, cheap lease ids: a random per-limiter prefix plus a counter (the number is
+        # the key; the id string is built only when a permit's ``lease_id`` is read).
         self._lease_prefix = secrets.token_hex(4) + "-"
-        self._lease_ids = itertools.count(1)
+        self._lease_numbers = itertools.count(1)
 
     # ------------------------------------------------------------------ admission
 
@@ -210,14 +218,14 @@ class InMemoryLimiter:
         if limit and susage.tokens + est_tokens > limit:
             return Denial("source_tpm", (window + 1) * WINDOW_S - wall)
 
-        lease_id = self._lease_prefix + str(next(self._lease_ids))
-        leases[lease_id] = state
-        state.leases[lease_id] = now + self._lease_ttl_s
+        lease = next(self._lease_numbers)
+        leases[lease] = state
+        state.leases[lease] = now + self._lease_ttl_s
         gusage.requests += 1
         gusage.tokens += est_tokens
         susage.requests += 1
         susage.tokens += est_tokens
-        return _MemoryPermit(self, lease_id, source, state, est_tokens, window)
+        return _MemoryPermit(self, lease, source, state, est_tokens, window)
 
     # ------------------------------------------------------------------ introspection
 
@@ -259,17 +267,12 @@ class InMemoryLimiter:
             del leases[lease_id]
             del state.leases[lease_id]
 
-    def _lease_wait(self, now: float, leases: dict[str, _SourceState]) -> float:
+    def _lease_wait(self, now: float, leases: dict[int, _SourceState]) -> float:
         lease_id, state = next(iter(leases.items()))
         return state.leases[lease_id] - now
 
     def _source_lease_wait(self, now: float, state: _SourceState) -> float:
         return next(iter(state.leases.values())) - now
-
-    def _drop_lease(self, lease_id: str, state: _SourceState) -> None:
-        # Absent when the lease already expired and was purged: then releasing is a no-op.
-        if self._leases.pop(lease_id, None) is not None:
-            del state.leases[lease_id]
 
     def _adjust_tokens(self, state: _SourceState, window: int, delta: int) -> None:
         # The acquire-time window only: once it has rolled over nobody reads it again, so a
