@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from typing import Any
 
 import pytest
 from client_helpers import (
