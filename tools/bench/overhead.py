@@ -8,9 +8,11 @@ Starts ``pgw fake-upstream`` in its own process, then for every client measures,
 of this process, all its threads, divided by the calls). Clients:
 
 - ``aiohttp``, ``httpx``, ``httpx2``: raw clients doing the minimal equivalent work: send the
-  request, read the body as it arrives, split the SSE events on blank lines and JSON-decode
-  every ``data:`` frame (streaming), or JSON-decode the body (non-streaming). They decode with
-  ``orjson``, like the library does, so the comparison measures governance, not JSON speed.
+  request, read the body to its end as it arrives (so the pooled connection is reused, as the
+  library does), split the SSE events on blank lines and JSON-decode every ``data:`` frame
+  (streaming), or JSON-decode the body (non-streaming). Headers are set once on the session,
+  timeouts are the client's defaults. They decode with ``orjson``, like the library does, so
+  the comparison measures governance, not JSON speed.
 - ``governed-<engine>``: ``GatewayClient`` with the memory limiter and breaker, telemetry and
   cache off, on each HTTP engine (the default engine's row is marked).
 - ``full-pipeline-sqlite``: the full default pipeline (telemetry on SQLite, memory cache,
@@ -18,10 +20,12 @@ of this process, all its threads, divided by the calls). Clients:
   written are counted against the calls made (warm-up included).
 - ``cache-hit``: one repeated prompt answered from the memory cache.
 
-Every point is measured ``--rounds`` times with the clients interleaved (raw, governed, raw,
-...) and the median is reported: these machines are shared and noisy, and interleaving spreads
-load changes over every client alike. Ratios are against raw aiohttp measured in the same run.
-The budgets (issues 3 and 4) are checked at the end.
+Each measurement builds its client, warms it up at the measured concurrency (a full connection
+pool), collects the set-up garbage, then times ``--calls`` calls (an eighth of them at
+concurrency 1). Every point is measured ``--rounds`` times with the clients interleaved (raw,
+governed, raw, ...) and the median is reported: these machines are shared and noisy, and
+interleaving spreads load changes over every client alike. Ratios are against raw aiohttp
+measured in the same run. The budgets (issues 3 and 4) are checked at the end.
 """
 
 from __future__ import annotations
@@ -112,28 +116,29 @@ def body(stream: bool) -> bytes:
 
 class SSEConsumer:
     """The minimal work a raw client does on a stream: split the events on blank lines,
-    decode every ``data:`` frame, keep the content deltas. ``feed`` is True at ``[DONE]``."""
+    decode every ``data:`` frame, keep the content deltas. ``done`` turns true at ``[DONE]``."""
 
-    __slots__ = ("_buf", "parts")
+    __slots__ = ("_buf", "done", "parts")
 
     def __init__(self) -> None:
         self._buf = b""
+        self.done = False
         self.parts: list[str] = []
 
-    def feed(self, chunk: bytes) -> bool:
+    def feed(self, chunk: bytes) -> None:
         *events, self._buf = (self._buf + chunk).split(b"\n\n")
         for event in events:
-            if not event.startswith(b"data:"):
+            if self.done or not event.startswith(b"data:"):
                 continue
             data = event[5:].strip()
             if data == b"[DONE]":
-                return True
+                self.done = True
+                continue
             frame = orjson.loads(data)
             for choice in frame.get("choices") or ():
                 piece = (choice.get("delta") or {}).get("content")
                 if piece:
                     self.parts.append(piece)
-        return False
 
 
 def warmup_calls(concurrency: int) -> int:
@@ -177,10 +182,11 @@ async def bench_raw_aiohttp(
         async def call() -> None:
             async with session.post(f"{url}/chat/completions", data=data) as r:
                 if stream:
+                    # Read to the end of the body (like the library), so the connection is
+                    # reused: stopping at [DONE] would discard it on some clients.
                     consumer = SSEConsumer()
                     async for chunk in r.content.iter_any():
-                        if consumer.feed(chunk):
-                            break
+                        consumer.feed(chunk)
                 else:
                     orjson.loads(await r.read())
 
@@ -203,8 +209,7 @@ async def bench_raw_httpx_api(
                 async with client.stream("POST", f"{url}/chat/completions", content=data) as r:
                     consumer = SSEConsumer()
                     async for chunk in r.aiter_bytes():
-                        if consumer.feed(chunk):
-                            break
+                        consumer.feed(chunk)
             else:
                 r = await client.post(f"{url}/chat/completions", content=data)
                 orjson.loads(r.content)
