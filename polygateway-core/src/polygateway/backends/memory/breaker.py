@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Sequence
 
 from polygateway.ports import Clock, GateDecision, GateState, GateUpdate
+from polygateway.validation import check_threshold
 
 
 class _GateRecord:
@@ -63,7 +64,7 @@ class InMemoryGate:
     def __init__(
         self, *, fail_threshold: int, cooldown_s: float, probe_ttl_s: float, clock: Clock
     ) -> None:
-        _check_threshold(fail_threshold, "fail_threshold")
+        check_threshold(fail_threshold, "fail_threshold")
         if not (cooldown_s >= 0.0 and math.isfinite(cooldown_s)):
             raise ValueError(f"cooldown_s must be a finite number >= 0, got {cooldown_s!r}")
         if not (probe_ttl_s > 0.0 and math.isfinite(probe_ttl_s)):
@@ -153,7 +154,7 @@ class InMemoryGate:
         if threshold is None:
             threshold = self._fail_threshold
         else:
-            _check_threshold(threshold, "threshold")
+            check_threshold(threshold, "threshold")
         record = self._record_for_write_back(decision, "record_failure")
         if not _holds(record, decision):
             return _snapshot(decision.source, record, applied=False)
@@ -235,8 +236,3 @@ def _holds(record: _GateRecord, decision: GateDecision) -> bool:
 
 def _snapshot(source: str, record: _GateRecord, *, applied: bool) -> GateUpdate:
     return GateUpdate(source, applied, record.state, record.epoch, record.failures)
-
-
-def _check_threshold(value: int, what: str) -> None:
-    if type(value) is not int or value < 1:
-        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")

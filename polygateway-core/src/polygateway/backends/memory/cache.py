@@ -7,26 +7,10 @@ needed.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 from polygateway.ports import Clock
-
-
-def check_ttl(ttl_s: object) -> float:
-    """Return ``ttl_s`` as a float if it is a finite number > 0; else ``ValueError``.
-
-    Entries that never expire are refused (ARCHITECTURE §7.5): a cache without expiry keeps
-    serving an answer long after the model or prompt behind it changed.
-    """
-    if (
-        isinstance(ttl_s, bool)
-        or not isinstance(ttl_s, int | float)
-        or not math.isfinite(ttl_s)
-        or ttl_s <= 0
-    ):
-        raise ValueError(f"cache ttl_s must be a finite number > 0, got {ttl_s!r}")
-    return float(ttl_s)
+from polygateway.validation import check_ttl
 
 
 class MemoryCache:

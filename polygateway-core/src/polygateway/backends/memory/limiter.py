@@ -19,6 +19,7 @@ import secrets
 from polygateway.backends import MAX_TOKENS, check_token_count
 from polygateway.ports import Clock, Denial, Permit, SourceStats
 from polygateway.settings import Limits
+from polygateway.validation import check_limits
 
 WINDOW_S = 60.0
 """Length of one RPM/TPM window."""
@@ -148,7 +149,7 @@ class InMemoryLimiter:
     )
 
     def __init__(self, *, global_limits: Limits, lease_ttl_s: float, clock: Clock) -> None:
-        _check_limits(global_limits, "global_limits")
+        check_limits(global_limits, "global_limits")
         if not (lease_ttl_s > 0.0 and math.isfinite(lease_ttl_s)):
             raise ValueError(f"lease_ttl_s must be a finite number > 0, got {lease_ttl_s!r}")
         self._global_limits = global_limits
@@ -173,7 +174,7 @@ class InMemoryLimiter:
             est_tokens = check_token_count(est_tokens, "est_tokens")
         # One bitwise OR tells whether any of the three limits is negative.
         if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
-            _check_limits(source_limits, "source_limits")
+            check_limits(source_limits, "source_limits")
 
         state = self._sources.get(source)
         if state is None:
@@ -294,12 +295,3 @@ def _roll(usage: _WindowUsage, window: int) -> None:
     usage.window = window
     usage.requests = 0
     usage.tokens = 0
-
-
-def _check_limits(limits: Limits, what: str) -> None:
-    for field_name in ("max_concurrency", "rpm", "tpm"):
-        value = getattr(limits, field_name)
-        if type(value) is not int or value < 0:
-            raise ValueError(
-                f"{what}.{field_name} must be an integer >= 0 (0 disables the gate), got {value!r}"
-            )
