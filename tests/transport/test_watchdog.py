@@ -132,6 +132,59 @@ async def test_outer_timeout_is_not_mistaken_for_ours() -> None:
     assert source.closed
 
 
+class SwallowsCancellation:
+    """Answers its first item even when cancelled while waiting for it (a stubborn source)."""
+
+    def __init__(self) -> None:
+        self.waiting = asyncio.Event()
+
+    def __aiter__(self) -> SwallowsCancellation:
+        return self
+
+    async def __anext__(self) -> int:
+        self.waiting.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return 1
+        return 2
+
+
+async def test_timeout_lost_to_a_late_item_leaves_the_task_uncancelled() -> None:
+    wrapper = watch(SwallowsCancellation(), ttft_s=0.02)
+    assert await wrapper.__anext__() == 1
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0  # our cancellation request was taken back
+    await wrapper.aclose()
+
+
+async def test_outer_cancellation_racing_our_deadline_still_propagates() -> None:
+    source = Scripted([10.0])
+    wrapper = watch(source, ttft_s=0.05)
+
+    async def step() -> int:
+        return await wrapper.__anext__()
+
+    task = asyncio.create_task(step())
+    await source.waiting.wait()
+    loop = asyncio.get_running_loop()
+    # Cancel from outside in the same loop iteration as our deadline fires.
+    loop.call_at(wrapper.liveness._first_deadline, task.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert source.closed
+
+
+async def test_the_task_is_not_left_cancelling_after_a_timeout() -> None:
+    source = Scripted([10.0])
+    with pytest.raises(StreamLivenessTimeout):
+        await drain(watch(source, ttft_s=0.02))
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    await asyncio.sleep(0)  # no cancellation is pending either
+
+
 async def test_works_on_async_generators_and_closes_them() -> None:
     closed = asyncio.Event()
 

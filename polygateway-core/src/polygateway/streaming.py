@@ -1,66 +1,70 @@
-"""Stream liveness watchdog (ARCHITECTURE §7.6): TTFT, inter-token and total deadlines.
+"""Stream liveness (ARCHITECTURE §7.6): TTFT, inter-token and total deadlines.
 
-``LivenessWatchdog`` wraps any async iterator whose items are tokens (for chat: "a content or
-reasoning delta arrived") and bounds each ``__anext__``:
+``StreamLiveness`` holds the three deadlines of one stream. Every wait for the next piece of
+the stream goes through ``await liveness.wait(awaitable)``; ``liveness.token()`` says that a
+token (for chat: a content, reasoning or tool-call delta) arrived. The deadline in force for a
+wait is
 
-- before the first item: ``started_at + ttft_s`` (the time to first token includes connecting
-  and waiting for headers when the wrapped iterator does that on its first step);
-- after it: ``last_item + inter_token_s``;
-- always: ``started_at + total_s``.
+- before the first token: ``started_at + ttft_s`` (the time to first token includes connecting
+  and waiting for headers when those waits go through ``wait`` too);
+- after it: ``last token + inter_token_s``;
+- always: ``started_at + total_s``;
 
-The earliest applicable deadline fires ``StreamLivenessTimeout(kind)``. The cancellation that
-enforces it comes from ``asyncio.timeout``; ``expired()`` tells our deadline apart from a
-``TimeoutError`` raised upstream, which passes through unchanged. Outside cancellation always
-propagates. Whenever iteration ends other than by yielding an item (exhaustion, timeout,
-error, cancellation) the wrapped iterator is closed, so the HTTP response behind it is released.
+and the earliest applicable one fires ``StreamLivenessTimeout(kind)``. It is enforced like
+``asyncio.timeout`` (``polygateway.deadlines.TaskDeadline``): the waiting task is cancelled and
+the cancellation becomes the timeout only when it was ours alone; an outside cancellation
+propagates and a ``TimeoutError`` raised by the awaited code passes through unchanged.
 
-Cost: a stream yields many items, so the wrapper does not schedule a timer per item. Each
-``__anext__`` enters ``asyncio.timeout(None)`` (no timer) and one loop timer per stream is armed
-at the current deadline; when it fires it re-checks (tokens may have moved the deadline) and
-either re-arms or expires the active ``asyncio.timeout`` through ``reschedule``.
+``LivenessWatchdog`` applies the same deadlines to any async iterator whose items are tokens,
+and closes the iterator whenever iteration ends other than by yielding an item.
 
-All times are the event loop's clock (``loop.time()``): ``asyncio.timeout`` runs on it, so an
-injected ``Clock`` could not make these deadlines fire anyway.
+Cost: this runs on every read of every streamed call, so a wait schedules nothing: one loop
+timer per stream is armed at the current deadline; when it fires it re-checks (tokens may have
+moved the deadline on) and either re-arms or cancels the waiting task.
+
+All times are the event loop's clock (``loop.time()``): the timer runs on it, so an injected
+``Clock`` could not make these deadlines fire anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Generic, Literal, TypeVar
 
+from polygateway.deadlines import TaskDeadline
 from polygateway.errors import StreamLivenessTimeout
 
 T = TypeVar("T")
 
 LivenessKind = Literal["ttft", "inter_token", "total"]
 
+_INF = math.inf
+
 
 def _check_limit(name: str, value: float | None) -> float | None:
     if value is None:
         return None
-    if not value > 0 or math.isnan(value):
+    if not value > 0:  # also refuses NaN
         raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
     return float(value)
 
 
-class LivenessWatchdog(Generic[T]):
-    """An async iterator that forwards ``source`` under TTFT / inter-token / total deadlines.
+class StreamLiveness:
+    """The TTFT / inter-token / total deadlines of one stream (create it inside the loop).
 
-    After iteration, ``ttft_ms`` is the time from ``started_at`` to the first item and
-    ``max_inter_token_ms`` the largest gap between consecutive items (``None`` until known).
-    Always ``await aclose()`` (or exhaust the iterator) when done early.
+    After the stream, ``ttft_ms`` is the time from ``started_at`` to the first token and
+    ``max_inter_token_ms`` the largest gap between consecutive tokens (``None`` until known).
+    Call ``close()`` when the stream is over (it stops the timer; idempotent).
     """
 
     __slots__ = (
-        "_active",
-        "_closed",
+        "_deadline",
         "_first_deadline",
         "_inter_s",
         "_last",
         "_loop",
-        "_source",
         "_started",
         "_timer",
         "_timer_when",
@@ -75,7 +79,6 @@ class LivenessWatchdog(Generic[T]):
 
     def __init__(
         self,
-        source: AsyncIterator[T],
         *,
         ttft_s: float | None = None,
         inter_token_s: float | None = None,
@@ -83,21 +86,18 @@ class LivenessWatchdog(Generic[T]):
         started_at: float | None = None,
         source_name: str | None = None,
     ) -> None:
-        self._source = source
         self.ttft_s = _check_limit("ttft_s", ttft_s)
         self._inter_s = _check_limit("inter_token_s", inter_token_s)
         self.total_s = _check_limit("total_s", total_s)
         self.source_name = source_name
-        self._loop = asyncio.get_running_loop()
-        self._started = self._loop.time() if started_at is None else started_at
-        inf = math.inf
-        self._first_deadline = self._started + self.ttft_s if self.ttft_s is not None else inf
-        self._total_deadline = self._started + self.total_s if self.total_s is not None else inf
+        self._loop = loop = asyncio.get_running_loop()
+        self._started = started = loop.time() if started_at is None else started_at
+        self._first_deadline = started + self.ttft_s if self.ttft_s is not None else _INF
+        self._total_deadline = started + self.total_s if self.total_s is not None else _INF
         self._last: float | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_when = inf
-        self._active: asyncio.Timeout | None = None
-        self._closed = False
+        self._timer_when = _INF
+        self._deadline = TaskDeadline()
         self.tokens = 0
         self.ttft_ms: float | None = None
         self.max_inter_token_ms: float | None = None
@@ -106,25 +106,24 @@ class LivenessWatchdog(Generic[T]):
     def inter_token_s(self) -> float | None:
         return self._inter_s
 
-    def _deadline(self) -> tuple[float, LivenessKind]:
-        """The deadline in force for the next item, and which limit it comes from."""
+    def _current(self) -> tuple[float, LivenessKind]:
+        """The deadline in force for the next wait, and which limit it comes from."""
         kind: LivenessKind
         if self._last is None:
             phase, kind = self._first_deadline, "ttft"
         elif self._inter_s is not None:
             phase, kind = self._last + self._inter_s, "inter_token"
         else:
-            phase, kind = math.inf, "inter_token"
+            phase, kind = _INF, "inter_token"
         if self._total_deadline <= phase:
             return self._total_deadline, "total"
         return phase, kind
 
-    def _limit_s(self, kind: LivenessKind) -> float:
-        limit = {"ttft": self.ttft_s, "inter_token": self._inter_s, "total": self.total_s}[kind]
-        return limit if limit is not None else 0.0
-
     def _timeout(self, kind: LivenessKind) -> StreamLivenessTimeout:
-        return StreamLivenessTimeout(kind, self._limit_s(kind), source_name=self.source_name)
+        limit = {"ttft": self.ttft_s, "inter_token": self._inter_s, "total": self.total_s}[kind]
+        return StreamLivenessTimeout(
+            kind, limit if limit is not None else 0.0, source_name=self.source_name
+        )
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
@@ -134,58 +133,111 @@ class LivenessWatchdog(Generic[T]):
 
     def _on_timer(self) -> None:
         self._timer = None
-        self._timer_when = math.inf
-        deadline, _ = self._deadline()
-        if deadline == math.inf:
+        self._timer_when = _INF
+        deadline, _ = self._current()
+        if deadline == _INF:
             return
         if self._loop.time() < deadline:
-            # Items arrived since the timer was armed: the deadline moved on.
-            self._arm(deadline)
+            self._arm(deadline)  # tokens arrived since the timer was armed: it moved on
             return
-        active = self._active
-        if active is not None:
-            # Expire the active asyncio.timeout now: it cancels the waiting task and turns the
-            # cancellation into TimeoutError with expired() set. When nobody is waiting the next
-            # __anext__ sees the passed deadline itself.
-            active.reschedule(self._loop.time())
+        # Cancel the wait in progress; ``wait`` turns the cancellation into the timeout.
+        # When nobody is waiting, the next ``wait`` sees the passed deadline itself.
+        self._deadline.expire()
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` under the deadline in force; ``StreamLivenessTimeout`` when it
+        passes first (a deadline already passed raises at once, closing a coroutine unawaited)."""
+        deadline, kind = self._current()
+        if deadline != _INF:
+            if self._loop.time() >= deadline:
+                close = getattr(awaitable, "close", None)
+                if close is not None:
+                    close()  # a coroutine that will never run: no "never awaited" warning
+                raise self._timeout(kind)
+            if deadline < self._timer_when:
+                self._arm(deadline)
+        guard = self._deadline
+        guard.enter(self._loop)
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if guard.exit(cancelled=True):
+                raise self._timeout(self._current()[1]) from None
+            raise
+        finally:
+            guard.exit()
+
+    def token(self) -> None:
+        """A token arrived now."""
+        now = self._loop.time()
+        last = self._last
+        if last is None:
+            self.ttft_ms = (now - self._started) * 1000.0
+        else:
+            gap_ms = (now - last) * 1000.0
+            if self.max_inter_token_ms is None or gap_ms > self.max_inter_token_ms:
+                self.max_inter_token_ms = gap_ms
+        self._last = now
+        self.tokens += 1
+
+    def close(self) -> None:
+        """Stop the timer (idempotent)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_when = _INF
+
+
+class LivenessWatchdog(Generic[T]):
+    """An async iterator that forwards ``source`` under ``StreamLiveness`` deadlines, every
+    item counting as a token. ``ttft_ms``, ``max_inter_token_ms`` and ``tokens`` as there.
+    Always ``await aclose()`` (or exhaust the iterator) when done early.
+    """
+
+    __slots__ = ("_closed", "_source", "liveness")
+
+    def __init__(
+        self,
+        source: AsyncIterator[T],
+        *,
+        ttft_s: float | None = None,
+        inter_token_s: float | None = None,
+        total_s: float | None = None,
+        started_at: float | None = None,
+        source_name: str | None = None,
+    ) -> None:
+        self.liveness = StreamLiveness(
+            ttft_s=ttft_s,
+            inter_token_s=inter_token_s,
+            total_s=total_s,
+            started_at=started_at,
+            source_name=source_name,
+        )
+        self._source = source
+        self._closed = False
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return self.liveness.ttft_ms
+
+    @property
+    def max_inter_token_ms(self) -> float | None:
+        return self.liveness.max_inter_token_ms
+
+    @property
+    def tokens(self) -> int:
+        return self.liveness.tokens
 
     def __aiter__(self) -> LivenessWatchdog[T]:
         return self
 
     async def __anext__(self) -> T:
+        if self._closed:
+            raise StopAsyncIteration
         completed = False
         try:
-            if self._closed:
-                raise StopAsyncIteration
-            loop = self._loop
-            deadline, kind = self._deadline()
-            if deadline != math.inf:
-                if loop.time() >= deadline:
-                    raise self._timeout(kind)
-                if deadline < self._timer_when:
-                    self._arm(deadline)
-            timeout = asyncio.timeout(None)
-            try:
-                async with timeout:
-                    self._active = timeout
-                    try:
-                        item = await self._source.__anext__()
-                    finally:
-                        self._active = None
-            except TimeoutError:
-                if timeout.expired():
-                    raise self._timeout(self._deadline()[1]) from None
-                raise
-            now = loop.time()
-            last = self._last
-            if last is None:
-                self.ttft_ms = (now - self._started) * 1000.0
-            else:
-                gap_ms = (now - last) * 1000.0
-                if self.max_inter_token_ms is None or gap_ms > self.max_inter_token_ms:
-                    self.max_inter_token_ms = gap_ms
-            self._last = now
-            self.tokens += 1
+            item = await self.liveness.wait(self._source.__anext__())
+            self.liveness.token()
             completed = True
             return item
         finally:
@@ -195,10 +247,7 @@ class LivenessWatchdog(Generic[T]):
 
     async def aclose(self) -> None:
         """Stop the timer and close the wrapped iterator (idempotent)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-            self._timer_when = math.inf
+        self.liveness.close()
         if self._closed:
             return
         self._closed = True
@@ -227,4 +276,4 @@ def watch(
     )
 
 
-__all__ = ["LivenessKind", "LivenessWatchdog", "watch"]
+__all__ = ["LivenessKind", "LivenessWatchdog", "StreamLiveness", "watch"]

@@ -27,15 +27,16 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
+from polygateway.deadlines import TaskDeadline
 from polygateway.digest import canonical_json, digest_messages
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
-from polygateway.streaming import LivenessWatchdog
+from polygateway.streaming import StreamLiveness
 from polygateway.transports.engines import (
     DEFAULT_ENGINE,
     EngineConfig,
@@ -173,46 +174,6 @@ def _option_float(
     return number
 
 
-class _Deadline:
-    """One attempt's deadline with the protocol of ``asyncio.timeout`` (read ``cancelling()``
-    on entry; when fired, cancel the task; on exit ``uncancel()`` once, and a
-    ``CancelledError`` is ours when that brings the count back to the entry value), without
-    its two extra coroutines per call: the non-streaming path runs it on every call."""
-
-    __slots__ = ("_cancelling", "_exited", "_fired", "_task")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._fired = False
-        self._exited = False
-
-    def expire(self) -> None:
-        """The timer callback."""
-        if not self._exited:
-            self._fired = True
-            self._task.cancel()
-
-    def exit(self, cancelled: bool) -> bool:
-        """Leave the guarded block; ``True`` when its ``CancelledError`` was this deadline's."""
-        if self._exited:
-            return False
-        self._exited = True
-        if not self._fired:
-            return False
-        return self._task.uncancel() <= self._cancelling and cancelled
-
-
-class _Exchange:
-    """What the token generator hands back to ``send`` (the response it opened, a JSON answer)."""
-
-    __slots__ = ("completion", "response")
-
-    def __init__(self) -> None:
-        self.response: EngineResponse | None = None
-        self.completion: ParsedCompletion | None = None
-
-
 # --------------------------------------------------------------------------- transport
 
 
@@ -324,30 +285,51 @@ class OpenAICompatTransport:
             )
         else:
             parser = ChatStreamParser(source_name=source.name)
-        exchange = _Exchange()
-        watchdog = LivenessWatchdog(
-            self._tokens(body, parser, exchange, source, profile),
+        # Every wait (headers, each body read) runs under the stream's deadlines; a received
+        # chunk that carried a delta is a token.
+        liveness = StreamLiveness(
             ttft_s=source.ttft_timeout_s,
             inter_token_s=source.inter_token_timeout_s,
             total_s=source.timeout_s,
             started_at=started,
             source_name=source.name,
         )
+        wait = liveness.wait
+        response: EngineResponse | None = None
+        completion: ParsedCompletion | None = None
         try:
-            async for _ in watchdog:
-                if parser.done or exchange.completion is not None:
-                    # The answer is complete: asking the watchdog for one more item would only
-                    # learn that the token generator has ended (its aclose below ends it).
-                    break
-            response = exchange.response
-            if parser.done and response is not None and not response.at_eof():
-                await self._drain(response)
+            response = await wait(self._engine.post(self._url, body))
+            status = response.status
+            if status < 200 or status >= 300:
+                raise error_for_status(
+                    status,
+                    await wait(response.read(ERROR_BODY_LIMIT)),
+                    response.headers,
+                    source_name=source.name,
+                    secret=self._secret,
+                )
+            read_chunk = response.read_chunk
+            chunk = b""
+            content_type = response.headers.get("content-type", "")
+            if "json" in content_type and "event-stream" not in content_type:
+                chunk = await wait(read_chunk())
+                if chunk.lstrip()[:1] == b"{":
+                    # Some gateways ignore stream=true and answer a plain completion.
+                    raw = chunk + await wait(response.read())
+                    completion = self._parse_json(raw, source, profile)
+                    liveness.token()
+                # Otherwise labelled JSON but not a JSON object: read it as the stream it
+                # probably is.
+            if completion is None:
+                await self._read_events(chunk, response, parser, liveness)
+                if parser.done and not response.at_eof():
+                    await self._drain(response)
         finally:
-            await watchdog.aclose()
-            if exchange.response is not None:
-                await exchange.response.aclose()
-        if exchange.completion is not None:  # the upstream answered JSON to a stream request
-            completion, complete = exchange.completion, True
+            liveness.close()
+            if response is not None:
+                await response.aclose()
+        if completion is not None:  # the upstream answered JSON to a stream request
+            complete = True
         else:
             completion, complete = parser.result(), parser.done
         return self._result(
@@ -356,61 +338,37 @@ class OpenAICompatTransport:
             request=request,
             source=source,
             latency_s=loop.time() - started,
-            ttft_ms=watchdog.ttft_ms,
-            max_inter_token_ms=watchdog.max_inter_token_ms,
+            ttft_ms=liveness.ttft_ms,
+            max_inter_token_ms=liveness.max_inter_token_ms,
         )
 
-    async def _tokens(
+    async def _read_events(
         self,
-        body: bytes,
+        chunk: bytes,
+        response: EngineResponse,
         parser: ChatStreamParser,
-        exchange: _Exchange,
-        source: SourceConfig,
-        profile: ProviderProfile | None,
-    ) -> AsyncIterator[None]:
-        """Yields once per received body chunk that carried at least one delta (a "token").
-
-        The response is handed to ``exchange``; ``_send_stream`` closes it in its finally.
-        """
-        response = exchange.response = await self._engine.post(self._url, body)
-        status = response.status
-        if status < 200 or status >= 300:
-            raise error_for_status(
-                status,
-                await response.read(ERROR_BODY_LIMIT),
-                response.headers,
-                source_name=source.name,
-                secret=self._secret,
-            )
-        read_chunk = response.read_chunk
-        chunk = b""
-        content_type = response.headers.get("content-type", "")
-        if "json" in content_type and "event-stream" not in content_type:
-            chunk = await read_chunk()
-            if chunk.lstrip()[:1] == b"{":
-                # Some gateways ignore stream=true and answer a plain completion.
-                raw = chunk + await response.read()
-                exchange.completion = self._parse_json(raw, source, profile)
-                yield None
-                return
-            # Labelled JSON but not a JSON object: read it as the stream it probably is.
+        liveness: StreamLiveness,
+    ) -> None:
+        """Feed the body to ``parser`` up to ``[DONE]`` or the end of the body, starting with
+        ``chunk`` (already read, may be empty)."""
         decoder = SSEDecoder()
         feed = parser.feed_events
+        wait = liveness.wait
+        read_chunk = response.read_chunk
         try:
             while True:
                 if not chunk:
-                    chunk = await read_chunk()
+                    chunk = await wait(read_chunk())
                     if not chunk:
                         feed(decoder.flush())
                         return
-                token = feed(decoder.feed(chunk))
-                chunk = b""
-                if token:
-                    yield None
+                if feed(decoder.feed(chunk)):
+                    liveness.token()
                 if parser.done:
                     return
+                chunk = b""
         except SSEProtocolError as exc:
-            raise TransientError(f"{exc}", source_name=source.name) from exc
+            raise TransientError(f"{exc}", source_name=parser.source_name) from exc
 
     async def _drain(self, response: EngineResponse) -> None:
         """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
@@ -440,12 +398,10 @@ class OpenAICompatTransport:
     ) -> TransportResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - coroutines always run in a task here
-            raise RuntimeError("send() must run inside an asyncio task")
-        # The attempt's deadline, like ``asyncio.timeout(timeout_s)`` (same cancel/uncancel
-        # protocol) without its two extra coroutines per call: this path runs on every call.
-        deadline = _Deadline(task)
+        # The attempt's deadline, like ``asyncio.timeout(timeout_s)`` without its two extra
+        # coroutines per call: this path runs on every call.
+        deadline = TaskDeadline()
+        deadline.enter(loop)
         timer = loop.call_at(started + source.timeout_s, deadline.expire)
         response: EngineResponse | None = None
         try:
@@ -471,7 +427,7 @@ class OpenAICompatTransport:
             raise
         finally:
             timer.cancel()
-            deadline.exit(cancelled=False)
+            deadline.exit()
             if response is not None:
                 await response.aclose()
         completion = self._parse_json(raw, source, profile)

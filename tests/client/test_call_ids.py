@@ -1,0 +1,36 @@
+"""Call ids: UUID4 form, unique, and never shared between a process and its forked child."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+import pytest
+from polygateway.ids import new_call_id
+
+
+def test_call_ids_are_uuid4_hex_and_unique() -> None:
+    ids = [new_call_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    for call_id in ids[:500]:
+        parsed = uuid.UUID(call_id)
+        assert parsed.hex == call_id
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs fork")
+def test_a_forked_child_does_not_repeat_the_parents_ids() -> None:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write_end, "".join(new_call_id() for _ in range(4)).encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as pipe:
+        child = pipe.read().decode()
+    parent = "".join(new_call_id() for _ in range(4))
+    assert len(child) == len(parent) == 128
+    assert child != parent
