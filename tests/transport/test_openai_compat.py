@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from polygateway.errors import ConfigError, RequestRejectedError, TransientError
+from polygateway.errors import (
+    ConfigError,
+    RequestRejectedError,
+    StreamLivenessTimeout,
+    TransientError,
+)
 from polygateway.ports import ProviderProfile, Transport
 from polygateway.settings import Secret, SourceConfig
 from polygateway.testing import FakeUpstream, Reply
@@ -25,7 +30,7 @@ from polygateway.testing.contracts.transport import (
 from polygateway.testing.fake_upstream import DEFAULT_CONTENT
 from polygateway.transports.engines import DEFAULT_ENGINE, ENGINE_NAMES, AiohttpEngine
 from polygateway.transports.openai_compat import OpenAICompatTransport
-from polygateway.types import ChatRequest
+from polygateway.types import ChatRequest, TransportResult
 
 # Engines on optional packages run when their package is installed and are skipped otherwise.
 _ENGINE_MODULES = {"httpx-aiohttp": "httpx_aiohttp", "httpx2": "httpx2"}
@@ -334,6 +339,47 @@ async def test_aiohttp_connections_are_reused_and_released(fake_upstream: FakeUp
             await task
         assert not connector._acquired
         await wait_until(lambda: fake_upstream.inflight("pool") == 0)
+    finally:
+        await transport.aclose()
+
+
+async def test_every_stream_leaves_the_liveness_deadlines_however_it_ends(
+    fake_upstream: FakeUpstream,
+) -> None:
+    source = SourceConfig(
+        name="live",
+        provider="generic",
+        base_url=fake_upstream.base_url("live"),
+        model="m",
+        timeout_s=5.0,
+        ttft_timeout_s=0.3,
+        inter_token_timeout_s=0.2,
+    )
+    transport = OpenAICompatTransport(source)
+    try:
+        fake_upstream.script(
+            "live",
+            Reply.ok("fine"),
+            Reply.ok("slow", first_token_delay=2.0),  # ttft
+            Reply.ok("a b c", chunks=3, inter_token_delay=2.0),  # inter-token
+            Reply.error(500),
+            Reply.cut(),
+        )
+        results = await asyncio.gather(
+            *(transport.send(_chat(), source, call_id=str(i)) for i in range(5)),
+            return_exceptions=True,
+        )
+        assert sum(isinstance(r, TransportResult) for r in results) == 1
+        kinds = sorted(r.kind for r in results if isinstance(r, StreamLivenessTimeout))
+        assert kinds == ["inter_token", "ttft"]
+        # And one cancelled mid-stream.
+        fake_upstream.script("live", Reply.ok("a b c", chunks=3, inter_token_delay=0.1))
+        task = asyncio.create_task(transport.send(_chat(), source, call_id="x"))
+        await wait_until(lambda: transport.open_streams == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert transport.open_streams == 0
     finally:
         await transport.aclose()
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from polygateway.errors import StreamLivenessTimeout, TransientError
-from polygateway.streaming import LivenessWatchdog, watch
+from polygateway.streaming import LivenessMonitor, LivenessWatchdog, StreamLiveness, watch
 
 
 class Scripted:
@@ -221,3 +221,73 @@ async def test_no_limits_is_a_plain_pass_through() -> None:
 async def test_bad_limits_are_rejected(bad: float) -> None:
     with pytest.raises(ValueError, match="ttft_s"):
         LivenessWatchdog(Scripted([]), ttft_s=bad)
+
+
+# --------------------------------------------------------------------------- shared monitor
+
+
+async def _stream_through(liveness: StreamLiveness, delays: list[float]) -> tuple[str, float]:
+    """Wait for each delay under ``liveness``; how it ended and when (loop time)."""
+    loop = asyncio.get_running_loop()
+    try:
+        for delay in delays:
+            await liveness.wait(asyncio.sleep(delay))
+            liveness.token()
+        return "done", loop.time()
+    except StreamLivenessTimeout as exc:
+        return exc.kind, loop.time()
+    finally:
+        liveness.close()
+
+
+async def test_one_monitor_enforces_every_streams_own_deadline() -> None:
+    loop = asyncio.get_running_loop()
+    monitor = LivenessMonitor()
+    start = loop.time()
+    # The late deadline registers first, so the timer is armed late, then pulled earlier.
+    slow = StreamLiveness(ttft_s=0.25, monitor=monitor)
+    fast = StreamLiveness(ttft_s=0.05, monitor=monitor)
+    # Registers after an earlier deadline armed the timer: it must still be checked.
+    later = StreamLiveness(ttft_s=0.15, monitor=monitor)
+    steady = StreamLiveness(ttft_s=0.1, inter_token_s=0.1, total_s=5.0, monitor=monitor)
+    results = await asyncio.gather(
+        _stream_through(slow, [1.0]),
+        _stream_through(fast, [1.0]),
+        _stream_through(later, [1.0]),
+        _stream_through(steady, [0.03] * 12),
+    )
+    (slow_kind, slow_at), (fast_kind, fast_at), (later_kind, later_at), (steady_kind, _) = results
+    assert (slow_kind, fast_kind, later_kind, steady_kind) == ("ttft", "ttft", "ttft", "done")
+    assert 0.15 <= later_at - start < 0.5
+    # Never early; each fired at its own deadline, not at the other's.
+    assert 0.05 <= fast_at - start < 0.2
+    assert 0.25 <= slow_at - start < 0.6
+    assert monitor.open_streams == 0
+    monitor.close()
+
+
+async def test_a_deadline_that_moves_earlier_is_still_enforced_on_time() -> None:
+    # TTFT is long, the inter-token limit short: after the first token the deadline in force
+    # moves earlier than the one the timer was armed for.
+    loop = asyncio.get_running_loop()
+    monitor = LivenessMonitor()
+    liveness = StreamLiveness(ttft_s=5.0, inter_token_s=0.05, monitor=monitor)
+    start = loop.time()
+    kind, ended = await _stream_through(liveness, [0.0, 2.0])
+    assert kind == "inter_token"
+    assert ended - start < 1.0
+    monitor.close()
+
+
+async def test_a_monitor_of_another_event_loop_is_refused() -> None:
+    monitor = LivenessMonitor()
+
+    def other_loop() -> None:
+        async def make() -> None:
+            StreamLiveness(total_s=1.0, monitor=monitor)
+
+        asyncio.run(make())
+
+    with pytest.raises(RuntimeError, match="another event loop"):
+        await asyncio.to_thread(other_loop)
+    monitor.close()

@@ -1,6 +1,6 @@
 """Overhead of the governed client against raw HTTP clients, in one run, against one upstream.
 
-    python tools/bench/overhead.py [--calls 3000] [--chunks 20] [--rounds 3]
+    python tools/bench/overhead.py [--seconds 1.5] [--calls 20000] [--chunks 20] [--rounds 5]
                                    [--only aiohttp,governed-aiohttp] [--modes stream,json]
 
 Starts ``pgw fake-upstream`` in its own process, then for every client measures, at concurrency
@@ -21,11 +21,15 @@ of this process, all its threads, divided by the calls). Clients:
 - ``cache-hit``: one repeated prompt answered from the memory cache.
 
 Each measurement builds its client, warms it up at the measured concurrency (a full connection
-pool), collects the set-up garbage, then times ``--calls`` calls (an eighth of them at
-concurrency 1). Every point is measured ``--rounds`` times with the clients interleaved (raw,
-governed, raw, ...) and the median is reported: these machines are shared and noisy, and
-interleaving spreads load changes over every client alike. Ratios are against raw aiohttp
-measured in the same run. The budgets (issues 3 and 4) are checked at the end.
+pool), times a short calibration batch, collects the set-up garbage, then times as many calls
+as fit in about ``--seconds`` of wall time (at most ``--calls``; an eighth of that at
+concurrency 1), so a slow client does not take minutes and a fast one is timed long enough.
+Every point is measured ``--rounds`` times with the clients interleaved (the order rotates each
+round) and the median is reported: these machines are shared and noisy, and interleaving
+spreads load changes over every client alike. The budget ratios are paired: each round's
+governed measurement is divided by the same round's raw aiohttp measurement (seconds apart),
+and the median of those ratios is the verdict. The budgets (issues 3 and 4) are checked at the
+end.
 """
 
 from __future__ import annotations
@@ -67,6 +71,20 @@ class Row:
     cpu_us_per_call: float
     note: str = ""
     spread: str = ""
+    cpu_by_round: tuple[float | None, ...] = ()
+    """CPU µs/call of each round (None: not measured in that round), for paired ratios."""
+    rate_by_round: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class Load:
+    """How much to measure at one point."""
+
+    calls: int
+    """At most this many timed calls."""
+    concurrency: int
+    target_s: float
+    """Wall time the timed batch aims at."""
 
 
 def default_engine() -> str:
@@ -146,33 +164,41 @@ def warmup_calls(concurrency: int) -> int:
     return max(WARMUP_CALLS, 2 * concurrency)
 
 
-async def run_calls(
-    call: Callable[[], Awaitable[None]], calls: int, concurrency: int
-) -> tuple[float, float]:
+async def run_calls(call: Callable[[], Awaitable[None]], load: Load) -> tuple[float, float, int]:
+    """Calls/s and CPU µs per call of a timed batch; also the calls made in all (warm-up
+    and calibration included, for counting telemetry rows)."""
+
     async def worker(queue: Iterator[int]) -> None:
         for _ in queue:
             await call()
 
+    async def batch(size: int) -> None:
+        queue = iter(range(size))
+        await asyncio.gather(*(worker(queue) for _ in range(load.concurrency)))
+
     # Warm up at the measured concurrency, so the timing sees the steady state (a full
     # connection pool, warm caches) for every client alike.
-    warm = iter(range(warmup_calls(concurrency)))
-    await asyncio.gather(*(worker(warm) for _ in range(concurrency)))
-    queue = iter(range(calls))
+    warm = warmup_calls(load.concurrency)
+    await batch(warm)
+    # Calibrate: size the timed batch to about ``target_s`` of wall time.
+    probe = max(load.concurrency, load.calls // 20)
+    start = time.perf_counter()
+    await batch(probe)
+    rate = probe / max(time.perf_counter() - start, 1e-9)
+    size = max(probe, min(load.calls, int(rate * load.target_s)))
     # Collect the garbage of the set-up (building a client allocates a lot) now, so that no
     # client pays a full collection of it inside its timing.
     gc.collect()
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(worker(queue) for _ in range(concurrency)))
+    await batch(size)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return calls / wall, cpu / calls * 1e6
+    return size / wall, cpu / size * 1e6, warm + probe + size
 
 
 HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
 
 
-async def bench_raw_aiohttp(
-    url: str, stream: bool, calls: int, conc: int
-) -> tuple[float, float, str]:
+async def bench_raw_aiohttp(url: str, stream: bool, load: Load) -> tuple[float, float, str]:
     import aiohttp
 
     data = body(stream)
@@ -190,12 +216,12 @@ async def bench_raw_aiohttp(
                 else:
                     orjson.loads(await r.read())
 
-        rate, cpu = await run_calls(call, calls, conc)
+        rate, cpu, _ = await run_calls(call, load)
         return rate, cpu, ""
 
 
 async def bench_raw_httpx_api(
-    module_name: str, url: str, stream: bool, calls: int, conc: int
+    module_name: str, url: str, stream: bool, load: Load
 ) -> tuple[float, float, str]:
     import importlib
 
@@ -214,7 +240,7 @@ async def bench_raw_httpx_api(
                 r = await client.post(f"{url}/chat/completions", content=data)
                 orjson.loads(r.content)
 
-        rate, cpu = await run_calls(call, calls, conc)
+        rate, cpu, _ = await run_calls(call, load)
         return rate, cpu, ""
 
 
@@ -238,8 +264,7 @@ def governed_env(url: str, engine: str, *, telemetry: str, cache: str, db: str) 
 async def bench_governed(
     url: str,
     stream: bool,
-    calls: int,
-    conc: int,
+    load: Load,
     *,
     engine: str,
     telemetry: str = "none",
@@ -261,7 +286,7 @@ async def bench_governed(
                 messages = [{"role": "user", "content": f"Say hello #{n}"}]
                 await client.chat(messages, stream=stream)
 
-            rate, cpu = await run_calls(call, calls, conc)
+            rate, cpu, made = await run_calls(call, load)
         finally:
             await client.aclose()  # flushes the telemetry buffer (outside the timing)
         note = ""
@@ -270,89 +295,86 @@ async def bench_governed(
 
             with closing(sqlite3.connect(db)) as conn:
                 rows = conn.execute("SELECT COUNT(*) FROM pgw_calls").fetchone()[0]
-            expected = calls + warmup_calls(conc)
-            note = f"telemetry rows {rows}/{expected}" + ("" if rows == expected else " LOST")
+            note = f"telemetry rows {rows}/{made}" + ("" if rows == made else " LOST")
         return rate, cpu, note
 
 
-def clients(url: str, stream: bool, calls: int, conc: int) -> list[tuple[str, Measure]]:
+def clients(url: str, stream: bool, load: Load) -> list[tuple[str, Measure]]:
     """(name, zero-arg coroutine factory) for every client measured at one point."""
     default = default_engine()
-    out: list[tuple[str, Measure]] = [
-        ("aiohttp", partial(bench_raw_aiohttp, url, stream, calls, conc)),
-    ]
+    out: list[tuple[str, Measure]] = [("aiohttp", partial(bench_raw_aiohttp, url, stream, load))]
     for module in RAW_CLIENTS[1:]:
-        out.append((module, partial(bench_raw_httpx_api, module, url, stream, calls, conc)))
+        out.append((module, partial(bench_raw_httpx_api, module, url, stream, load)))
     for engine in ENGINES:
-        out.append(
-            (f"governed-{engine}", partial(bench_governed, url, stream, calls, conc, engine=engine))
-        )
-    out.append(
-        (
-            "full-pipeline-sqlite",
-            partial(
-                bench_governed,
-                url,
-                stream,
-                calls,
-                conc,
-                engine=default,
-                telemetry="sqlite",
-                cache="memory",
-            ),
-        )
+        governed = partial(bench_governed, url, stream, load, engine=engine)
+        out.append((f"governed-{engine}", governed))
+    full = partial(
+        bench_governed, url, stream, load, engine=default, telemetry="sqlite", cache="memory"
     )
-    out.append(
-        (
-            "cache-hit",
-            partial(
-                bench_governed,
-                url,
-                stream,
-                calls,
-                conc,
-                engine=default,
-                cache="memory",
-                cache_hits=True,
-            ),
-        )
+    out.append(("full-pipeline-sqlite", full))
+    hit = partial(
+        bench_governed, url, stream, load, engine=default, cache="memory", cache_hits=True
     )
+    out.append(("cache-hit", hit))
     return out
 
 
+def merge_notes(notes: list[str]) -> str:
+    """One note for a row: telemetry row counts summed over the rounds, others once each."""
+    written = expected = 0
+    others: list[str] = []
+    for note in notes:
+        if note.startswith("telemetry rows "):
+            counts = note.removeprefix("telemetry rows ").split()[0]
+            got, _, want = counts.partition("/")
+            written += int(got)
+            expected += int(want)
+        elif note and note not in others:
+            others.append(note)
+    if expected:
+        lost = "" if written == expected else " LOST"
+        others.insert(0, f"telemetry rows {written}/{expected}{lost}")
+    return "; ".join(others)
+
+
 async def measure_point(
-    points: list[tuple[str, Measure]], mode: str, conc: int, calls: int, rounds: int
+    points: list[tuple[str, Measure]], mode: str, load: Load, rounds: int
 ) -> list[Row]:
     """Every client ``rounds`` times, interleaved (rotating the order each round); medians."""
-    samples: dict[str, list[tuple[float, float, str]]] = {name: [] for name, _ in points}
+    samples: dict[str, list[tuple[float, float, str] | None]] = {name: [] for name, _ in points}
     failed: dict[str, str] = {}
     for round_no in range(rounds):
         shift = round_no % len(points)
         for name, factory in points[shift:] + points[:shift]:
             if name in failed:
+                samples[name].append(None)
                 continue
             try:
                 samples[name].append(await factory())
             except Exception as exc:  # a failing client is reported, not fatal
                 failed[name] = f"FAILED: {exc!r}"[:200]
+                samples[name].append(None)
     rows: list[Row] = []
+    conc = load.concurrency
     for name, _ in points:
-        got = samples[name]
-        if name in failed:
-            rows.append(Row(name, mode, conc, calls, 0.0, 0.0, failed[name]))
+        got = [g for g in samples[name] if g is not None]
+        if not got:
+            rows.append(Row(name, mode, conc, load.calls, 0.0, 0.0, failed.get(name, "")))
             continue
         rates = [g[0] for g in got]
         cpus = [g[1] for g in got]
-        notes = sorted({g[2] for g in got if g[2]})
+        notes = merge_notes([g[2] for g in got] + ([failed[name]] if name in failed else []))
         row = Row(
             name,
             mode,
             conc,
-            calls,
+            load.calls,
             statistics.median(rates),
             statistics.median(cpus),
             "; ".join(notes),
             spread=f"{min(cpus):.0f}-{max(cpus):.0f}",
+            cpu_by_round=tuple(g[1] if g else None for g in samples[name]),
+            rate_by_round=tuple(g[0] if g else None for g in samples[name]),
         )
         print(
             f"{name:22} {mode:6} c={conc:<3} {row.calls_per_s:9.0f} calls/s "
@@ -377,12 +399,13 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
                 continue
             for conc in (1, 64):
                 calls = args.calls if conc > 1 else max(50, args.calls // 8)
+                load = Load(calls, conc, args.seconds)
                 points = [
                     (name, factory)
-                    for name, factory in clients(url, stream, calls, conc)
+                    for name, factory in clients(url, stream, load)
                     if only is None or name in only
                 ]
-                rows += await measure_point(points, mode, conc, calls, args.rounds)
+                rows += await measure_point(points, mode, load, args.rounds)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -419,29 +442,44 @@ def print_table(rows: list[Row]) -> None:
         )
 
 
+def paired(numerator: Row, denominator: Row, field: str) -> list[float]:
+    """Per-round ratios of two clients measured in the same rounds (seconds apart)."""
+    tops = getattr(numerator, field)
+    bottoms = getattr(denominator, field)
+    return [t / b for t, b in zip(tops, bottoms, strict=False) if t and b]
+
+
+def describe(ratios: list[float], percent: bool) -> str:
+    shown = [f"{r:.0%}" if percent else f"{r:.2f}x" for r in ratios]
+    median = statistics.median(ratios)
+    head = f"{median:.0%}" if percent else f"{median:.2f}x"
+    return f"{head} (per round {' / '.join(shown)})"
+
+
 def print_budgets(rows: list[Row]) -> None:
-    """The budgets of issues 3 and 4, on the default engine, against raw aiohttp."""
+    """The budgets of issues 3 and 4, on the default engine, against raw aiohttp: medians of
+    the per-round paired ratios."""
     by_key = {(r.client, r.mode, r.concurrency): r for r in rows}
     governed = f"governed-{default_engine()}"
     print()
-    print("Budgets (medians; default engine):")
+    print("Budgets (median of per-round paired ratios; default engine):")
     for mode in ("stream", "json"):
         raw = by_key.get(("aiohttp", mode, 64))
         gov = by_key.get((governed, mode, 64))
         full = by_key.get(("full-pipeline-sqlite", mode, 64))
-        if raw and gov and raw.calls_per_s and gov.calls_per_s:
-            ratio = gov.calls_per_s / raw.calls_per_s
-            verdict = "ok" if ratio >= 0.5 else "OVER BUDGET"
-            print(f"  {mode:6} c=64 governed calls/s >= 50% of raw aiohttp: {ratio:.0%} {verdict}")
-            cpu = gov.cpu_us_per_call / raw.cpu_us_per_call
-            verdict = "ok" if cpu <= 1.5 else "OVER BUDGET"
-            print(f"  {mode:6} c=64 governed CPU/call <= 1.5x raw aiohttp: {cpu:.2f}x {verdict}")
-        if raw and full and raw.calls_per_s and full.calls_per_s:
-            ratio = full.calls_per_s / raw.calls_per_s
-            verdict = "ok" if ratio >= 0.4 and "LOST" not in full.note else "OVER BUDGET"
+        if raw and gov and (rates := paired(gov, raw, "rate_by_round")):
+            verdict = "ok" if statistics.median(rates) >= 0.5 else "OVER BUDGET"
+            text = describe(rates, percent=True)
+            print(f"  {mode:6} c=64 governed calls/s >= 50% of raw aiohttp: {text} {verdict}")
+        if raw and gov and (cpus := paired(gov, raw, "cpu_by_round")):
+            verdict = "ok" if statistics.median(cpus) <= 1.5 else "OVER BUDGET"
+            text = describe(cpus, percent=False)
+            print(f"  {mode:6} c=64 governed CPU/call <= 1.5x raw aiohttp: {text} {verdict}")
+        if raw and full and (rates := paired(full, raw, "rate_by_round")):
+            ok = statistics.median(rates) >= 0.4 and "LOST" not in full.note
             print(
                 f"  {mode:6} c=64 full pipeline calls/s >= 40% of raw aiohttp, no row lost: "
-                f"{ratio:.0%} ({full.note}) {verdict}"
+                f"{describe(rates, percent=True)} ({full.note}) {'ok' if ok else 'OVER BUDGET'}"
             )
         for conc in (1, 64):
             hit = by_key.get(("cache-hit", mode, conc))
@@ -455,9 +493,12 @@ def print_budgets(rows: list[Row]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--calls", type=int, default=3000, help="calls per point at c=64")
+    parser.add_argument(
+        "--seconds", type=float, default=1.5, help="wall time of each timed batch (about)"
+    )
+    parser.add_argument("--calls", type=int, default=20000, help="at most, per batch at c=64")
     parser.add_argument("--chunks", type=int, default=20, help="content chunks per stream")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per point")
     parser.add_argument("--only", default="", help="comma list of client names")
     parser.add_argument("--modes", default="stream,json", help="stream,json or one of them")
     args = parser.parse_args()

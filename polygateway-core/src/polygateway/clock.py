@@ -11,11 +11,10 @@ class SystemClock:
 
     __slots__ = ()
 
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
+    # The C functions themselves, not Python methods wrapping them: every call reads the clock
+    # several times.
+    monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

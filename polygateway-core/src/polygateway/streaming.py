@@ -18,9 +18,12 @@ propagates and a ``TimeoutError`` raised by the awaited code passes through unch
 ``LivenessWatchdog`` applies the same deadlines to any async iterator whose items are tokens,
 and closes the iterator whenever iteration ends other than by yielding an item.
 
-Cost: this runs on every read of every streamed call, so a wait schedules nothing: one loop
-timer per stream is armed at the current deadline; when it fires it re-checks (tokens may have
-moved the deadline on) and either re-arms or cancels the waiting task.
+Cost: this runs on every read of every streamed call, so neither a wait nor a stream schedules
+anything of its own. A ``LivenessMonitor`` (one per transport and event loop) keeps the open
+streams and one loop timer, armed at the earliest deadline any of them announced. When it fires
+it checks them all: streams past their deadline are expired (the waiting task is cancelled),
+the others have usually moved their deadline on (tokens arrived, or the stream ended), and the
+timer is re-armed at the earliest one left. Deadlines are never enforced late.
 
 All times are the event loop's clock (``loop.time()``): the timer runs on it, so an injected
 ``Clock`` could not make these deadlines fire anyway.
@@ -31,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Awaitable
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from polygateway.deadlines import TaskDeadline
 from polygateway.errors import StreamLivenessTimeout
@@ -41,6 +44,14 @@ T = TypeVar("T")
 LivenessKind = Literal["ttft", "inter_token", "total"]
 
 _INF = math.inf
+
+
+class TimeoutFactory(Protocol):
+    """Builds the error a passed deadline raises (``StreamLivenessTimeout`` by default)."""
+
+    def __call__(
+        self, kind: LivenessKind, limit_s: float, *, source_name: str | None
+    ) -> Exception: ...
 
 
 def _check_limit(name: str, value: float | None) -> float | None:
@@ -65,9 +76,10 @@ class StreamLiveness:
         "_inter_s",
         "_last",
         "_loop",
+        "_monitor",
+        "_owns_monitor",
         "_started",
-        "_timer",
-        "_timer_when",
+        "_timeout_error",
         "_total_deadline",
         "max_inter_token_ms",
         "source_name",
@@ -85,19 +97,29 @@ class StreamLiveness:
         total_s: float | None = None,
         started_at: float | None = None,
         source_name: str | None = None,
+        monitor: LivenessMonitor | None = None,
+        timeout_error: TimeoutFactory = StreamLivenessTimeout,
     ) -> None:
-        self.ttft_s = _check_limit("ttft_s", ttft_s)
-        self._inter_s = _check_limit("inter_token_s", inter_token_s)
-        self.total_s = _check_limit("total_s", total_s)
+        # Checked only when set: streams usually set one or two of the three.
+        self.ttft_s = ttft_s if ttft_s is None else _check_limit("ttft_s", ttft_s)
+        self._inter_s = (
+            inter_token_s if inter_token_s is None else _check_limit("inter_token_s", inter_token_s)
+        )
+        self.total_s = total_s if total_s is None else _check_limit("total_s", total_s)
         self.source_name = source_name
         self._loop = loop = asyncio.get_running_loop()
         self._started = started = loop.time() if started_at is None else started_at
         self._first_deadline = started + self.ttft_s if self.ttft_s is not None else _INF
         self._total_deadline = started + self.total_s if self.total_s is not None else _INF
         self._last: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_when = _INF
+        self._owns_monitor = monitor is None
+        if monitor is None:
+            monitor = LivenessMonitor()
+        elif monitor.loop is not loop:
+            raise RuntimeError("the liveness monitor belongs to another event loop")
+        self._monitor = monitor
         self._deadline = TaskDeadline()
+        self._timeout_error = timeout_error
         self.tokens = 0
         self.ttft_ms: float | None = None
         self.max_inter_token_ms: float | None = None
@@ -119,53 +141,72 @@ class StreamLiveness:
             return self._total_deadline, "total"
         return phase, kind
 
-    def _timeout(self, kind: LivenessKind) -> StreamLivenessTimeout:
+    def _timeout(self, kind: LivenessKind) -> Exception:
         limit = {"ttft": self.ttft_s, "inter_token": self._inter_s, "total": self.total_s}[kind]
-        return StreamLivenessTimeout(
+        return self._timeout_error(
             kind, limit if limit is not None else 0.0, source_name=self.source_name
         )
 
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_when = when
-        self._timer = self._loop.call_at(when, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_when = _INF
+    def _expire_at(self, now: float) -> float:
+        """The monitor's check: expire when the deadline has passed (``inf`` then, or when no
+        deadline applies), else the deadline to check again at."""
         deadline, _ = self._current()
-        if deadline == _INF:
-            return
-        if self._loop.time() < deadline:
-            self._arm(deadline)  # tokens arrived since the timer was armed: it moved on
-            return
-        # Cancel the wait in progress; ``wait`` turns the cancellation into the timeout.
-        # When nobody is waiting, the next ``wait`` sees the passed deadline itself.
-        self._deadline.expire()
+        if deadline <= now:
+            # Cancel the wait in progress; ``wait`` turns the cancellation into the timeout.
+            # When nobody is waiting, the next ``wait`` sees the passed deadline itself.
+            self._deadline.expire()
+            return _INF
+        return deadline
 
-    async def wait(self, awaitable: Awaitable[T]) -> T:
-        """Await ``awaitable`` under the deadline in force; ``StreamLivenessTimeout`` when it
-        passes first (a deadline already passed raises at once, closing a coroutine unawaited)."""
+    def begin(self) -> None:
+        """A wait starts under the deadline in force; raises the timeout at once when that
+        deadline has passed already.
+
+        ``begin`` / ``end`` are ``wait`` without its coroutine, for loops that wait on every
+        chunk. The bracket must be exactly::
+
+            liveness.begin()
+            try:
+                ...  # the awaits
+            except asyncio.CancelledError:
+                if (timeout := liveness.end(cancelled=True)) is not None:
+                    raise timeout from None
+                raise
+            finally:
+                liveness.end()
+        """
         deadline, kind = self._current()
         if deadline != _INF:
             if self._loop.time() >= deadline:
-                close = getattr(awaitable, "close", None)
-                if close is not None:
-                    close()  # a coroutine that will never run: no "never awaited" warning
                 raise self._timeout(kind)
-            if deadline < self._timer_when:
-                self._arm(deadline)
-        guard = self._deadline
-        guard.enter(self._loop)
+            self._monitor.watch(self, deadline)
+        self._deadline.enter(self._loop)
+
+    def end(self, *, cancelled: bool = False) -> Exception | None:
+        """The wait ended (idempotent). With ``cancelled`` (it raised ``CancelledError``): the
+        timeout to raise instead when the cancellation was the deadline's alone, else ``None``."""
+        if self._deadline.exit(cancelled=cancelled):
+            return self._timeout(self._current()[1])
+        return None
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` under the deadline in force; the timeout error when it passes
+        first (a deadline already passed raises at once, closing a coroutine unawaited)."""
+        try:
+            self.begin()
+        except Exception:
+            close = getattr(awaitable, "close", None)
+            if close is not None:
+                close()  # a coroutine that will never run: no "never awaited" warning
+            raise
         try:
             return await awaitable
         except asyncio.CancelledError:
-            if guard.exit(cancelled=True):
-                raise self._timeout(self._current()[1]) from None
+            if (timeout := self.end(cancelled=True)) is not None:
+                raise timeout from None
             raise
         finally:
-            guard.exit()
+            self.end()
 
     def token(self) -> None:
         """A token arrived now."""
@@ -181,11 +222,65 @@ class StreamLiveness:
         self.tokens += 1
 
     def close(self) -> None:
-        """Stop the timer (idempotent)."""
+        """The stream is over: no deadline applies any more (idempotent)."""
+        self._monitor.forget(self)
+        if self._owns_monitor:
+            self._monitor.close()
+
+
+class LivenessMonitor:
+    """Enforces the deadlines of the open streams of one event loop with one loop timer.
+
+    Create it inside the loop; a transport keeps one and hands it to each ``StreamLiveness``.
+    ``close()`` (when the owner closes) cancels the timer.
+    """
+
+    __slots__ = ("_open", "_timer", "armed_at", "loop")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._open: set[StreamLiveness] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self.armed_at = _INF
+        """When the timer fires next (``inf``: not armed)."""
+
+    def watch(self, liveness: StreamLiveness, deadline: float) -> None:
+        """Check ``liveness`` no later than ``deadline`` (its deadline in force now)."""
+        self._open.add(liveness)
+        if deadline < self.armed_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self.armed_at = deadline
+            self._timer = self.loop.call_at(deadline, self._on_timer)
+
+    def forget(self, liveness: StreamLiveness) -> None:
+        # The timer stays armed: when it fires with nothing open it simply stops. Cancelling
+        # it here would cost a timer per call whenever calls run one at a time.
+        self._open.discard(liveness)
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._open)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.armed_at = _INF
+        now = self.loop.time()
+        earliest = _INF
+        for liveness in list(self._open):
+            deadline = liveness._expire_at(now)
+            if deadline < earliest:
+                earliest = deadline
+        if earliest < _INF:
+            self.armed_at = earliest
+            self._timer = self.loop.call_at(earliest, self._on_timer)
+
+    def close(self) -> None:
+        """Cancel the timer (idempotent); open streams are left to their own waits."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-            self._timer_when = _INF
+            self.armed_at = _INF
 
 
 class LivenessWatchdog(Generic[T]):
@@ -276,4 +371,11 @@ def watch(
     )
 
 
-__all__ = ["LivenessKind", "LivenessWatchdog", "StreamLiveness", "watch"]
+__all__ = [
+    "LivenessKind",
+    "LivenessMonitor",
+    "LivenessWatchdog",
+    "StreamLiveness",
+    "TimeoutFactory",
+    "watch",
+]

@@ -30,13 +30,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
-from polygateway.deadlines import TaskDeadline
 from polygateway.digest import canonical_json, digest_messages
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
-from polygateway.streaming import StreamLiveness
+from polygateway.streaming import LivenessKind, LivenessMonitor, StreamLiveness
 from polygateway.transports.engines import (
     DEFAULT_ENGINE,
     EngineConfig,
@@ -174,6 +173,17 @@ def _option_float(
     return number
 
 
+def _no_complete_answer(
+    kind: LivenessKind, limit_s: float, *, source_name: str | None
+) -> TransientError:
+    """The timeout of a non-streaming call (its only deadline is the total one)."""
+    return TransientError(
+        f"source {source_name!r}: no complete answer within {limit_s:g}s",
+        source_name=source_name,
+        reason="timeout",
+    )
+
+
 # --------------------------------------------------------------------------- transport
 
 
@@ -222,6 +232,7 @@ class OpenAICompatTransport:
             ),
         )
         self._warned_thinking: set[str] = set()
+        self._monitor: LivenessMonitor | None = None
 
     @property
     def engine(self) -> HttpEngine:
@@ -230,6 +241,11 @@ class OpenAICompatTransport:
     @property
     def url(self) -> str:
         return self._url
+
+    @property
+    def open_streams(self) -> int:
+        """Streams currently under this transport's liveness deadlines."""
+        return self._monitor.open_streams if self._monitor is not None else 0
 
     def _profile(self, source: SourceConfig) -> ProviderProfile | None:
         profile = self._providers.get(source.provider)
@@ -264,7 +280,19 @@ class OpenAICompatTransport:
         return await self._send_json(body, request, source, profile)
 
     async def aclose(self) -> None:
+        if self._monitor is not None:
+            self._monitor.close()
+            self._monitor = None
         await self._engine.aclose()
+
+    def _liveness_monitor(self, loop: asyncio.AbstractEventLoop) -> LivenessMonitor:
+        """The deadline monitor of this transport's streams on ``loop`` (one timer for all)."""
+        monitor = self._monitor
+        if monitor is None or monitor.loop is not loop:
+            if monitor is not None:
+                monitor.close()
+            monitor = self._monitor = LivenessMonitor()
+        return monitor
 
     # ------------------------------------------------------------------ streaming
 
@@ -293,6 +321,7 @@ class OpenAICompatTransport:
             total_s=source.timeout_s,
             started_at=started,
             source_name=source.name,
+            monitor=self._liveness_monitor(loop),
         )
         wait = liveness.wait
         response: EngineResponse | None = None
@@ -353,12 +382,20 @@ class OpenAICompatTransport:
         ``chunk`` (already read, may be empty)."""
         decoder = SSEDecoder()
         feed = parser.feed_events
-        wait = liveness.wait
         read_chunk = response.read_chunk
         try:
             while True:
                 if not chunk:
-                    chunk = await wait(read_chunk())
+                    # ``liveness.wait`` inlined: this runs on every chunk of every stream.
+                    liveness.begin()
+                    try:
+                        chunk = await read_chunk()
+                    except asyncio.CancelledError:
+                        if (timeout := liveness.end(cancelled=True)) is not None:
+                            raise timeout from None
+                        raise
+                    finally:
+                        liveness.end()
                     if not chunk:
                         feed(decoder.flush())
                         return
@@ -398,12 +435,16 @@ class OpenAICompatTransport:
     ) -> TransportResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # The attempt's deadline, like ``asyncio.timeout(timeout_s)`` without its two extra
-        # coroutines per call: this path runs on every call.
-        deadline = TaskDeadline()
-        deadline.enter(loop)
-        timer = loop.call_at(started + source.timeout_s, deadline.expire)
+        # Only the total deadline applies; it bounds the request and reading the answer.
+        deadline = StreamLiveness(
+            total_s=source.timeout_s,
+            started_at=started,
+            source_name=source.name,
+            monitor=self._liveness_monitor(loop),
+            timeout_error=_no_complete_answer,
+        )
         response: EngineResponse | None = None
+        deadline.begin()
         try:
             response = await self._engine.post(self._url, body)
             status = response.status
@@ -417,17 +458,12 @@ class OpenAICompatTransport:
                 )
             raw = await response.read()
         except asyncio.CancelledError:
-            timer.cancel()
-            if deadline.exit(cancelled=True):
-                raise TransientError(
-                    f"source {source.name!r}: no complete answer within {source.timeout_s:g}s",
-                    source_name=source.name,
-                    reason="timeout",
-                ) from None
+            if (timeout := deadline.end(cancelled=True)) is not None:
+                raise timeout from None
             raise
         finally:
-            timer.cancel()
-            deadline.exit()
+            deadline.end()
+            deadline.close()
             if response is not None:
                 await response.aclose()
         completion = self._parse_json(raw, source, profile)

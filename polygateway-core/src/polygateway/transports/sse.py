@@ -504,18 +504,21 @@ def parse_completion(
     An ``error`` object (some gateways answer 200 with one) or a body without a first choice
     raises ``TransientError``.
     """
-    if not isinstance(body, dict):
+    # ``type() is`` first: a body from a JSON parser holds plain dicts, lists and strs, and the
+    # check is cheaper than ``isinstance`` on a path run once per call.
+    if type(body) is not dict and not isinstance(body, dict):
         raise TransientError(
             "malformed completion body (not a JSON object)", source_name=source_name
         )
-    if body.get("error") or body.get("object") == "error":
+    get = body.get
+    if get("error") or get("object") == "error":
         raise _error_from_payload(body, source_name)
-    choices = body.get("choices")
+    choices = get("choices")
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise TransientError("malformed completion body (no choices)", source_name=source_name)
     choice = choices[0]
     message = choice.get("message")
-    if not isinstance(message, dict):
+    if type(message) is not dict and not isinstance(message, dict):
         raise TransientError("malformed completion body (no message)", source_name=source_name)
     thinking = ""
     for name in reasoning_fields:
@@ -529,9 +532,9 @@ def parse_completion(
         content, inline_thinking = split_think(content, think_tags)
         if inline_thinking:
             thinking = thinking + inline_thinking if thinking else inline_thinking
-    usage = _usage(body.get("usage"))
+    usage = _usage(get("usage"))
     finish = choice.get("finish_reason")
-    model = body.get("model")
+    model = get("model")
     # Positional: this runs once per non-streaming call.
     return ParsedCompletion(
         content,
