@@ -363,7 +363,7 @@ async def measure_point(
             continue
         rates = [g[0] for g in got]
         cpus = [g[1] for g in got]
-        notes = merge_notes([g[2] for g in got] + ([failed[name]] if name in failed else []))
+        note = merge_notes([g[2] for g in got] + ([failed[name]] if name in failed else []))
         row = Row(
             name,
             mode,
@@ -371,7 +371,7 @@ async def measure_point(
             load.calls,
             statistics.median(rates),
             statistics.median(cpus),
-            "; ".join(notes),
+            note,
             spread=f"{min(cpus):.0f}-{max(cpus):.0f}",
             cpu_by_round=tuple(g[1] if g else None for g in samples[name]),
             rate_by_round=tuple(g[0] if g else None for g in samples[name]),
