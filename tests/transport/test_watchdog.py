@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from polygateway.errors import StreamLivenessTimeout, TransientError
-from polygateway.streaming import LivenessMonitor, LivenessWatchdog, StreamLiveness, watch
+from polygateway.streaming import LivenessMonitor, LivenessWatchdog, StreamLiveness
+
+watch = LivenessWatchdog
 
 
 class Scripted:
@@ -231,7 +233,8 @@ async def _stream_through(liveness: StreamLiveness, delays: list[float]) -> tupl
     loop = asyncio.get_running_loop()
     try:
         for delay in delays:
-            await liveness.wait(asyncio.sleep(delay))
+            with liveness:
+                await asyncio.sleep(delay)
             liveness.token()
         return "done", loop.time()
     except StreamLivenessTimeout as exc:

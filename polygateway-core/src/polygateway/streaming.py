@@ -1,16 +1,17 @@
 """Stream liveness (ARCHITECTURE §7.6): TTFT, inter-token and total deadlines.
 
 ``StreamLiveness`` holds the three deadlines of one stream. Every wait for the next piece of
-the stream goes through ``await liveness.wait(awaitable)``; ``liveness.token()`` says that a
-token (for chat: a content, reasoning or tool-call delta) arrived. The deadline in force for a
-wait is
+the stream runs inside ``with liveness:``; ``liveness.token()`` says that a token (for chat: a
+content, reasoning or tool-call delta) arrived. The deadline in force for a wait is
 
 - before the first token: ``started_at + ttft_s`` (the time to first token includes connecting
-  and waiting for headers when those waits go through ``wait`` too);
+  and waiting for headers when those waits run under it too);
 - after it: ``last token + inter_token_s``;
 - always: ``started_at + total_s``;
 
-and the earliest applicable one fires ``StreamLivenessTimeout(kind)``. It is enforced like
+and the earliest applicable one fires ``StreamLivenessTimeout(kind)`` (or the error a
+``timeout_error`` factory builds: the non-streaming path reports its total deadline in its own
+words). It is enforced like
 ``asyncio.timeout`` (``polygateway.deadlines.TaskDeadline``): the waiting task is cancelled and
 the cancellation becomes the timeout only when it was ours alone; an outside cancellation
 propagates and a ``TimeoutError`` raised by the awaited code passes through unchanged.
@@ -33,7 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Generic, Literal, Protocol, TypeVar
 
 from polygateway.deadlines import TaskDeadline
@@ -152,28 +154,18 @@ class StreamLiveness:
         deadline applies), else the deadline to check again at."""
         deadline, _ = self._current()
         if deadline <= now:
-            # Cancel the wait in progress; ``wait`` turns the cancellation into the timeout.
-            # When nobody is waiting, the next ``wait`` sees the passed deadline itself.
+            # Cancel the wait in progress; ``__exit__`` turns the cancellation into the timeout.
+            # When nobody is waiting, the next wait sees the passed deadline on entry.
             self._deadline.expire()
             return _INF
         return deadline
 
-    def begin(self) -> None:
-        """A wait starts under the deadline in force; raises the timeout at once when that
-        deadline has passed already.
+    def __enter__(self) -> StreamLiveness:
+        """A wait starts under the deadline in force: ``with liveness: await ...``.
 
-        ``begin`` / ``end`` are ``wait`` without its coroutine, for loops that wait on every
-        chunk. The bracket must be exactly::
-
-            liveness.begin()
-            try:
-                ...  # the awaits
-            except asyncio.CancelledError:
-                if (timeout := liveness.end(cancelled=True)) is not None:
-                    raise timeout from None
-                raise
-            finally:
-                liveness.end()
+        Raises the timeout at once when that deadline has passed already. A plain (not async)
+        context manager on purpose: it costs two method calls where a wrapping coroutine or
+        ``async with`` would cost coroutine frames, and this runs on every chunk.
         """
         deadline, kind = self._current()
         if deadline != _INF:
@@ -181,32 +173,21 @@ class StreamLiveness:
                 raise self._timeout(kind)
             self._monitor.watch(self, deadline)
         self._deadline.enter(self._loop)
+        return self
 
-    def end(self, *, cancelled: bool = False) -> Exception | None:
-        """The wait ended (idempotent). With ``cancelled`` (it raised ``CancelledError``): the
-        timeout to raise instead when the cancellation was the deadline's alone, else ``None``."""
-        if self._deadline.exit(cancelled=cancelled):
-            return self._timeout(self._current()[1])
-        return None
-
-    async def wait(self, awaitable: Awaitable[T]) -> T:
-        """Await ``awaitable`` under the deadline in force; the timeout error when it passes
-        first (a deadline already passed raises at once, closing a coroutine unawaited)."""
-        try:
-            self.begin()
-        except Exception:
-            close = getattr(awaitable, "close", None)
-            if close is not None:
-                close()  # a coroutine that will never run: no "never awaited" warning
-            raise
-        try:
-            return await awaitable
-        except asyncio.CancelledError:
-            if (timeout := self.end(cancelled=True)) is not None:
-                raise timeout from None
-            raise
-        finally:
-            self.end()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """The wait ended: a cancellation that was the deadline's alone becomes the timeout;
+        anything else passes through unchanged."""
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            if self._deadline.exit(cancelled=True):
+                raise self._timeout(self._current()[1]) from None
+        else:
+            self._deadline.exit()
 
     def token(self) -> None:
         """A token arrived now."""
@@ -331,7 +312,8 @@ class LivenessWatchdog(Generic[T]):
             raise StopAsyncIteration
         completed = False
         try:
-            item = await self.liveness.wait(self._source.__anext__())
+            with self.liveness:
+                item = await self._source.__anext__()
             self.liveness.token()
             completed = True
             return item
@@ -351,31 +333,10 @@ class LivenessWatchdog(Generic[T]):
             await close()
 
 
-def watch(
-    source: AsyncIterator[T],
-    *,
-    ttft_s: float | None = None,
-    inter_token_s: float | None = None,
-    total_s: float | None = None,
-    started_at: float | None = None,
-    source_name: str | None = None,
-) -> LivenessWatchdog[T]:
-    """Wrap ``source`` in a ``LivenessWatchdog`` (must be called inside a running loop)."""
-    return LivenessWatchdog(
-        source,
-        ttft_s=ttft_s,
-        inter_token_s=inter_token_s,
-        total_s=total_s,
-        started_at=started_at,
-        source_name=source_name,
-    )
-
-
 __all__ = [
     "LivenessKind",
     "LivenessMonitor",
     "LivenessWatchdog",
     "StreamLiveness",
     "TimeoutFactory",
-    "watch",
 ]

@@ -323,16 +323,18 @@ class OpenAICompatTransport:
             source_name=source.name,
             monitor=self._liveness_monitor(loop),
         )
-        wait = liveness.wait
         response: EngineResponse | None = None
         completion: ParsedCompletion | None = None
         try:
-            response = await wait(self._engine.post(self._url, body))
+            with liveness:
+                response = await self._engine.post(self._url, body)
             status = response.status
             if status < 200 or status >= 300:
+                with liveness:
+                    error_body = await response.read(ERROR_BODY_LIMIT)
                 raise error_for_status(
                     status,
-                    await wait(response.read(ERROR_BODY_LIMIT)),
+                    error_body,
                     response.headers,
                     source_name=source.name,
                     secret=self._secret,
@@ -341,10 +343,12 @@ class OpenAICompatTransport:
             chunk = b""
             content_type = response.headers.get("content-type", "")
             if "json" in content_type and "event-stream" not in content_type:
-                chunk = await wait(read_chunk())
+                with liveness:
+                    chunk = await read_chunk()
                 if chunk.lstrip()[:1] == b"{":
                     # Some gateways ignore stream=true and answer a plain completion.
-                    raw = chunk + await wait(response.read())
+                    with liveness:
+                        raw = chunk + await response.read()
                     completion = self._parse_json(raw, source, profile)
                     liveness.token()
                 # Otherwise labelled JSON but not a JSON object: read it as the stream it
@@ -386,16 +390,8 @@ class OpenAICompatTransport:
         try:
             while True:
                 if not chunk:
-                    # ``liveness.wait`` inlined: this runs on every chunk of every stream.
-                    liveness.begin()
-                    try:
+                    with liveness:
                         chunk = await read_chunk()
-                    except asyncio.CancelledError:
-                        if (timeout := liveness.end(cancelled=True)) is not None:
-                            raise timeout from None
-                        raise
-                    finally:
-                        liveness.end()
                     if not chunk:
                         feed(decoder.flush())
                         return
@@ -444,25 +440,20 @@ class OpenAICompatTransport:
             timeout_error=_no_complete_answer,
         )
         response: EngineResponse | None = None
-        deadline.begin()
         try:
-            response = await self._engine.post(self._url, body)
-            status = response.status
-            if status < 200 or status >= 300:
-                raise error_for_status(
-                    status,
-                    await response.read(ERROR_BODY_LIMIT),
-                    response.headers,
-                    source_name=source.name,
-                    secret=self._secret,
-                )
-            raw = await response.read()
-        except asyncio.CancelledError:
-            if (timeout := deadline.end(cancelled=True)) is not None:
-                raise timeout from None
-            raise
+            with deadline:
+                response = await self._engine.post(self._url, body)
+                status = response.status
+                if status < 200 or status >= 300:
+                    raise error_for_status(
+                        status,
+                        await response.read(ERROR_BODY_LIMIT),
+                        response.headers,
+                        source_name=source.name,
+                        secret=self._secret,
+                    )
+                raw = await response.read()
         finally:
-            deadline.end()
             deadline.close()
             if response is not None:
                 await response.aclose()
