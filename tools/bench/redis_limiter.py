@@ -24,52 +24,10 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+
+from pgw_redis.testing import counting_client
 
 MESSAGES = [{"role": "user", "content": "ping"}]
-
-
-@dataclass
-class RoundTrips:
-    count: int = 0
-
-
-def counting_client(url: str) -> tuple[Any, RoundTrips]:
-    """A client set up like ``pgw_redis.connection.connect`` that counts socket writes."""
-    from redis.asyncio import BlockingConnectionPool, Connection, Redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    trips = RoundTrips()
-
-    class CountingConnection(Connection):
-        handshaking = False
-
-        async def on_connect_check_health(self, check_health: bool = True) -> None:
-            # The connection's own setup (HELLO, CLIENT SETINFO) is not a command's round trip.
-            self.handshaking = True
-            try:
-                await super().on_connect_check_health(check_health)
-            finally:
-                self.handshaking = False
-
-        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            if not self.handshaking:
-                trips.count += 1
-            await super().send_packed_command(command, check_health)
-
-    pool = BlockingConnectionPool.from_url(
-        url,
-        connection_class=CountingConnection,
-        max_connections=64,
-        timeout=2.0,
-        decode_responses=True,
-        socket_timeout=2.0,
-        socket_connect_timeout=2.0,
-        retry=Retry(NoBackoff(), 0),
-    )
-    return Redis.from_pool(pool), trips
 
 
 async def rate(worker: Callable[[], Awaitable[None]], concurrency: int, seconds: float) -> float:

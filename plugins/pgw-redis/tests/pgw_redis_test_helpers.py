@@ -130,50 +130,6 @@ async def wait_until(
         await asyncio.sleep(every_s)
 
 
-@dataclass
-class RoundTrips:
-    """Writes to the socket: one per command, one per pipeline (connection setup excluded)."""
-
-    count: int = 0
-
-
-def counting_client(url: str) -> tuple[Any, RoundTrips]:
-    """A client like ``pgw_redis.connection.connect`` makes, counting its round trips."""
-    from redis.asyncio import BlockingConnectionPool, Connection, Redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    trips = RoundTrips()
-
-    class CountingConnection(Connection):
-        handshaking = False
-
-        async def on_connect_check_health(self, check_health: bool = True) -> None:
-            # The connection's own setup (HELLO, CLIENT SETINFO) is not a command's round trip.
-            self.handshaking = True
-            try:
-                await super().on_connect_check_health(check_health)
-            finally:
-                self.handshaking = False
-
-        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            if not self.handshaking:
-                trips.count += 1
-            await super().send_packed_command(command, check_health)
-
-    pool = BlockingConnectionPool.from_url(
-        url,
-        connection_class=CountingConnection,
-        max_connections=64,
-        timeout=2.0,
-        decode_responses=True,
-        socket_timeout=2.0,
-        socket_connect_timeout=2.0,
-        retry=Retry(NoBackoff(), 0),
-    )
-    return Redis.from_pool(pool), trips
-
-
 async def scope_snapshot(client: Any, keys: list[str]) -> dict[str, Any]:
     """Type and content of each key (not its TTL, which moves by itself)."""
     snapshot: dict[str, Any] = {}

@@ -12,8 +12,8 @@ import pytest
 from pgw_redis.breaker import RedisGate
 from pgw_redis.connection import connect
 from pgw_redis.keys import gate_key, scope_tag
-from pgw_redis.testing import RedisGovernanceBackend, make_governance_backend
-from pgw_redis_test_helpers import RedisServer, counting_client, wait_until
+from pgw_redis.testing import RedisGovernanceBackend, counting_client, make_governance_backend
+from pgw_redis_test_helpers import RedisServer, wait_until
 from polygateway.errors import GovernanceBackendError
 from redis.asyncio import Redis
 

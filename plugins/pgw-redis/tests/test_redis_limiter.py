@@ -17,11 +17,15 @@ import pytest
 from pgw_redis.connection import connect
 from pgw_redis.keys import LimiterKeys, encode_name, gate_key, scope_tag
 from pgw_redis.limiter import RedisLimiter, RedisPermit
-from pgw_redis.testing import RedisGovernanceBackend, make_governance_backend, scope_keys
+from pgw_redis.testing import (
+    RedisGovernanceBackend,
+    counting_client,
+    make_governance_backend,
+    scope_keys,
+)
 from pgw_redis_test_helpers import (
     RedisProxy,
     RedisServer,
-    counting_client,
     free_port,
     gateway_settings,
     scope_snapshot,

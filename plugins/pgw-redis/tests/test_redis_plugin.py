@@ -13,8 +13,8 @@ from pgw_redis.breaker import RedisGate
 from pgw_redis.cache import RedisCache
 from pgw_redis.connection import connect
 from pgw_redis.limiter import RedisLimiter
-from pgw_redis.testing import make_governance_backend
-from pgw_redis_test_helpers import RedisServer, counting_client, free_port, gateway_settings
+from pgw_redis.testing import counting_client, make_governance_backend
+from pgw_redis_test_helpers import RedisServer, free_port, gateway_settings
 from polygateway.errors import ConfigError
 from polygateway.ports import BuildContext, CacheBackend, ProviderGate, RateLimiter
 from polygateway.settings import CacheSettings, Limits, ScopeSettings, Secret

@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
 from polygateway.errors import GovernanceBackendError
+from polygateway.permits import OnceOnlyPermit
 from polygateway.ports import Clock, Denial, Permit, SourceStats
 from polygateway.settings import Limits
 from polygateway.validation import MAX_TOKENS, check_limits, check_token_count, check_ttl
@@ -131,23 +132,14 @@ class _Batch:
         self.calls = calls
 
 
-class RedisPermit:
+class RedisPermit(OnceOnlyPermit):
     """One admitted attempt. ``settle`` and ``release`` act once; later calls are no-ops.
 
     Both only queue their write (see the module docstring), so neither waits for Redis or
     raises for backend trouble.
     """
 
-    __slots__ = (
-        "_est_tokens",
-        "_lease_id",
-        "_limiter",
-        "_released",
-        "_settled",
-        "_source",
-        "_source_keys",
-        "_window",
-    )
+    __slots__ = ("_lease_id", "_limiter", "_source_keys", "_window")
 
     def __init__(
         self,
@@ -158,52 +150,26 @@ class RedisPermit:
         est_tokens: int,
         window: int,
     ) -> None:
+        super().__init__(source, est_tokens)
         self._limiter = limiter
         self._lease_id = lease_id
-        self._source = source
         self._source_keys = source_keys
-        self._est_tokens = est_tokens
         self._window = window
-        self._settled = False
-        self._released = False
 
     @property
     def lease_id(self) -> str:
         return self._lease_id
 
     @property
-    def source(self) -> str:
-        return self._source
-
-    @property
-    def est_tokens(self) -> int:
-        return self._est_tokens
-
-    @property
     def window(self) -> int:
         """The acquire-time window id (server minutes since the epoch) that ``settle`` moves."""
         return self._window
 
-    async def settle(self, actual_tokens: int) -> None:
-        actual = check_token_count(actual_tokens, "actual_tokens")
-        if self._settled:
-            return
-        self._settled = True
-        delta = actual - self._est_tokens
-        if delta:
-            self._limiter._queue(self._lease_id, self._source_keys, self._window, delta=delta)
+    def _apply_settle(self, delta: int) -> None:
+        self._limiter._queue(self._lease_id, self._source_keys, self._window, delta=delta)
 
-    async def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
+    def _apply_release(self) -> None:
         self._limiter._queue(self._lease_id, self._source_keys, self._window, release=True)
-
-    def __repr__(self) -> str:
-        return (
-            f"<RedisPermit lease_id={self._lease_id!r} source={self._source!r} "
-            f"est_tokens={self._est_tokens} settled={self._settled} released={self._released}>"
-        )
 
 
 class RedisLimiter:

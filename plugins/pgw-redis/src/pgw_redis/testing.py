@@ -1,22 +1,70 @@
-"""Test support: the Redis backend of the governance contract suites.
+"""Test support: the Redis backend of the governance contract suites, and a round-trip counter.
 
 ``polygateway.testing.contracts`` runs its limiter and breaker suites against the object
 ``make_governance_backend(redis_url, scope)`` returns. Time there is the server's, which no
 test can move: ``supports_fake_time`` is false and the time-dependent cases are covered by
 real-wait variants in this plugin's own tests.
+
+``counting_client(url)`` is a client like ``connect`` makes that counts its round trips (what
+a governed call costs in Redis traffic; the tests and ``tools/bench/redis_limiter.py`` use it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from polygateway.settings import Limits
 from polygateway.testing.contracts import UninjectableClock
 
 from pgw_redis.breaker import RedisGate
-from pgw_redis.connection import RedisClient, connect
+from pgw_redis.connection import DEFAULT_MAX_CONNECTIONS, RedisClient, connect
 from pgw_redis.keys import GATE_PREFIX, LIMIT_PREFIX, scope_tag
 from pgw_redis.limiter import RedisLimiter
+
+
+@dataclass
+class RoundTrips:
+    """Writes to the socket: one per command, one per pipeline (connection setup excluded)."""
+
+    count: int = 0
+
+
+def counting_client(url: str) -> tuple[Any, RoundTrips]:
+    """A standalone-Redis client set up like ``connect`` makes it, counting its round trips."""
+    from redis.asyncio import BlockingConnectionPool, Connection, Redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    trips = RoundTrips()
+
+    class CountingConnection(Connection):
+        handshaking = False
+
+        async def on_connect_check_health(self, check_health: bool = True) -> None:
+            # The connection's own setup (HELLO, CLIENT SETINFO) is not a command's round trip.
+            self.handshaking = True
+            try:
+                await super().on_connect_check_health(check_health)
+            finally:
+                self.handshaking = False
+
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            if not self.handshaking:
+                trips.count += 1
+            await super().send_packed_command(command, check_health)
+
+    pool = BlockingConnectionPool.from_url(
+        url,
+        connection_class=CountingConnection,
+        max_connections=DEFAULT_MAX_CONNECTIONS,
+        timeout=2.0,
+        decode_responses=True,
+        socket_timeout=2.0,
+        socket_connect_timeout=2.0,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return Redis.from_pool(pool), trips
 
 
 class RedisGovernanceBackend:

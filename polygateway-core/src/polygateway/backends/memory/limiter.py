@@ -17,6 +17,7 @@ import math
 import secrets
 
 from polygateway.backends import MAX_TOKENS, check_token_count
+from polygateway.permits import OnceOnlyPermit
 from polygateway.ports import Clock, Denial, Permit, SourceStats
 from polygateway.settings import Limits
 from polygateway.validation import check_limits
@@ -49,19 +50,10 @@ class _SourceState:
         self.usage = _WindowUsage()
 
 
-class _MemoryPermit:
+class _MemoryPermit(OnceOnlyPermit):
     """One admitted attempt. ``settle`` and ``release`` act once; later calls are no-ops."""
 
-    __slots__ = (
-        "_est_tokens",
-        "_lease",
-        "_limiter",
-        "_released",
-        "_settled",
-        "_source",
-        "_state",
-        "_window",
-    )
+    __slots__ = ("_lease", "_limiter", "_state", "_window")
 
     def __init__(
         self,
@@ -72,54 +64,25 @@ class _MemoryPermit:
         est_tokens: int,
         window: int,
     ) -> None:
+        super().__init__(source, est_tokens)
         self._limiter = limiter
         self._lease = lease
-        self._source = source
         self._state = state
-        self._est_tokens = est_tokens
         self._window = window
-        self._settled = False
-        self._released = False
 
     @property
     def lease_id(self) -> str:
         # Leases are keyed by their number; the string id is made only when asked for.
         return f"{self._limiter._lease_prefix}{self._lease}"
 
-    @property
-    def source(self) -> str:
-        return self._source
+    def _apply_settle(self, delta: int) -> None:
+        self._limiter._adjust_tokens(self._state, self._window, delta)
 
-    @property
-    def est_tokens(self) -> int:
-        return self._est_tokens
-
-    async def settle(self, actual_tokens: int) -> None:
-        if type(actual_tokens) is int and 0 <= actual_tokens <= MAX_TOKENS:
-            actual = actual_tokens
-        else:
-            actual = check_token_count(actual_tokens, "actual_tokens")
-        if self._settled:
-            return
-        self._settled = True
-        delta = actual - self._est_tokens
-        if delta:
-            self._limiter._adjust_tokens(self._state, self._window, delta)
-
-    async def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
+    def _apply_release(self) -> None:
         # Absent when the lease already expired and was purged: then releasing is a no-op.
         lease = self._lease
         if self._limiter._leases.pop(lease, None) is not None:
             del self._state.leases[lease]
-
-    def __repr__(self) -> str:
-        return (
-            f"<Permit lease_id={self.lease_id!r} source={self._source!r} "
-            f"est_tokens={self._est_tokens} settled={self._settled} released={self._released}>"
-        )
 
 
 class InMemoryLimiter:
