@@ -26,10 +26,11 @@ from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
-from polygateway.digest import canonical_json
+import orjson
+
+from polygateway.digest import canonical_json, messages_digest
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ids import new_call_id
-from polygateway.middleware.telemetry import canonical_messages_json
 from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy
 from polygateway.types import ChatRequest, LLMResponse
 
@@ -57,11 +58,55 @@ DECODED_MEMO_SIZE = 256
 """Entries whose decoded fields a layer keeps, so a repeated hit skips JSON parsing."""
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _DECODE = json.JSONDecoder().decode
+# Field values orjson encodes as the stdlib reads them back. orjson would also accept types
+# the stdlib refuses (dataclasses, enums, UUIDs...) and write NaN/inf as null where the
+# stdlib refuses them: such values take the stdlib encoder, which raises as it always has.
+_ORJSON_VALUE_TYPES = frozenset({str, int, bool, float, type(None)})
+
+
+def _stored(r: LLMResponse) -> dict[str, Any]:
+    """The stored fields by name, in ``_STORED_FIELDS`` order (a test holds the two equal).
+
+    Spelled out because a literal builds the dict in half the time of ``dict(zip(...))``.
+    """
+    return {
+        "content": r.content,
+        "thinking": r.thinking,
+        "model": r.model,
+        "provider": r.provider,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "latency_ms": r.latency_ms,
+        "ttft_ms": r.ttft_ms,
+        "max_inter_token_ms": r.max_inter_token_ms,
+        "cache_hit": r.cache_hit,
+        "call_id": r.call_id,
+        "source_name": r.source_name,
+        "cost": r.cost,
+        "usage_source": r.usage_source,
+        "finish_reason": r.finish_reason,
+        "salvaged": r.salvaged,
+    }
 
 
 def encode_response(response: LLMResponse) -> str:
-    """The cached form of a response: JSON of its fields, without ``structured_data``."""
-    return _ENCODER.encode({name: getattr(response, name) for name in _STORED_FIELDS})
+    """The cached form of a response: JSON of its fields, without ``structured_data``.
+
+    Encoded by orjson when every value is a plain JSON scalar (this runs on every miss);
+    floats may be spelled otherwise than by the stdlib (``1e-05`` as ``0.00001``) but read
+    back equal.
+    """
+    fields = _stored(response)
+    values = fields.values()
+    kinds = set(map(type, values))
+    if kinds <= _ORJSON_VALUE_TYPES and (
+        float not in kinds or all([math.isfinite(v) for v in values if type(v) is float])
+    ):
+        try:
+            return orjson.dumps(fields).decode("utf-8")
+        except orjson.JSONEncodeError:
+            pass  # an int beyond 64 bits, a lone surrogate: the stdlib's verdict
+    return _ENCODER.encode(fields)
 
 
 def decode_fields(value: str) -> dict[str, Any]:
@@ -84,6 +129,10 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
     return LLMResponse(**fields)
 
 
+def _callable_or_none(value: Any) -> Any:
+    return value if callable(value) else None
+
+
 def is_cacheable(response: LLMResponse) -> bool:
     """A real, complete answer: not a hit already, not empty, not cut off by the token limit,
     not salvaged from a stream that ended without ``[DONE]``."""
@@ -101,10 +150,13 @@ class CacheMiddleware:
     __slots__ = (
         "_backend",
         "_decoded",
+        "_default_tail",
         "_failing",
+        "_get_nowait",
         "_model_identity",
         "_model_json",
         "_schema_ids",
+        "_set_nowait",
         "_strategy",
         "namespace",
         "ttl_s",
@@ -138,12 +190,22 @@ class CacheMiddleware:
         if problems:
             raise ConfigError(problems)
         self._backend = backend
+        # Backends that answer synchronously (the memory cache) skip a coroutine per lookup
+        # and per store, as telemetry recorders with ``record_nowait`` do.
+        self._get_nowait: Callable[[str], str | None] | None = _callable_or_none(
+            getattr(backend, "get_nowait", None)
+        )
+        self._set_nowait: Callable[[str, str, float], None] | None = _callable_or_none(
+            getattr(backend, "set_nowait", None)
+        )
         self.namespace = namespace
         self.ttl_s = float(ttl_s)
         self._model_identity = model_identity
         self._model_json = _json_string(model_identity)
         self._strategy = strategy
         self._schema_ids: dict[type[Any], str] = {}
+        # The end of the key's JSON for the usual call (own namespace, no salt, raw text).
+        self._default_tail = self._key_tail(namespace, "", None)
         self._decoded: dict[str, dict[str, Any]] = {}
         self._failing = False
 
@@ -151,28 +213,35 @@ class CacheMiddleware:
         key = self._key_or_none(request)
         if key is None:
             return await call_next(request)
+        get_nowait = self._get_nowait
         try:
-            cached = await self._backend.get(key)
+            cached = get_nowait(key) if get_nowait is not None else await self._backend.get(key)
         except Exception as exc:  # noqa: BLE001 - a cache outage is a miss, never an error
             self._backend_failed("get", exc)
             cached = None
         else:
-            self._backend_ok()
+            if self._failing:
+                self._backend_ok()
         if cached is not None:
             hit = self._hit(cached, request)
             if hit is not None:
                 return hit
         response = await call_next(request)
         if is_cacheable(response):
+            set_nowait = self._set_nowait
             try:
                 value = encode_response(response)
-                await self._backend.set(key, value, self.ttl_s)
+                if set_nowait is not None:
+                    set_nowait(key, value, self.ttl_s)
+                else:
+                    await self._backend.set(key, value, self.ttl_s)
             except (ValueError, TypeError) as exc:  # e.g. NaN or a non-JSON field value
                 logger.warning("response not cached: it cannot be encoded (%s)", exc)
             except Exception as exc:  # noqa: BLE001 - a cache outage must not fail a good call
                 self._backend_failed("set", exc)
             else:
-                self._backend_ok()
+                if self._failing:
+                    self._backend_ok()
         return response
 
     # ------------------------------------------------------------------ key
@@ -194,29 +263,29 @@ class CacheMiddleware:
         # The telemetry layer's observer (when present) encodes the messages once per call
         # for its rows; the key hashes the same string.
         shared = getattr(request.observer, "canonical_messages", None)
-        messages = request.messages
-        text = shared(messages) if shared is not None else canonical_messages_json(messages)
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        if shared is not None:
+            digest = hashlib.sha256(shared(request.messages).encode("utf-8")).hexdigest()
+        else:
+            digest = messages_digest(request.messages)
         structured = request.structured
+        if structured is None and not salt and namespace == self.namespace:
+            tail = self._default_tail
+        else:
+            tail = self._key_tail(namespace, salt, structured)
+        extra = request.extra_body
+        head = '{"extra":' + canonical_json(extra) + "," if extra else "{"
+        key_json = f'{head}"messages_digest":"{digest}"{tail}'
+        return KEY_PREFIX + hashlib.sha256(key_json.encode("utf-8")).hexdigest()
+
+    def _key_tail(self, namespace: str, salt: str, structured: Any) -> str:
+        """The key's JSON object after ``messages_digest`` (its keys sort after it)."""
         structured_json = (
             "null" if structured is None else _json_string(self._structured_id(structured))
         )
-        extra = request.extra_body
-        key_json = (
-            ('{"extra":' + canonical_json(extra) + "," if extra else "{")
-            + '"messages_digest":"'
-            + digest
-            + '","model":'
-            + self._model_json
-            + ',"namespace":'
-            + _json_string(namespace)
-            + ',"salt":'
-            + _json_string(salt)
-            + ',"structured":'
-            + structured_json
-            + "}"
+        return (
+            f',"model":{self._model_json},"namespace":{_json_string(namespace)}'
+            f',"salt":{_json_string(salt)},"structured":{structured_json}}}'
         )
-        return KEY_PREFIX + hashlib.sha256(key_json.encode("utf-8")).hexdigest()
 
     def _key_or_none(self, request: ChatRequest) -> str | None:
         try:

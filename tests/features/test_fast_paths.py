@@ -1,0 +1,584 @@
+"""The per-call fast paths of the telemetry and cache layers give exactly what the plain
+implementations gave: canonical JSON and cache keys byte for byte (orjson only where it is
+provably identical to the stdlib), cached values that read back equal, the same rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import sqlite3
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from polygateway.backends.memory.cache import MemoryCache
+from polygateway.digest import (
+    canonical_json,
+    canonical_json_bytes,
+    canonical_messages_json,
+    messages_digest,
+)
+from polygateway.middleware import telemetry
+from polygateway.middleware.cache import (
+    _STORED_FIELDS,
+    CacheMiddleware,
+    decode_fields,
+    encode_response,
+)
+from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
+from polygateway.settings import Secret, SourceConfig
+from polygateway.structured.json_repair import JsonRepairStrategy
+from polygateway.telemetry.sqlite import SQLiteRecorder
+from polygateway.testing import FakeClock
+from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
+
+# --------------------------------------------------------------------------- the references
+
+
+def reference_json(value: Any) -> str:
+    """Canonical JSON as it has always been defined: the stdlib, sorted, compact, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def reference_part(part: Any) -> Any:
+    if isinstance(part, Mapping) and part.get("type") == "text":
+        return {"type": "text", "text": part.get("text", "")}
+    kind = part.get("type", "part") if isinstance(part, Mapping) else type(part).__name__
+    digest = hashlib.sha256(reference_json(part).encode("utf-8")).hexdigest()
+    return {"type": kind, "sha256": digest}
+
+
+def reference_messages_json(messages: Any) -> str:
+    digested = []
+    for message in messages:
+        out = dict(message)
+        content = message.get("content")
+        if isinstance(content, Sequence) and not isinstance(content, str):
+            out["content"] = [reference_part(p) for p in content]
+        digested.append(out)
+    return reference_json(digested)
+
+
+def outcome(function: Any, *args: Any) -> tuple[str, Any]:
+    """What a call returned, or the class of what it raised (both paths must agree)."""
+    try:
+        return ("value", function(*args))
+    except Exception as exc:  # the comparison is the point
+        return ("raised", type(exc))
+
+
+# --------------------------------------------------------------------------- canonical JSON
+
+texts = st.text(max_size=12) | st.sampled_from(
+    ["", "é", "日本語", "\U0001f600", '"', "\\", "\n\t\r\b\f", "\x00\x1f\x7f", "\u2028\ufeff"]
+)
+floats = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
+    [0.1, -0.0, 1e-05, 1e16, 1.5e300, 5e-324, 123456.789, 1e22]
+)
+ints = st.integers(min_value=-(2**70), max_value=2**70) | st.sampled_from(
+    [2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1]
+)
+leaves = st.none() | st.booleans() | ints | floats | texts
+keys = texts | st.integers(-5, 5) | st.booleans() | st.none() | st.floats(-2.0, 2.0)
+json_values = st.recursive(
+    leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(texts, inner, max_size=4)
+        | st.dictionaries(keys, inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values)
+def test_canonical_json_is_the_stdlib_canonical_form(value: Any) -> None:
+    assert outcome(canonical_json, value) == outcome(reference_json, value)
+    assert outcome(canonical_json_bytes, value) == outcome(
+        lambda v: reference_json(v).encode("utf-8"), value
+    )
+
+
+class Label(str):
+    pass
+
+
+class Record(dict[str, Any]):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"b": 1, "a": [1, 2, {"d": None, "c": True}]},
+        [
+            "every code point",
+            "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x10000))),
+        ],
+        {"\U0001f600": 1, "\uffff": 2, "z": 3, "é": 4, "": 5},
+        {"x": float("nan"), "y": float("inf"), "z": -float("inf")},
+        {"n": 2**64, "m": -(2**63) - 1, "k": 2**64 - 1},
+        {1: "int key", "1.5": "str key"},
+        {True: "bool key", None: "none key"},
+        {"s": Label("a str subclass")},
+        Record(a=1),
+        ("a", ("tuple", 1)),
+        "\ud800 a lone surrogate",
+        {
+            "deep": [
+                [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["bottom"]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]
+            ]
+        },
+        MappingProxyType({"a": 1}),
+        {"a": object()},
+    ],
+)
+def test_canonical_json_matches_the_stdlib_on_the_awkward_cases(value: Any) -> None:
+    assert outcome(canonical_json, value) == outcome(reference_json, value)
+
+
+def test_a_circular_value_still_fails_like_the_stdlib() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    assert outcome(canonical_json, loop) == outcome(reference_json, loop)
+
+
+# --------------------------------------------------------------------------- messages and keys
+
+part = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("image_url"),
+            "image_url": st.fixed_dictionaries(
+                {"url": texts.map(lambda t: "data:image/png;base64," + t)},
+                optional={"detail": st.sampled_from(["low", "high"])},
+            ),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("input_audio"), "input_audio": st.dictionaries(texts, json_values)}
+    ),
+    texts,
+)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool"])},
+    optional={
+        "content": st.one_of(texts, st.none(), st.lists(part, max_size=3)),
+        "name": texts,
+        "weight": floats,
+        "tool_calls": st.lists(st.dictionaries(texts, json_values, max_size=2), max_size=2),
+    },
+)
+message_lists = st.lists(message, min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(message_lists)
+def test_messages_json_and_digest_are_unchanged(messages: list[dict[str, Any]]) -> None:
+    expected = outcome(reference_messages_json, messages)
+    assert outcome(canonical_messages_json, messages) == expected
+    assert outcome(canonical_messages_json, tuple(messages)) == expected
+    digest = outcome(
+        lambda m: hashlib.sha256(reference_messages_json(m).encode("utf-8")).hexdigest(),
+        messages,
+    )
+    assert outcome(messages_digest, messages) == digest
+
+
+def test_messages_that_are_not_plain_dicts_take_the_same_digest() -> None:
+    plain = [{"role": "user", "content": "hi"}]
+    assert canonical_messages_json([MappingProxyType(plain[0])]) == reference_json(plain)
+    assert messages_digest([MappingProxyType(plain[0])]) == messages_digest(plain)
+
+
+def key_layer() -> CacheMiddleware:
+    return CacheMiddleware(
+        MemoryCache(clock=FakeClock()),
+        namespace="tenant-1",
+        ttl_s=60.0,
+        model_identity="model-a,model-b",
+        strategy=JsonRepairStrategy(),
+    )
+
+
+# Keys computed by the implementation before the fast paths: an entry written by an older
+# process must still be found.
+GOLDEN_KEYS = {
+    "text": "pgw:cache:c04a470509a21835a1509be48207e40f81a93887bd6ddb281caa7f3c8dea26b0",
+    "unicode": "pgw:cache:e4804daec4f1f6c83d948c5fcfd01f8e21d8b85cbae34938718169c49bd51d7c",
+    "image": "pgw:cache:7071187de558b80d7be2ebb240c2c38a086e0630594624ba34a0b1243db0bee1",
+    "salted": "pgw:cache:1d22996c33503a7b8fd9c095e55ea4e323194bc28e1e79478fc60b30b2499c30",
+    "extra": "pgw:cache:69eeacef0193e2f1fdd4c998c37173a6ee80f770f5d88616434de73d13b3e0ba",
+    "floats": "pgw:cache:ce9626706c7e31cd54f628afa5d2ca81c1de5dc45dc7e030f118b352db8c9c9b",
+}
+GOLDEN_REQUESTS = {
+    "text": ChatRequest(messages=[{"role": "user", "content": "What is the capital of France?"}]),
+    "unicode": ChatRequest(
+        messages=[
+            {"role": "system", "content": 'Réponds en français \u2603 \U0001f600 "q" \\ \n\t\x01'},
+            {"role": "user", "content": "日本語"},
+        ]
+    ),
+    "image": ChatRequest(
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "describe"},
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "data:image/png;base64,AAAA", "detail": "high"},
+                    },
+                ],
+            }
+        ]
+    ),
+    "salted": ChatRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        cache_salt="epoch-2",
+        cache_namespace="tenant-2",
+        structured="json",
+    ),
+    "extra": ChatRequest(
+        messages=[
+            {"role": "user", "content": "hi", "name": "bob"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "t1", "function": {"name": "f", "arguments": "{}"}}],
+            },
+        ],
+        extra_body={
+            "temperature": 0.7,
+            "top_p": 1e-05,
+            "seed": 12345678901234567890123,
+            "stop": ["\n"],
+        },
+    ),
+    "floats": ChatRequest(
+        messages=[{"role": "user", "content": "x", "weight": 1e16, "scores": [0.1, -0.0, 1.5e300]}]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_KEYS))
+def test_cache_keys_are_those_of_the_previous_implementation(name: str) -> None:
+    request = GOLDEN_REQUESTS[name]
+    layer = key_layer()
+    assert layer.key(request) == GOLDEN_KEYS[name]
+    # The same key when the telemetry observer supplies the encoded messages.
+    observer = telemetry._CallObserver(
+        TelemetryMiddleware(ListRecorder(), pricing=None, clock=FakeClock())
+    )
+    assert layer.key(dataclasses.replace(request, observer=observer)) == GOLDEN_KEYS[name]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    msgs=message_lists,
+    namespace=st.one_of(st.none(), texts),
+    salt=st.one_of(st.none(), texts),
+    structured=st.sampled_from([None, "json"]),
+    extra=st.dictionaries(texts, json_values, max_size=3),
+)
+def test_cache_keys_follow_the_formula_with_the_stdlib_encoder(
+    msgs: list[dict[str, Any]],
+    namespace: str | None,
+    salt: str | None,
+    structured: Any,
+    extra: dict[str, Any],
+) -> None:
+    layer = key_layer()
+    request = ChatRequest(
+        messages=msgs,
+        cache_namespace=namespace,
+        cache_salt=salt,
+        structured=structured,
+        extra_body=extra,
+    )
+
+    def expected(_: Any) -> str:
+        parts: dict[str, Any] = {
+            "model": "model-a,model-b",
+            "messages_digest": hashlib.sha256(
+                reference_messages_json(msgs).encode("utf-8")
+            ).hexdigest(),
+            "namespace": namespace or "tenant-1",
+            "salt": salt or "",
+            "structured": structured,
+        }
+        if extra:
+            parts["extra"] = extra
+        return "pgw:cache:" + hashlib.sha256(reference_json(parts).encode("utf-8")).hexdigest()
+
+    assert outcome(layer.key, request) == outcome(expected, None)
+
+
+# --------------------------------------------------------------------------- cached values
+
+
+def reference_encode(response: LLMResponse) -> str:
+    fields = {name: getattr(response, name) for name in _STORED_FIELDS}
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def test_the_stored_field_list_is_the_response_minus_structured_data() -> None:
+    response = LLMResponse(content="c")
+    names = [f.name for f in dataclasses.fields(LLMResponse) if f.name != "structured_data"]
+    assert list(_STORED_FIELDS) == names
+    assert list(json.loads(encode_response(response))) == names
+
+
+responses = st.builds(
+    LLMResponse,
+    content=texts,
+    thinking=texts,
+    model=texts,
+    provider=texts,
+    prompt_tokens=ints,
+    completion_tokens=st.integers(0, 10**6),
+    latency_ms=st.integers(0, 10**6),
+    ttft_ms=st.none() | floats,
+    max_inter_token_ms=st.none() | floats | st.integers(0, 10),
+    cache_hit=st.booleans(),
+    call_id=texts,
+    source_name=texts,
+    cost=st.none() | floats,
+    finish_reason=st.none() | texts,
+    salvaged=st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(responses)
+def test_cached_values_read_back_as_the_stdlib_encoding_did(response: LLMResponse) -> None:
+    ours = outcome(encode_response, response)
+    theirs = outcome(reference_encode, response)
+    if theirs[0] == "raised":
+        assert ours == theirs  # NaN, infinity: refused as before (the call is not cached)
+        return
+    assert ours[0] == "value"
+    assert decode_fields(ours[1]) == decode_fields(theirs[1])
+    assert json.loads(ours[1]) == json.loads(theirs[1])
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"cost": float("nan")},
+        {"ttft_ms": float("inf")},
+        {"prompt_tokens": float("nan")},  # a float where none belongs is still checked
+        {"model": object()},
+        {"call_id": Label("a str subclass")},
+        {"prompt_tokens": 2**80},
+        {"content": "\ud800 lone surrogate"},
+        {"provider": ["a", 1.5]},
+    ],
+)
+def test_unusual_field_values_are_encoded_or_refused_as_before(changes: dict[str, Any]) -> None:
+    response = dataclasses.replace(LLMResponse(content="ok", ttft_ms=1.5, cost=0.25), **changes)
+    assert outcome(encode_response, response) == outcome(reference_encode, response)
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+def test_the_observer_is_installed_on_an_otherwise_identical_request() -> None:
+    names = [f.name for f in dataclasses.fields(ChatRequest)]
+    assert names[-1] == "observer"  # the positional copy relies on it
+    request = ChatRequest(
+        messages=[{"role": "user", "content": "x"}],
+        session_id="s",
+        parent_call_id="p",
+        cache_salt="salt",
+        cache_namespace="ns",
+        structured="json",
+        stream=False,
+        response_format={"type": "json_object"},
+        extra_body={"seed": 1},
+    )
+    marker = object()
+    copy = telemetry._with_observer(request, marker)
+    assert copy == dataclasses.replace(request, observer=marker)
+    assert copy.observer is marker
+    assert all(
+        getattr(copy, name) is getattr(request, name) for name in names if name != "observer"
+    )
+
+
+def test_a_success_row_carries_every_field_in_its_place() -> None:
+    request = ChatRequest(
+        messages=[{"role": "user", "content": "x"}], session_id="s", parent_call_id="p"
+    )
+    source = SourceConfig(
+        name="src",
+        provider="prov",
+        base_url="http://127.0.0.1:9/v1",
+        model="model-x",
+        api_key=Secret("sk-never-recorded"),
+    )
+    response = LLMResponse(
+        content="answer",
+        thinking="why",
+        model="model-y",
+        provider="",
+        prompt_tokens=7,
+        completion_tokens=3,
+        latency_ms=41,
+        ttft_ms=1.5,
+        max_inter_token_ms=0.5,
+        usage_source="estimated",
+    )
+    record = build_telemetry_record(
+        request, response, call_id="c", latency_ms=99, created_at=12.0, source=source
+    )
+    assert record == TelemetryRecord(
+        call_id="c",
+        parent_call_id="p",
+        session_id="s",
+        model="model-y",
+        provider="prov",
+        source_name="src",
+        messages='[{"content":"x","role":"user"}]',
+        response="answer",
+        thinking="why",
+        prompt_tokens=7,
+        completion_tokens=3,
+        usage_source="estimated",
+        latency_ms=41,
+        ttft_ms=1.5,
+        max_inter_token_ms=0.5,
+        cache_hit=False,
+        error=None,
+        cost=None,
+        created_at=12.0,
+    )
+    assert "sk-never-recorded" not in repr(record)
+
+
+class ListRecorder:
+    def __init__(self) -> None:
+        self.records: list[TelemetryRecord] = []
+
+    def record_nowait(self, record: TelemetryRecord) -> None:
+        self.records.append(record)
+
+    async def record(self, record: TelemetryRecord) -> None:
+        self.record_nowait(record)
+
+    async def flush(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- backends
+
+
+async def test_the_memory_cache_answers_the_same_with_and_without_a_coroutine() -> None:
+    clock = FakeClock()
+    cache = MemoryCache(clock=clock, max_entries=2)
+    cache.set_nowait("a", "1", 10.0)
+    await cache.set("b", "2", 10.0)
+    assert (cache.get_nowait("a"), await cache.get("b")) == ("1", "2")
+    cache.set_nowait("a", "1b", 10.0)  # overwriting makes "a" the most recent
+    await cache.set("c", "3", 10.0)
+    assert (cache.get_nowait("b"), cache.get_nowait("a"), await cache.get("c")) == (
+        None,
+        "1b",
+        "3",
+    )
+    clock.advance(10.0)
+    assert cache.get_nowait("a") is None
+    with pytest.raises(TypeError):
+        cache.set_nowait("k", 1, 10.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ttl"):
+        cache.set_nowait("k", "v", math.inf)
+
+
+async def test_no_row_is_lost_across_many_batches(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path), batch_size=100, flush_interval_s=0.01)
+    records = [
+        build_telemetry_record(
+            ChatRequest(messages=[{"role": "user", "content": f"prompt {i} ü"}]),
+            LLMResponse(content=f"answer {i}", cost=0.5 if i % 2 else None),
+            call_id=f"call-{i}",
+            latency_ms=i,
+            created_at=0.0 if i % 3 == 0 else 1000.0 + i,
+        )
+        for i in range(1050)
+    ]
+    for record in records:
+        recorder.record_nowait(record)
+    recorder.record_nowait(records[0])  # a duplicate call_id is ignored, not an error
+    await recorder.aclose()
+    with closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT call_id, messages, response, cost, latency_ms, created_at FROM pgw_calls"
+        ).fetchall()
+    assert recorder.dropped == 0
+    assert len(rows) == len(records)
+    by_id = {row[0]: row for row in rows}
+    for i, record in enumerate(records):
+        _, messages, response, cost, latency_ms, created_at = by_id[record.call_id]
+        assert (messages, response, cost, latency_ms) == (
+            record.messages,
+            record.response,
+            record.cost,
+            i,
+        )
+        if record.created_at:
+            assert created_at == record.created_at
+        else:  # a record without a timestamp is stamped when it is recorded
+            assert created_at > 1_600_000_000
+
+
+async def test_a_row_sqlite_cannot_bind_among_many_is_dropped_alone(tmp_path: Path) -> None:
+    """Rows go in multi-row statements: one bad row still costs only itself."""
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path), flush_interval_s=60.0)  # one batch, at close
+    request = ChatRequest(messages=[{"role": "user", "content": "x"}])
+    records = [
+        build_telemetry_record(
+            request,
+            LLMResponse(content="ok", prompt_tokens=2**70 if i == 70 else i),
+            call_id=f"call-{i}",
+            latency_ms=1,
+            created_at=1.0,
+        )
+        for i in range(150)
+    ]
+    for record in records:
+        recorder.record_nowait(record)
+    await recorder.aclose()
+    with closing(sqlite3.connect(path)) as conn:
+        stored = {row[0] for row in conn.execute("SELECT call_id FROM pgw_calls")}
+    assert stored == {f"call-{i}" for i in range(150) if i != 70}
+    assert recorder.dropped == 1
+
+
+async def test_the_memory_cache_checks_every_new_ttl() -> None:
+    cache = MemoryCache(clock=FakeClock())
+    cache.set_nowait("a", "1", 10.0)
+    for bad in (None, 0, -1.0, math.nan, True, "10"):
+        with pytest.raises(ValueError, match="ttl"):
+            cache.set_nowait("b", "2", bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="ttl"):
+            await cache.set("b", "2", bad)  # type: ignore[arg-type]
+    assert cache.get_nowait("b") is None
+    ttl = 5.0
+    cache.set_nowait("c", "3", ttl)
+    cache.set_nowait("d", "4", ttl)
+    assert cache.remaining_ttl_s("d") == 5.0
