@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
-from polygateway.digest import canonical_json, digest_messages
+from polygateway.digest import canonical_messages_json
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
@@ -133,7 +133,7 @@ def build_request_body(
 
 def estimate_prompt_tokens(messages: Sequence[Message]) -> int:
     """About 4 characters per token of the messages' JSON, images counted by their digest."""
-    return max(1, math.ceil(len(canonical_json(digest_messages(messages))) / CHARS_PER_TOKEN))
+    return max(1, math.ceil(len(canonical_messages_json(messages)) / CHARS_PER_TOKEN))
 
 
 def estimate_completion_tokens(content: str, thinking: str = "") -> int:
