@@ -8,9 +8,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polygateway.backends.memory.cache import MemoryCache
-from polygateway.digest import canonical_json, digest_messages, messages_digest
+from polygateway.digest import (
+    canonical_json,
+    canonical_messages_json,
+    digest_messages,
+    messages_digest,
+)
 from polygateway.middleware.cache import KEY_PREFIX, CacheMiddleware
-from polygateway.middleware.telemetry import canonical_messages_json
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.testing import FakeClock
 from polygateway.types import ChatRequest

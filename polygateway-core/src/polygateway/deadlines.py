@@ -1,8 +1,9 @@
 """Enforcing a deadline on the task that awaits, the way ``asyncio.timeout`` does, but reusable.
 
 ``asyncio.timeout`` costs two coroutines and a timer per ``async with``; the transports wait
-under a deadline on every read of every call, so they use ``TaskDeadline`` instead: the caller
-owns the timer (one per call or stream) and brackets each wait with ``enter`` / ``exit``.
+under a deadline on every read of every call, so ``streaming.StreamLiveness`` uses
+``TaskDeadline`` instead: it owns no timer (a shared ``LivenessMonitor`` calls ``expire``) and
+brackets each wait with ``enter`` / ``exit``.
 
 The protocol is the one of ``asyncio.timeout``: on ``enter`` the task's cancellation count is
 read; when the deadline fires the task is cancelled; on ``exit`` that cancellation is taken
@@ -27,11 +28,6 @@ class TaskDeadline:
         self._cancelling = 0
         self._expired = False
 
-    @property
-    def waiting(self) -> bool:
-        """Whether a task is between ``enter`` and ``exit``."""
-        return self._task is not None
-
     def enter(self, loop: asyncio.AbstractEventLoop) -> None:
         """The current task starts waiting under the deadline."""
         task = asyncio.current_task(loop)
@@ -41,17 +37,14 @@ class TaskDeadline:
         self._cancelling = task.cancelling()
         self._expired = False
 
-    def expire(self) -> bool:
-        """The deadline passed (a timer callback): cancel the waiting task, once.
-
-        ``False`` when no task is waiting (the next wait must check the deadline itself).
-        """
+    def expire(self) -> None:
+        """The deadline passed: cancel the waiting task, once. Nothing happens when no task is
+        waiting (the next wait must check the deadline itself)."""
         task = self._task
         if task is None or self._expired:
-            return False
+            return
         self._expired = True
         task.cancel()
-        return True
 
     def exit(self, *, cancelled: bool = False) -> bool:
         """The wait ended (idempotent). ``True`` when ``cancelled`` (the wait raised

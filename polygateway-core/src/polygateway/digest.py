@@ -108,22 +108,10 @@ def digest_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     return [digest_message(m) for m in messages]
 
 
-def _digested(messages: Sequence[Message]) -> Any:
-    """``digest_messages(messages)``, or ``messages`` itself when every message is a plain
-    dict with text (or no) content: digesting would change nothing, so no copies are made."""
-    for message in messages:
-        if type(message) is not dict:
-            return digest_messages(messages)
-        content = message.get("content")
-        if content is not None and type(content) is not str:
-            return digest_messages(messages)
-    return messages
-
-
 def _text_only(messages: Any) -> bool:
     """A list (or tuple) of plain dicts with ``str`` keys and ``str`` or ``None`` values, the
     usual request: digesting changes nothing and orjson's output is canonical. One pass
-    instead of ``_digested`` then ``_orjson_exact``, as this runs on every call."""
+    instead of ``digest_messages`` then ``_orjson_exact``, as this runs on every call."""
     if type(messages) is not list and type(messages) is not tuple:
         return False
     for message in messages:
@@ -135,18 +123,17 @@ def _text_only(messages: Any) -> bool:
     return True
 
 
+def _canonical_messages_bytes(messages: Sequence[Message]) -> bytes:
+    fast = _orjson_sorted(messages) if _text_only(messages) else None
+    return fast if fast is not None else canonical_json_bytes(digest_messages(messages))
+
+
 def canonical_messages_json(messages: Sequence[Message]) -> str:
     """``canonical_json(digest_messages(messages))``, the same string, faster: the telemetry
     ``messages`` column, and what the cache key's ``messages_digest`` hashes."""
-    fast = _orjson_sorted(messages) if _text_only(messages) else None
-    if fast is not None:
-        return fast.decode("utf-8")
-    return canonical_json(_digested(messages))
+    return _canonical_messages_bytes(messages).decode("utf-8")
 
 
 def messages_digest(messages: Sequence[Message]) -> str:
     """sha256 of the digested messages: the ``messages_digest`` of the cache key formula."""
-    fast = _orjson_sorted(messages) if _text_only(messages) else None
-    if fast is None:
-        fast = canonical_json_bytes(_digested(messages))
-    return hashlib.sha256(fast).hexdigest()
+    return hashlib.sha256(_canonical_messages_bytes(messages)).hexdigest()

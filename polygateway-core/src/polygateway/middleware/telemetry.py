@@ -181,8 +181,6 @@ class TelemetryMiddleware:
         except Exception as exc:
             self._after_error(observer, request, exc, started)
             raise
-        if observer.attempts and observer.last_cost is None and observer._pending is None:
-            return response  # the usual call: its rows are recorded, there is no cost to fill
         return self._after_success(observer, request, response, started)
 
     def _after_success(
@@ -333,8 +331,7 @@ class _CallObserver:
         self.attempts += 1
         layer = self._layer
         try:
-            if self._pending is not None:
-                self.release_pending()
+            self.release_pending()
             record = layer.build(
                 request,
                 outcome,
@@ -384,7 +381,6 @@ __all__ = [
     "CANCELLED",
     "TelemetryMiddleware",
     "build_telemetry_record",
-    "canonical_messages_json",
     "error_name",
     "messages_json",
 ]

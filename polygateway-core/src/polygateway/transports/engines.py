@@ -150,6 +150,17 @@ async def _read_capped(response: EngineResponse, limit: int | None) -> bytes:
 # --------------------------------------------------------------------------- aiohttp
 
 
+def _aiohttp_error(exc: Exception, config: EngineConfig) -> TransientError:
+    """An aiohttp or socket failure as the error class the transport raises (timeouts are
+    ``TimeoutError`` subclasses, aiohttp's own included)."""
+    return wire_error(
+        exc,
+        timeout=isinstance(exc, TimeoutError),
+        source_name=config.source_name,
+        secret=config.secret,
+    )
+
+
 class _AiohttpResponse:
     __slots__ = ("_config", "_response")
 
@@ -168,28 +179,16 @@ class _AiohttpResponse:
     async def read_chunk(self) -> bytes:
         try:
             return await self._response.content.readany()
-        except TimeoutError as exc:
-            raise wire_error(
-                exc, timeout=True, source_name=self._config.source_name, secret=self._config.secret
-            ) from exc
         except _AIOHTTP_FAILURES as exc:
-            raise wire_error(
-                exc, timeout=False, source_name=self._config.source_name, secret=self._config.secret
-            ) from exc
+            raise _aiohttp_error(exc, self._config) from exc
 
     async def read(self, limit: int | None = None) -> bytes:
         if limit is not None:
             return await _read_capped(self, limit)
         try:
             return await self._response.read()
-        except TimeoutError as exc:
-            raise wire_error(
-                exc, timeout=True, source_name=self._config.source_name, secret=self._config.secret
-            ) from exc
         except _AIOHTTP_FAILURES as exc:
-            raise wire_error(
-                exc, timeout=False, source_name=self._config.source_name, secret=self._config.secret
-            ) from exc
+            raise _aiohttp_error(exc, self._config) from exc
 
     def at_eof(self) -> bool:
         return self._response.content.at_eof()
@@ -256,14 +255,8 @@ class AiohttpEngine:
                 sanitize_message(f"source {config.source_name!r}: invalid URL {url!r}"),
                 source_name=config.source_name,
             ) from exc
-        except TimeoutError as exc:
-            raise wire_error(
-                exc, timeout=True, source_name=config.source_name, secret=config.secret
-            ) from exc
         except _AIOHTTP_FAILURES as exc:
-            raise wire_error(
-                exc, timeout=False, source_name=config.source_name, secret=config.secret
-            ) from exc
+            raise _aiohttp_error(exc, config) from exc
         return _AiohttpResponse(response, config)
 
     async def aclose(self) -> None:

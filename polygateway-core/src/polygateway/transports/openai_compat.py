@@ -328,17 +328,8 @@ class OpenAICompatTransport:
         try:
             with liveness:
                 response = await self._engine.post(self._url, body)
-            status = response.status
-            if status < 200 or status >= 300:
-                with liveness:
-                    error_body = await response.read(ERROR_BODY_LIMIT)
-                raise error_for_status(
-                    status,
-                    error_body,
-                    response.headers,
-                    source_name=source.name,
-                    secret=self._secret,
-                )
+                if not 200 <= response.status < 300:
+                    await self._raise_status_error(response, source)
             read_chunk = response.read_chunk
             chunk = b""
             content_type = response.headers.get("content-type", "")
@@ -403,6 +394,17 @@ class OpenAICompatTransport:
         except SSEProtocolError as exc:
             raise TransientError(f"{exc}", source_name=parser.source_name) from exc
 
+    async def _raise_status_error(self, response: EngineResponse, source: SourceConfig) -> None:
+        """The error class of a non-2xx answer (ARCHITECTURE §6.2), read from its status,
+        headers and the start of its body."""
+        raise error_for_status(
+            response.status,
+            await response.read(ERROR_BODY_LIMIT),
+            response.headers,
+            source_name=source.name,
+            secret=self._secret,
+        )
+
     async def _drain(self, response: EngineResponse) -> None:
         """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
         drained = 0
@@ -443,15 +445,8 @@ class OpenAICompatTransport:
         try:
             with deadline:
                 response = await self._engine.post(self._url, body)
-                status = response.status
-                if status < 200 or status >= 300:
-                    raise error_for_status(
-                        status,
-                        await response.read(ERROR_BODY_LIMIT),
-                        response.headers,
-                        source_name=source.name,
-                        secret=self._secret,
-                    )
+                if not 200 <= response.status < 300:
+                    await self._raise_status_error(response, source)
                 raw = await response.read()
         finally:
             deadline.close()

@@ -504,9 +504,7 @@ def parse_completion(
     An ``error`` object (some gateways answer 200 with one) or a body without a first choice
     raises ``TransientError``.
     """
-    # ``type() is`` first: a body from a JSON parser holds plain dicts, lists and strs, and the
-    # check is cheaper than ``isinstance`` on a path run once per call.
-    if type(body) is not dict and not isinstance(body, dict):
+    if not isinstance(body, dict):
         raise TransientError(
             "malformed completion body (not a JSON object)", source_name=source_name
         )
@@ -518,7 +516,7 @@ def parse_completion(
         raise TransientError("malformed completion body (no choices)", source_name=source_name)
     choice = choices[0]
     message = choice.get("message")
-    if type(message) is not dict and not isinstance(message, dict):
+    if not isinstance(message, dict):
         raise TransientError("malformed completion body (no message)", source_name=source_name)
     thinking = ""
     for name in reasoning_fields:
