@@ -84,8 +84,9 @@ RETURN_TYPES: Final = (
     "spans_pdf",
 )
 _KEEP_BODY_BYTES: Final = 8 * 1024 * 1024
-"""Uploads up to this size are kept whole (a PDF's page sizes are read from them)."""
+"""How much of a PDF upload is kept (its page sizes are read from it)."""
 _HEAD_BYTES: Final = 64 * 1024
+"""How much of an image upload is kept (its pixel size is in the header)."""
 _FAKE_JPEG: Final = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xd9"
 _FAKE_PDF: Final = b"%PDF-1.4\n% fake drawing\n%%EOF\n"
 
@@ -484,6 +485,7 @@ class FakeMonkeyOcr:
         self._states: dict[str, _SourceState] = {}
         self._uploads: list[ReceivedUpload] = []
         self._zips: dict[tuple[str, str], _Stored] = {}
+        self._downloads: list[tuple[str, str]] = []
         self._connections = 0
         self._stalled = 0
         self._runner: web.ServerRunner | None = None
@@ -500,10 +502,10 @@ class FakeMonkeyOcr:
         sock.bind((self._host, self._port))
         self._port = sock.getsockname()[1]
         self._runner = web.ServerRunner(
-            _CountingServer(self._handle, self._count), handle_signals=False
+            _CountingServer(self._handle, self._count), handle_signals=False, shutdown_timeout=1.0
         )
         await self._runner.setup()
-        await web.SockSite(self._runner, sock, shutdown_timeout=1.0).start()
+        await web.SockSite(self._runner, sock).start()
 
     async def stop(self) -> None:
         if self._release is not None:
@@ -594,6 +596,7 @@ class FakeMonkeyOcr:
             self._states.clear()
             self._uploads.clear()
             self._zips.clear()
+            self._downloads.clear()
             self._stalled = 0
             self._guard.notify_all()
         self._release_stalled()
@@ -601,6 +604,11 @@ class FakeMonkeyOcr:
     def uploads(self, source: str | None = None) -> list[ReceivedUpload]:
         with self._guard:
             return [u for u in self._uploads if source is None or u.source == source]
+
+    def downloads(self, source: str | None = None) -> list[str]:
+        """Names requested under ``GET /static/`` (of ``source``, or all), in order."""
+        with self._guard:
+            return [name for src, name in self._downloads if source is None or src == source]
 
     def max_inflight(self, source: str) -> int:
         """The most requests of ``source`` that were being processed at the same time."""
@@ -732,11 +740,14 @@ class FakeMonkeyOcr:
                 found = True
                 filename = part.filename
                 content_type = part.headers.get("Content-Type")
+                keep = _HEAD_BYTES
                 while chunk := await part.read_chunk(64 * 1024):
+                    if not size and b"%PDF-" in chunk[:1024]:
+                        keep = _KEEP_BODY_BYTES  # page sizes are read from the whole PDF
                     digest.update(chunk)
                     size += len(chunk)
-                    if len(kept) < _KEEP_BODY_BYTES:
-                        kept += chunk[: _KEEP_BODY_BYTES - len(kept)]
+                    if len(kept) < keep:
+                        kept += chunk[: keep - len(kept)]
         upload = ReceivedUpload(
             source=source,
             method=request.method,
@@ -750,8 +761,7 @@ class FakeMonkeyOcr:
         with self._guard:
             self._uploads.append(upload)
             self._guard.notify_all()
-        body = bytes(kept) if size <= _KEEP_BODY_BYTES else bytes(kept[:_HEAD_BYTES])
-        return filename, body, found
+        return filename, bytes(kept), found
 
     async def _serve(
         self, request: web.BaseRequest, source: str, state: _SourceState, route: str
@@ -881,6 +891,7 @@ class FakeMonkeyOcr:
     async def _static(self, request: web.BaseRequest, source: str, name: str) -> web.StreamResponse:
         with self._guard:
             stored = self._zips.get((source, name))
+            self._downloads.append((source, name))
         if stored is None or stored.download == "gone":
             return self._json({"detail": "Not Found"}, 404)
         response = web.StreamResponse(status=200)
