@@ -76,6 +76,9 @@ def test_the_deadline_grows_with_pages_and_megabytes(make_transport: MakeTranspo
     assert transport.timeout_for(ten_pages) == pytest.approx(30.0, abs=0.01)
     big = make_png(8, 8, size=5 * MIB)
     assert transport.timeout_for(big) == pytest.approx(10.0 + 2.0 + 5.0, abs=0.01)
+    capped = make_transport("b", fields={"timeout_s": 10.0}, max_timeout_s=60)
+    assert capped.timeout_for(make_pdf([(595, 842)] * 500)) == 60.0
+    assert capped.max_deadline_s == 60.0
 
 
 async def test_the_allowance_lets_a_long_document_finish(

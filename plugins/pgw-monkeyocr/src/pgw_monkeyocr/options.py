@@ -43,6 +43,9 @@ class MonkeyOcrOptions:
     """Added to the source's ``timeout_s`` for every page (MonkeyOCR: 0.5-2.4 pages/s/GPU)."""
     per_mb_timeout_s: float = 1.0
     """Added to the source's ``timeout_s`` for every MiB uploaded."""
+    max_timeout_s: float = 900.0
+    """The deadline of one call never exceeds this (nor goes below ``timeout_s``); limiter
+    leases and breaker probes of an OCR client are sized on it."""
     max_zip_bytes: int = 256 * MIB
     """A result ZIP larger than this is refused (``TransientError`` naming the cap)."""
     max_member_bytes: int = 64 * MIB
@@ -81,6 +84,7 @@ class MonkeyOcrOptions:
             return_type=return_type,  # type: ignore[arg-type]
             per_page_timeout_s=reader.number("per_page_timeout_s", defaults.per_page_timeout_s),
             per_mb_timeout_s=reader.number("per_mb_timeout_s", defaults.per_mb_timeout_s),
+            max_timeout_s=reader.number("max_timeout_s", defaults.max_timeout_s, positive=True),
             max_zip_bytes=int(reader.number("max_zip_mb", defaults.max_zip_bytes / MIB) * MIB),
             max_member_bytes=int(
                 reader.number("max_member_mb", defaults.max_member_bytes / MIB) * MIB

@@ -10,8 +10,9 @@
 
 One attempt, no retry, no limits: governance belongs to the caller. Every failure is one of the
 four error classes (``pgw_monkeyocr.classify``). Each call runs under one deadline that grows
-with the input: ``timeout_s + pages x per_page_timeout_s + MiB x per_mb_timeout_s`` (MonkeyOCR
-has no server-side timeout and runs about 0.5-2.4 pages/s per GPU). Cancellation propagates and
+with the input: ``timeout_s + pages x per_page_timeout_s + MiB x per_mb_timeout_s``, at most
+``max_timeout_s`` (MonkeyOCR has no server-side timeout and runs about 0.5-2.4 pages/s per
+GPU). Cancellation propagates and
 closes any connection whose response was not completely read.
 
 The upload is written from the caller's bytes in slices of a ``memoryview``: a 50 MB scan is
@@ -113,13 +114,19 @@ class MonkeyOcrTransport:
         upload = describe_upload(image, source_name=self.source_name)
         return self._deadline_s(upload, len(image))
 
+    @property
+    def max_deadline_s(self) -> float:
+        """The longest any call of this source may take (what leases must outlive)."""
+        return max(self._source.timeout_s, self._options.max_timeout_s)
+
     def _deadline_s(self, upload: Upload, size: int) -> float:
         options = self._options
-        return (
+        scaled = (
             self._source.timeout_s
             + upload.pages * options.per_page_timeout_s
             + size / MIB * options.per_mb_timeout_s
         )
+        return min(scaled, self.max_deadline_s)
 
     # ------------------------------------------------------------------ session
 
