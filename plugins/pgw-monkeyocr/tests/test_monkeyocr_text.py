@@ -119,6 +119,16 @@ async def test_failures_map_to_the_error_classes(
     assert getattr(caught.value, "source_name", "monkey-a") == "monkey-a"
 
 
+async def test_redirects_are_not_followed(
+    fake_monkeyocr: FakeMonkeyOcr, make_transport: MakeTransport
+) -> None:
+    elsewhere = f"{fake_monkeyocr.base_url('b')}/ocr/text"
+    fake_monkeyocr.script("a", Reply.with_status(307, b"", headers={"Location": elsewhere}))
+    with pytest.raises(SourceDeadError, match="307"):
+        await make_transport("a").recognize_text(make_png())
+    assert fake_monkeyocr.uploads("b") == []
+
+
 async def test_an_unloaded_model_is_transient(
     fake_monkeyocr: FakeMonkeyOcr, make_transport: MakeTransport
 ) -> None:

@@ -363,6 +363,8 @@ class Reply:
     """Whitespace appended to each middle.json: still valid JSON, but that many bytes bigger
     once decompressed (a decompression bomb; it compresses to almost nothing)."""
     download: DownloadMode = "ok"
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra response headers of a ``with_status`` answer."""
 
     @classmethod
     def ok(
@@ -385,13 +387,19 @@ class Reply:
         return cls("parse_failed", message=message)
 
     @classmethod
-    def with_status(cls, status: int, body: bytes | str | Mapping[str, Any] = b"") -> Reply:
-        """Any status with any body (a proxy's 502, FastAPI's 422, ...)."""
+    def with_status(
+        cls,
+        status: int,
+        body: bytes | str | Mapping[str, Any] = b"",
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        """Any status with any body and headers (a proxy's 502, FastAPI's 422, a redirect)."""
         if isinstance(body, Mapping):
             raw = json.dumps(body).encode()
         else:
             raw = body.encode() if isinstance(body, str) else body
-        return cls("status", status=status, body=raw)
+        return cls("status", status=status, body=raw, headers=tuple((headers or {}).items()))
 
     @classmethod
     def reset(cls) -> Reply:
@@ -777,7 +785,10 @@ class FakeMonkeyOcr:
             return web.Response(status=500)  # never reaches the client: the socket is gone
         if reply.kind == "status":
             return web.Response(
-                status=reply.status, body=reply.body, content_type="application/json"
+                status=reply.status,
+                body=reply.body,
+                content_type="application/json",
+                headers=dict(reply.headers),
             )
         task = route.rpartition("/")[2]
         ocr = route.startswith("/ocr/")

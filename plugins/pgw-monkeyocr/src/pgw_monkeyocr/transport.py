@@ -215,7 +215,11 @@ class MonkeyOcrTransport:
         params: Mapping[str, str] | None = None,
         cap_error: bool = False,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        response = await self._client().request(method, url, data=data, params=params)
+        # Redirects are never followed: they would carry the upload and the Authorization
+        # header elsewhere; a 3xx means a wrong base_url (SourceDeadError).
+        response = await self._client().request(
+            method, url, data=data, params=params, allow_redirects=False
+        )
         try:
             body = await self._read_body(response, cap, what, cap_error=cap_error)
             return response.status, response.headers, body
