@@ -10,7 +10,8 @@ import tracemalloc
 import pytest
 from pgw_monkeyocr.options import MIB
 from pgw_monkeyocr.testing import FakeMonkeyOcr, Reply, make_pdf, make_png
-from pgw_monkeyocr_test_helpers import MakeTransport
+from pgw_monkeyocr.transport import MonkeyOcrTransport
+from pgw_monkeyocr_test_helpers import MakeTransport, monkey_source
 
 
 async def test_a_large_image_is_streamed_without_a_second_copy(
@@ -103,3 +104,22 @@ async def test_a_serialising_server_runs_one_request_at_a_time(
     results = await asyncio.gather(*(transport.recognize_text(make_png()) for _ in range(3)))
     assert all(r.text for r in results)
     assert fake_monkeyocr.max_inflight("a") == (1 if serial else 3)
+
+
+async def test_the_fake_also_runs_on_the_callers_loop() -> None:
+    async with FakeMonkeyOcr() as fake:
+        fake.script("x", Reply.ok("on this loop"))
+        transport = MonkeyOcrTransport(monkey_source(fake.base_url("x")))
+        try:
+            assert (await transport.recognize_text(make_png())).text == "on this loop"
+        finally:
+            await transport.aclose()
+        await fake.wait_until_async(lambda f: f.open_connections == 0)
+
+
+def test_a_taken_port_is_reported_by_in_thread() -> None:
+    with FakeMonkeyOcr.in_thread() as first:
+        busy = first.port
+        with pytest.raises(OSError):  # noqa: SIM117 - the error comes from entering the second
+            with FakeMonkeyOcr.in_thread(port=busy):
+                pass

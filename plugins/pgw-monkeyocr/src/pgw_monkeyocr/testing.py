@@ -532,35 +532,36 @@ class FakeMonkeyOcr:
     @classmethod
     @contextmanager
     def in_thread(cls, host: str = "127.0.0.1", port: int = 0) -> Iterator[FakeMonkeyOcr]:
-        """Run the fake on its own event loop in a daemon thread (serves any test loop)."""
+        """Run the fake on its own event loop in a daemon thread (serves any test loop).
+
+        Returns once it listens (or raises why it could not); leaving the block stops it,
+        cancels what it still runs and joins the thread."""
         fake = cls(host, port)
         loop = asyncio.new_event_loop()
-        started = threading.Event()
-        failure: list[BaseException] = []
 
-        def run() -> None:
+        def serve() -> None:
             asyncio.set_event_loop(loop)
             try:
-                loop.run_until_complete(fake.start())
-            except OSError as exc:  # e.g. the port is taken: reported to the caller below
-                failure.append(exc)
-                started.set()
-                return
-            started.set()
-            loop.run_forever()
+                loop.run_forever()
+            finally:
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
 
-        thread = threading.Thread(target=run, name="fake-monkeyocr", daemon=True)
+        thread = threading.Thread(target=serve, name="fake-monkeyocr", daemon=True)
         thread.start()
-        started.wait(30)
-        if failure:
-            raise failure[0]
         try:
-            yield fake
+            asyncio.run_coroutine_threadsafe(fake.start(), loop).result(30)
+            try:
+                yield fake
+            finally:
+                asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(30)
         finally:
-            asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(30)
             loop.call_soon_threadsafe(loop.stop)
             thread.join(30)
-            loop.close()
 
     # ------------------------------------------------------------------ test API
 
