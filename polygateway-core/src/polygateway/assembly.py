@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from polygateway.errors import ConfigError
 from polygateway.middleware import PassThroughMiddleware, cache_problems
 from polygateway.ports import (
-    BuildContext,
     CacheBackend,
     Clock,
+    ComponentContext,
     Components,
     Handler,
     Middleware,
@@ -30,6 +31,9 @@ from polygateway.ports import (
 )
 from polygateway.settings import ScopeSettings
 from polygateway.types import ChatRequest, LLMResponse
+
+if TYPE_CHECKING:
+    from polygateway.plugins import Registry
 
 __all__ = ["OFF", "build_pipeline", "unknown_middleware"]
 
@@ -75,7 +79,7 @@ class Pipeline:
 
 def build_pipeline(
     settings: ScopeSettings,
-    registry: Any,
+    registry: Registry,
     *,
     clock: Clock,
     limiter: RateLimiter | None = None,
@@ -117,28 +121,34 @@ def build_pipeline(
     if problems:
         raise ConfigError(problems)
 
-    def context(options: Mapping[str, Any]) -> BuildContext:
-        return BuildContext(settings=settings, options=options, clock=clock)
+    # Every part goes through ``registry.build``: options validated with the model its plugin
+    # registered, the product checked against the kind's Protocol (a PluginError naming the
+    # plugin, at startup rather than at the first call).
+    def context(options: Any) -> ComponentContext[Any]:
+        return ComponentContext(settings=settings, options=options, clock=clock)
 
-    plain = context({})
+    plain = context(MappingProxyType({}))
     if limiter is None:
-        factory = registry.get("limiter", settings.limiter.name)
-        limiter = factory(context(settings.limiter.options))
+        limiter = registry.build(
+            "limiter", settings.limiter.name, context(settings.limiter.options)
+        )
     if breaker is None:
-        factory = registry.get("breaker", settings.breaker_backend.name)
-        breaker = factory(context(settings.breaker_backend.options))
+        breaker = registry.build(
+            "breaker", settings.breaker_backend.name, context(settings.breaker_backend.options)
+        )
     if selector is None:
-        selector = registry.get("selector", settings.selector)(plain)
-    strategy = registry.get("structured", settings.structured_strategy)(plain)
+        selector = registry.build("selector", settings.selector, plain)
+    strategy = registry.build("structured", settings.structured_strategy, plain)
     if cache is None and cache_on:
-        cache = registry.get("cache", settings.cache.backend)(context(settings.cache.options))
+        cache = registry.build("cache", settings.cache.backend, context(settings.cache.options))
     if telemetry is None and _enabled("telemetry", settings.telemetry.backend, settings, telemetry):
-        factory = registry.get("telemetry", settings.telemetry.backend)
-        telemetry = factory(context(settings.telemetry.options))
+        telemetry = registry.build(
+            "telemetry", settings.telemetry.backend, context(settings.telemetry.options)
+        )
     if pricing is None:
         # The table factory returns None when no pricing file is configured; a broken file
         # fails here, at startup.
-        pricing = registry.get("pricing", "table")(plain)
+        pricing = registry.build("pricing", "table", plain)
     providers: dict[str, ProviderProfile] = {
         name: registry.get("provider", name) for name in registry.names("provider")
     }
@@ -148,7 +158,7 @@ def build_pipeline(
         built[source.name] = (
             given
             if given is not None
-            else registry.get("transport", source.transport)(source, providers)
+            else registry.build_transport(source.transport, source, providers)
         )
 
     components = Components(
@@ -166,8 +176,10 @@ def build_pipeline(
     layers: list[Middleware] = []
     for name in settings.middleware:
         options = settings.middleware_options.get(name, {})
-        ctx = BuildContext(settings=settings, options=options, clock=clock, components=components)
-        layer = registry.get("middleware", name)(ctx)
+        ctx = ComponentContext(
+            settings=settings, options=options, clock=clock, components=components
+        )
+        layer = registry.build("middleware", name, ctx)
         if not isinstance(layer, PassThroughMiddleware):
             layers.append(layer)
 

@@ -3,7 +3,7 @@
 A component factory registers with an options model::
 
     from typing import Annotated
-    from polygateway.options import ComponentOptions, Duration, EnvKey, SecretText
+    from polygateway.options import ComponentOptions, EnvKey, PositiveDuration, SecretText
 
     class RedisOptions(ComponentOptions):
         url: Annotated[SecretText, EnvKey("REDIS_URL")]
@@ -14,8 +14,8 @@ A component factory registers with an options model::
 The configuration loader collects the component's values (``[scopes.X.limiter] options =
 {...}``, ``{SCOPE}__LIMITER__SOCKET_TIMEOUT_S``, the flat keys the model declares with
 ``EnvKey``), validates them with the model and names the key the user wrote in every problem;
-the factory gets the validated instance as ``ctx.options``. ``/work``-independent details are in
-``docs/plugins.md``.
+the factory gets the validated instance as ``ctx.options``. ``docs/plugins.md`` has the details
+(precedence, problem lines, what ``pgw config check`` shows).
 
 Values arrive as TOML typed them or as env strings, so every field type here parses by meaning,
 never by Python truthiness (``bool("false")`` is true). The core's own settings use the same
@@ -55,6 +55,7 @@ __all__ = [
     "PositiveDuration",
     "PositiveInt",
     "SecretText",
+    "dump_options",
     "env_keys",
     "is_secret_field",
     "parse_bool",
@@ -69,7 +70,8 @@ BOOL_WORDS = "true or false (also yes/no, on/off, 1/0)"
 """How problems describe an accepted boolean."""
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?$")
+_DURATION = re.compile(r"^([-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s|m|h)?$")
+_DURATION_WORDS = "must be a number of seconds (or with a unit: 500ms, 2s, 1m, 1h)"
 
 
 def parse_bool(value: object) -> bool:
@@ -103,31 +105,40 @@ def parse_int(value: object) -> int:
 def parse_number(value: object) -> float:
     """An int, a float or a decimal string, as a float; booleans are refused."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        return _finite(float(value))
     if isinstance(value, str):
         try:
-            return float(value.strip())
+            number = float(value.strip())
         except ValueError:
             pass
+        else:
+            return _finite(number)
     raise ValueError("must be a number")
+
+
+def _finite(number: float) -> float:
+    # Refused here rather than by the float schema, so the problem shows the value as written.
+    if not math.isfinite(number):
+        raise ValueError("must be a finite number")
+    return number
 
 
 def parse_duration(value: object) -> float:
     """Seconds: a number (``30``, ``2.5``, ``"2.5"``) or a string with a unit (``"500ms"``,
-    ``"2.5s"``, ``"1m"``, ``"1h"``)."""
+    ``"2.5s"``, ``"1m"``, ``"1h"``). The range (``> 0``...) is the field's to check."""
     if isinstance(value, str):
-        match = _DURATION.match(value.strip().lower())
+        text = value.strip().lower()
+        match = _DURATION.match(text)
         if match is not None:
-            return float(match.group(1)) * _UNITS[match.group(2) or "s"]
-        if value.strip().lower() in ("inf", "nan", "-inf", "+inf"):
-            return math.nan  # refused as not finite by the float schema
-        raise ValueError("must be a duration in seconds (a number, or with a unit: 500ms, 2s, 1m)")
-    try:
-        return parse_number(value)
-    except ValueError:
-        raise ValueError(
-            "must be a duration in seconds (a number, or with a unit: 500ms, 2s, 1m)"
-        ) from None
+            return _finite(float(match.group(1)) * _UNITS[match.group(2) or "s"])
+        try:
+            return _finite(float(text))  # inf/nan parse, and are refused as not finite
+        except ValueError as exc:
+            if "finite" in str(exc):
+                raise
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        return _finite(float(value))
+    raise ValueError(_DURATION_WORDS)
 
 
 def _secret(value: object) -> Secret:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from polygateway.config import env as envkeys
 from polygateway.config import pipeline as pipefile
-from polygateway.config.merge import Layer, rejected_names, with_env_refs
+from polygateway.config.components import OptionsRegistry, flat_key_problems
+from polygateway.config.merge import Layer, rejected_names
 from polygateway.config.models import Loc, ScopeCommonLayer, validate_layer
-from polygateway.config.scope import _REDIS_SCHEMES, GUARD_FIELDS
+from polygateway.config.scope import GUARD_FIELDS
 from polygateway.errors import ConfigError
 
 
@@ -27,12 +28,15 @@ class Inputs:
     problems: list[str]
     shared_invalid: bool
     """A shared layer had a guarded value rejected: the guards would judge a default instead."""
+    registry: OptionsRegistry
+    """Where options models come from: the given registry, else the installed plugins."""
 
 
 def read_inputs(
     env: Mapping[str, str] | None,
     pipeline_path: str | os.PathLike[str] | None,
     dotenv_path: str | os.PathLike[str] | None,
+    registry: OptionsRegistry | None = None,
 ) -> Inputs:
     problems: list[str] = []
     try:
@@ -75,17 +79,12 @@ def read_inputs(
         data, found = validate_layer(pipeline.defaults, ScopeCommonLayer, defaults_label)
         shared_problems.extend(found)
         rejected |= rejected_names(pipeline.defaults, data)
-        data, label, found = with_env_refs(
-            data, defaults_label, values, [(("telemetry", "pg_dsn"), ("telemetry", "pg_dsn_env"))]
-        )
-        shared_problems.extend(found)
-        defaults = Layer(data, label)
+        defaults = Layer(data, defaults_label)
 
-    if env_config.redis_url is not None and not env_config.redis_url.startswith(_REDIS_SCHEMES):
-        shared_problems.append(
-            f"{envkeys.REDIS_URL_KEY}: must start with {', '.join(_REDIS_SCHEMES)} "
-            "(value not shown: it may hold a password)"
-        )
+    if registry is None:
+        registry, found = installed_registry(values)
+        shared_problems.extend(found)
+    shared_problems.extend(flat_key_problems(registry, values))
     problems.extend(shared_problems)
     return Inputs(
         env=values,
@@ -95,4 +94,15 @@ def read_inputs(
         defaults=defaults,
         problems=problems,
         shared_invalid=bool(rejected & GUARD_FIELDS),
+        registry=registry,
     )
+
+
+def installed_registry(env: Mapping[str, str]) -> tuple[OptionsRegistry, list[str]]:
+    """The installed plugins (``PGW_PLUGINS`` of ``env`` applies), for their options models."""
+    from polygateway.plugins import Registry, load_registry, parse_plugin_filter
+
+    try:
+        return load_registry(allowed=parse_plugin_filter(env.get(envkeys.PLUGINS_KEY))), []
+    except ConfigError as exc:  # two plugins registering one name: nothing to look up
+        return Registry({}, []), list(exc.problems)

@@ -17,7 +17,7 @@ from polygateway.errors import ConfigError
 from polygateway.settings import GatewaySettings, ScopeSettings
 
 if TYPE_CHECKING:
-    from polygateway.config.guards import NameRegistry
+    from polygateway.config.components import ConfigRegistry
 
 
 def _scope_names(inputs: Inputs) -> list[str]:
@@ -44,7 +44,7 @@ def load_settings(
     *,
     pipeline_path: str | os.PathLike[str] | None = None,
     dotenv_path: str | os.PathLike[str] | None = None,
-    registry: NameRegistry | None = None,
+    registry: ConfigRegistry | None = None,
 ) -> GatewaySettings:
     """Every scope found in env, ``.env`` and the pipeline file, validated and guarded.
 
@@ -52,10 +52,12 @@ def load_settings(
         a mapping is used as-is (over ``dotenv_path`` only when given).
     :param pipeline_path: the TOML pipeline file; default ``PGW_CONFIG``, else ``./pgw.toml``
         when present; no file means defaults.
-    :param registry: when given, every implementation name is checked against it.
+    :param registry: when given, every implementation name is checked against it. Options
+        models come from it, else from the installed plugins (``PGW_PLUGINS`` applies): the
+        options of every picked component with a model are validated either way.
     :raises ConfigError: with one line per problem, naming the key; secrets never shown.
     """
-    inputs = read_inputs(env, pipeline_path, dotenv_path)
+    inputs = read_inputs(env, pipeline_path, dotenv_path, registry)
     problems = list(inputs.problems)
     scopes: dict[str, ScopeSettings] = {}
     for name in _scope_names(inputs):
@@ -74,7 +76,7 @@ def load_scope(
     *,
     pipeline_path: str | os.PathLike[str] | None = None,
     dotenv_path: str | os.PathLike[str] | None = None,
-    registry: NameRegistry | None = None,
+    registry: ConfigRegistry | None = None,
 ) -> ScopeSettings:
     """One scope's settings (same arguments as ``load_settings``).
 
@@ -83,7 +85,7 @@ def load_scope(
     that would define one.
     """
     name = scope.upper()
-    inputs = read_inputs(env, pipeline_path, dotenv_path)
+    inputs = read_inputs(env, pipeline_path, dotenv_path, registry)
     problems = list(inputs.problems)
     built: ScopeSettings | None = None
     if name in _scope_names(inputs):

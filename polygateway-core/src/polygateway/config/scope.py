@@ -8,19 +8,13 @@ rejected (they would judge a default instead).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from polygateway.config import env as envkeys
+from polygateway.config import components
+from polygateway.config.components import DEFAULT_BACKEND
 from polygateway.config.guards import NO_BACKEND, check_guards, scope_registry_problems
-from polygateway.config.merge import (
-    STATE_TARGETS,
-    Layer,
-    Resolved,
-    get_path,
-    rejected_names,
-    resolve_layers,
-    with_env_refs,
-)
+from polygateway.config.merge import Layer, Resolved, get_path, rejected_names, resolve_layers
 from polygateway.config.models import Loc, MaskedOptions, ScopeCommonLayer, validate_layer
 from polygateway.config.sources import build_source, source_drafts
 from polygateway.settings import (
@@ -31,24 +25,19 @@ from polygateway.settings import (
     Limits,
     RetrySettings,
     ScopeSettings,
-    Secret,
     SourceConfig,
     TelemetrySettings,
 )
 
 if TYPE_CHECKING:
-    from polygateway.config.guards import NameRegistry
+    from pydantic import BaseModel
+
+    from polygateway.config.components import ConfigRegistry
     from polygateway.config.inputs import Inputs
 
-DEFAULT_BACKEND = "memory"
 DEFAULT_CACHE_NAMESPACE = "default"
 DEFAULT_CACHE_TTL_S = 3600.0
-REDIS = "redis"
-POSTGRES = "postgres"
 EMBEDDING_SCOPE = "EMBED"
-# ``+cluster`` selects a Redis Cluster client (pgw-redis).
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
-_PG_SCHEMES = ("postgresql://", "postgres://")
 
 GUARD_FIELDS = frozenset(
     {
@@ -77,7 +66,7 @@ REGISTRY_CHOICES: dict[str, Loc] = {
 
 
 def build_scope(
-    name: str, inputs: Inputs, registry: NameRegistry | None
+    name: str, inputs: Inputs, registry: ConfigRegistry | None
 ) -> tuple[ScopeSettings | None, list[str]]:
     """One scope's settings, or ``None`` with the problems that prevent it."""
     problems: list[str] = []
@@ -100,11 +89,8 @@ def build_scope(
 
         data, found = validate_layer(fscope.settings, ScopeCommonLayer, scope_label)
         invalid = invalid or bool(rejected_names(fscope.settings, data) & GUARD_FIELDS)
-        data, label, more = with_env_refs(
-            data, scope_label, inputs.env, [(("telemetry", "pg_dsn"), ("telemetry", "pg_dsn_env"))]
-        )
-        problems.extend(found + more)
-        layers.append(Layer(data, label))
+        problems.extend(found)
+        layers.append(Layer(data, scope_label))
     if env_scope is not None:
         problems.extend(env_scope.problems)
         escope = env_scope
@@ -118,6 +104,10 @@ def build_scope(
         layers.append(Layer(data, env_label))
 
     resolved = resolve_layers(layers)
+    flat_index = 1 if inputs.defaults is not None else 0
+    options = components.resolve(name, layers, flat_index, resolved, inputs.registry, inputs.env)
+    problems.extend(options.problems)
+    resolved = options.resolved
     drafts, found = source_drafts(name, resolved, file, file_scope, env_scope, inputs.env)
     problems.extend(found)
     invalid = invalid or any(draft.rejected & GUARD_FIELDS for draft in drafts)
@@ -129,7 +119,7 @@ def build_scope(
         if source is not None:
             sources.append(source)
 
-    scope, found = _build_scope_settings(name, resolved, tuple(sources), inputs)
+    scope, found = _build_scope_settings(name, resolved, tuple(sources), options.models)
     problems.extend(found)
     if scope is None:
         return None, problems
@@ -146,16 +136,19 @@ def build_scope(
     return (None if problems else scope), problems
 
 
-def _picked(resolved: Resolved, path: Loc, value: str) -> str:
-    key = resolved.keys.get(path)
-    return f"{key}={value}" if key else f"the default {value}"
-
-
 def _build_scope_settings(
-    name: str, resolved: Resolved, sources: tuple[SourceConfig, ...], inputs: Inputs
+    name: str,
+    resolved: Resolved,
+    sources: tuple[SourceConfig, ...],
+    models: Mapping[Loc, BaseModel],
 ) -> tuple[ScopeSettings | None, list[str]]:
     problems: list[str] = []
     values = resolved.values
+
+    def options(path: Loc) -> Any:
+        # The validated model instance when the component has one, else the raw mapping.
+        found = models.get(path)
+        return found if found is not None else MaskedOptions(get_path(values, path) or {})
 
     retry = RetrySettings(**resolved.table("retry"))
     if retry.base_delay_s > retry.max_delay_s:
@@ -176,31 +169,15 @@ def _build_scope_settings(
     )
     limiter_table = resolved.table("limiter")
     limiter = ComponentChoice(
-        str(limiter_table.get("name", DEFAULT_BACKEND)),
-        MaskedOptions(limiter_table.get("options", {})),
+        str(limiter_table.get("name", DEFAULT_BACKEND)), options(("limiter", "options"))
     )
     breaker_backend = ComponentChoice(
-        str(breaker_table.get("backend", DEFAULT_BACKEND)),
-        MaskedOptions(breaker_table.get("options", {})),
+        str(breaker_table.get("backend", DEFAULT_BACKEND)), options(("breaker", "options"))
     )
 
-    cache, found = _cache_settings(name, resolved)
+    cache, found = _cache_settings(name, resolved, options(("cache", "options")))
     problems.extend(found)
-    telemetry, found = _telemetry_settings(name, resolved)
-    problems.extend(found)
-
-    redis_url = inputs.env_config.redis_url
-    if not redis_url:
-        # One line per key that chose Redis (PGW_STATE_BACKEND chooses it for three parts).
-        choosers: dict[str, list[str]] = {}
-        for path, what in STATE_TARGETS.items():
-            if get_path(values, path) == REDIS:
-                choosers.setdefault(_picked(resolved, path, REDIS), []).append(what)
-        problems.extend(
-            f"{envkeys.REDIS_URL_KEY}: required because {chooser} selects Redis for the "
-            f"{', '.join(parts)}"
-            for chooser, parts in choosers.items()
-        )
+    telemetry = _telemetry_settings(resolved, options(("telemetry", "options")))
 
     pricing_path = values.get("pricing_path")
     if pricing_path is not None:
@@ -213,9 +190,13 @@ def _build_scope_settings(
 
     structured = resolved.table("structured")
     middleware_options = {
-        layer: MaskedOptions(options)
-        for layer, options in resolved.table("middleware_options").items()
+        layer: options(("middleware_options", layer))
+        for layer in resolved.table("middleware_options")
     }
+    # A layer with a model has options even when none were written (its defaults).
+    middleware_options.update(
+        {str(path[1]): model for path, model in models.items() if path[0] == "middleware_options"}
+    )
 
     batch_size = values.get("batch_size")
     if name == EMBEDDING_SCOPE and sources and batch_size is None:
@@ -246,7 +227,6 @@ def _build_scope_settings(
         telemetry=telemetry,
         pricing_path=pricing_path,
         middleware_options=middleware_options,
-        redis_url=Secret(redis_url) if redis_url else None,
         batch_size=int(batch_size) if batch_size is not None else None,
         **kwargs,
     )
@@ -263,7 +243,7 @@ def _build_scope_settings(
     return scope, problems
 
 
-def _cache_settings(name: str, resolved: Resolved) -> tuple[CacheSettings, list[str]]:
+def _cache_settings(name: str, resolved: Resolved, options: Any) -> tuple[CacheSettings, list[str]]:
     table = resolved.table("cache")
     backend = str(table.get("backend", DEFAULT_BACKEND))
     namespace = table.get("namespace")
@@ -293,33 +273,16 @@ def _cache_settings(name: str, resolved: Resolved) -> tuple[CacheSettings, list[
         backend=backend,
         namespace=str(namespace) if namespace is not None else None,
         ttl_s=float(ttl_s) if ttl_s is not None else None,
-        options=MaskedOptions(table.get("options", {})),
+        options=options,
     )
     return cache, problems
 
 
-def _telemetry_settings(name: str, resolved: Resolved) -> tuple[TelemetrySettings, list[str]]:
+def _telemetry_settings(resolved: Resolved, options: Any) -> TelemetrySettings:
     table = resolved.table("telemetry")
     kwargs: dict[str, Any] = {}
     if "backend" in table:
         kwargs["backend"] = str(table["backend"])
     if "sqlite_path" in table:
         kwargs["sqlite_path"] = str(table["sqlite_path"])
-    dsn = table.get("pg_dsn")
-    telemetry = TelemetrySettings(
-        pg_dsn=Secret(str(dsn)) if dsn else None,
-        options=MaskedOptions(table.get("options", {})),
-        **kwargs,
-    )
-    problems: list[str] = []
-    if dsn is not None and not str(dsn).startswith(_PG_SCHEMES):
-        key = resolved.keys.get(("telemetry", "pg_dsn"), "PGW_TELEMETRY_PG_DSN")
-        problems.append(
-            f"{key}: must be a postgresql:// URL (value not shown: it may hold a password)"
-        )
-    if telemetry.backend == POSTGRES and not dsn:
-        problems.append(
-            f"PGW_TELEMETRY_PG_DSN (or file: [scopes.{name}.telemetry].pg_dsn_env): required "
-            f"because {_picked(resolved, ('telemetry', 'backend'), POSTGRES)} (scope {name})"
-        )
-    return telemetry, problems
+    return TelemetrySettings(options=options, **kwargs)
