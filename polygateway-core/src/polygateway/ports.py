@@ -371,7 +371,9 @@ class Components:
 OptionsT = TypeVar("OptionsT", covariant=True)
 
 
-@dataclass(frozen=True, slots=True)
+# No slots: ``BuildContext(...)`` instantiates through the generic alias, which records
+# ``__orig_class__`` on the instance (refused quietly by a frozen dataclass, not by slots).
+@dataclass(frozen=True)
 class ComponentContext(Generic[OptionsT]):
     """What a component factory gets: the resolved scope, its own options, the clock.
 
