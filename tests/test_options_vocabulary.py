@@ -151,3 +151,20 @@ def test_every_built_kind_has_a_typed_build() -> None:
     built = set(KINDS) - {"transport", "provider", "command"}  # not built from a context
     assert set(typed) == built
     assert typed["limiter"].__name__ == "RateLimiter"
+
+
+def test_an_options_repr_hides_credentials_even_in_plain_string_fields() -> None:
+    from polygateway.options import ComponentOptions, SecretText
+
+    class Options(ComponentOptions):
+        password: str
+        endpoint: str
+        token: SecretText
+        retries: int = 2
+
+    secret = "s3cr3t-repr"
+    options = Options(password=secret, endpoint=f"https://u:{secret}@h/", token=secret)
+    for shown in (repr(options), str(options)):
+        assert secret not in shown
+        assert "retries=2" in shown
+    assert options.token.reveal() == secret and options.password == secret

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -58,6 +58,7 @@ __all__ = [
     "dump_options",
     "env_keys",
     "is_secret_field",
+    "is_secret_name",
     "parse_bool",
     "parse_duration",
     "parse_int",
@@ -177,8 +178,21 @@ class EnvKey:
     name: str
 
 
+_SECRET_NAME = re.compile(
+    r"(^|[_\-])(api[_\-]?key|key|secret|password|passwd|pwd|token|dsn|credentials?|auth|"
+    r"authorization)$",
+    re.IGNORECASE,
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an option name looks like it holds a credential (``password``, ``api_token``)."""
+    return bool(_SECRET_NAME.search(name))
+
+
 class ComponentOptions(BaseModel):
-    """Base of an options model: frozen, unknown keys refused, inputs never echoed."""
+    """Base of an options model: frozen, unknown keys refused, inputs never echoed, and a repr
+    that hides credential-looking values even when a field is typed as a plain ``str``."""
 
     model_config = ConfigDict(
         frozen=True,
@@ -186,6 +200,17 @@ class ComponentOptions(BaseModel):
         hide_input_in_errors=True,
         allow_inf_nan=False,
     )
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            if isinstance(value, Secret | SecretStr):
+                yield name, value  # masks itself
+            elif (name is not None and is_secret_name(name)) or (
+                isinstance(value, str) and "://" in value and "@" in value
+            ):
+                yield name, "***"
+            else:
+                yield name, value
 
 
 def env_keys(model: type[BaseModel]) -> dict[str, str]:

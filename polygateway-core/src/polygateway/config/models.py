@@ -14,7 +14,6 @@ used: it spans lines and echoes inputs, which may be secrets.
 from __future__ import annotations
 
 import copy
-import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +38,7 @@ from polygateway.options import (
     PositiveInt,
     env_keys,
     is_secret_field,
+    is_secret_name,
 )
 
 Loc: TypeAlias = tuple[str | int, ...]
@@ -184,16 +184,12 @@ class ScopeCommonLayer(LayerModel):
 # --------------------------------------------------------------------------- secrets
 
 _SECRET_FIELDS = frozenset({"api_key"})
-_SECRET_OPTION = re.compile(
-    r"(^|[_\-])(api[_\-]?key|key|secret|password|passwd|pwd|token|dsn|credentials?|auth|authorization)$",
-    re.IGNORECASE,
-)
 _FREE_FORM = frozenset({"options", "middleware_options"})
 
 
 def is_secret_key(name: str) -> bool:
     """Whether a free-form option name looks like it holds a credential."""
-    return bool(_SECRET_OPTION.search(name))
+    return is_secret_name(name)
 
 
 def is_secret_loc(loc: Sequence[str | int]) -> bool:
