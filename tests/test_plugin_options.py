@@ -302,3 +302,20 @@ def test_no_line_of_the_core_names_a_plugin() -> None:
                 if plugin_word in lowered:
                     named.setdefault(str(path.relative_to(core)), []).append(text)
     assert named == {}
+
+
+def test_a_provider_that_is_not_a_profile_fails_at_assembly_naming_the_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from polygateway import GatewayClient, hookimpl
+
+    monkeypatch.chdir(tmp_path)
+    class BadProfile:
+        @hookimpl
+        def pgw_register_providers(self, register: Any) -> None:
+            register("acme", {"thinking": True})  # a dict, not a ProviderProfile
+
+    registry = load_registry(autoload=False, extra_plugins=[("pgw-acme", BadProfile())])
+    settings = load_scope("LLM", SOURCE)
+    with pytest.raises(PluginError, match=r"provider 'acme' \(plugin pgw-acme\).*ProviderProfile"):
+        GatewayClient(settings, registry=registry)

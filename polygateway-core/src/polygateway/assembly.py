@@ -150,7 +150,8 @@ def build_pipeline(
         # fails here, at startup.
         pricing = registry.build("pricing", "table", plain)
     providers: dict[str, ProviderProfile] = {
-        name: registry.get("provider", name) for name in registry.names("provider")
+        name: registry.check("provider", name, registry.get("provider", name))
+        for name in registry.names("provider")
     }
     built: dict[str, Transport] = {}
     for source in settings.sources:

@@ -70,7 +70,8 @@ CommandFactory: TypeAlias = (
     "Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]"
 )
 
-# Kind -> the Protocol what its factory returns must satisfy (checked once, at build time).
+# Kind -> the Protocol what its factory returns must satisfy (checked once, at build time);
+# for ``provider``, the class the registered profile must be.
 _PROTOCOLS: dict[str, type] = {
     "transport": ports.Transport,
     "limiter": ports.RateLimiter,
@@ -81,6 +82,7 @@ _PROTOCOLS: dict[str, type] = {
     "pricing": ports.Pricing,
     "telemetry": ports.TelemetryRecorder,
     "middleware": ports.Middleware,
+    "provider": ports.ProviderProfile,
 }
 
 
@@ -145,14 +147,11 @@ class Registry:
 
     def __init__(
         self,
-        entries: Mapping[tuple[str, str], Registration | tuple[Any, str]],
+        entries: Mapping[tuple[str, str], Registration],
         plugins: Sequence[PluginInfo],
         excluded: Sequence[tuple[str, str]] = (),
     ) -> None:
-        self._entries: dict[tuple[str, str], Registration] = {
-            key: entry if isinstance(entry, Registration) else Registration(*entry)
-            for key, entry in entries.items()
-        }
+        self._entries: dict[tuple[str, str], Registration] = dict(entries)
         self._plugins = tuple(plugins)
         # (distribution, entry-point name) of installed plugins that PGW_PLUGINS left out.
         self._excluded = tuple(excluded)
@@ -316,7 +315,8 @@ class Registry:
                     kind,
                     name,
                     f"its factory returned {type(obj).__qualname__}, which is not a "
-                    f"{protocol.__name__} (missing: {', '.join(missing) or '?'})",
+                    f"{protocol.__name__}"
+                    + (f" (missing: {', '.join(missing)})" if missing else ""),
                 )
             )
         not_async = [
