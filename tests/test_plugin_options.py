@@ -310,6 +310,7 @@ def test_a_provider_that_is_not_a_profile_fails_at_assembly_naming_the_plugin(
     from polygateway import GatewayClient, hookimpl
 
     monkeypatch.chdir(tmp_path)
+
     class BadProfile:
         @hookimpl
         def pgw_register_providers(self, register: Any) -> None:
