@@ -15,16 +15,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
 
 from polygateway.config.guards import NameRegistry
 from polygateway.config.merge import Layer, Resolved, get_path, resolve_layers, with_env_refs
 from polygateway.config.models import Loc, describe_error
 from polygateway.options import env_keys
 from polygateway.settings import ScopeSettings, TelemetrySettings
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
 
 DEFAULT_BACKEND = "memory"
 NO_BACKEND = "none"
@@ -113,7 +112,8 @@ def _model_of(registry: OptionsRegistry, kind: str, name: str) -> type[BaseModel
     return registry.options_of(kind, name) if name in registry.names(kind) else None
 
 
-def _fallback_label(scope: str, picked: Picked) -> Any:
+def _fallback_label(scope: str, picked: Picked) -> Callable[[Loc], str]:
+    """The keys that would set an option nobody set (for a missing required one)."""
     table = ".".join(map(str, picked.options_path))
 
     def label(loc: Loc) -> str:
@@ -127,7 +127,7 @@ def _fallback_label(scope: str, picked: Picked) -> Any:
 
 
 @dataclass
-class ComponentOptions:
+class ResolvedOptions:
     """What ``resolve`` produces for one scope."""
 
     resolved: Resolved
@@ -144,7 +144,7 @@ def resolve(
     resolved: Resolved,
     registry: OptionsRegistry,
     env: Mapping[str, str],
-) -> ComponentOptions:
+) -> ResolvedOptions:
     """Collect and validate the options of every picked component that has a model.
 
     :param layers: the scope's layers, lowest precedence first, as ``resolved`` was merged.
@@ -156,7 +156,7 @@ def resolve(
         if (model := _model_of(registry, picked.kind, picked.name)) is not None
     ]
     if not with_models:
-        return ComponentOptions(resolved, {}, [])
+        return ResolvedOptions(resolved, {}, [])
 
     problems: list[str] = []
     pairs = [
@@ -183,11 +183,11 @@ def resolve(
         fallback = _fallback_label(scope, picked)
         flat = env_keys(model)
 
-        def label(loc: Loc, picked: Picked = picked, fallback: Any = fallback) -> str:
+        def label(
+            loc: Loc, picked: Picked = picked, fallback: Callable[[Loc], str] = fallback
+        ) -> str:
             found = merged.keys.get((*picked.options_path, *loc))
-            return found if found is not None else str(fallback(loc))
-
-        from pydantic import ValidationError
+            return found if found is not None else fallback(loc)
 
         try:
             models[picked.options_path] = model.model_validate(
@@ -198,7 +198,7 @@ def resolve(
                 loc: Loc = tuple(error["loc"])
                 if error["type"] == "missing" and len(loc) == 1:
                     option = str(loc[0])
-                    key = flat.get(option) or str(fallback(loc))
+                    key = flat.get(option) or fallback(loc)
                     missing.setdefault((key, picked.chooser, picked.name), []).append(picked.kind)
                 else:
                     problems.append(describe_error(error, model, label))
@@ -206,7 +206,7 @@ def resolve(
         f"{key}: required because {chooser} selects {name} for the {', '.join(kinds)}"
         for (key, chooser, name), kinds in missing.items()
     )
-    return ComponentOptions(merged, models, problems)
+    return ResolvedOptions(merged, models, problems)
 
 
 def _fields(model: type[BaseModel]) -> list[str]:
@@ -239,8 +239,6 @@ def _flat_layer(
 def flat_key_problems(registry: OptionsRegistry, env: Mapping[str, str]) -> list[str]:
     """Every flat env key a model declares that is set, checked alone (the user wrote it,
     whether or not a scope picks the component)."""
-    from pydantic import ValidationError
-
     problems: list[str] = []
     for _kind, _name, model in registry.schemas():
         for option, key in env_keys(model).items():
