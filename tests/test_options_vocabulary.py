@@ -142,7 +142,7 @@ def _localns() -> dict[str, Any]:
 
 def test_every_kind_has_a_typed_get() -> None:
     typed = _literal_kinds(Registry.get)
-    assert set(typed) == set(KINDS)
+    assert set(KINDS) <= set(typed)  # a new kind needs its overload
     assert typed["provider"].__name__ == "ProviderProfile"
 
 

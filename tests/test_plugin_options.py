@@ -15,7 +15,7 @@ from polygateway.cli import main
 from polygateway.clock import SystemClock
 from polygateway.config import load_scope, load_settings
 from polygateway.errors import ConfigError, PluginError
-from polygateway.plugins import load_registry
+from polygateway.plugins import KINDS, load_registry
 from polygateway.ports import BuildContext
 
 SECRET = "s3cr3t-SENTINEL-tollgate"
@@ -320,3 +320,34 @@ def test_a_provider_that_is_not_a_profile_fails_at_assembly_naming_the_plugin(
     settings = load_scope("LLM", SOURCE)
     with pytest.raises(PluginError, match=r"provider 'acme' \(plugin pgw-acme\).*ProviderProfile"):
         GatewayClient(settings, registry=registry)
+
+
+@pytest.mark.skipif(
+    "ocr_transport" not in KINDS, reason="needs the OCR transport hook (call kinds branch)"
+)
+def test_an_ocr_transport_needs_one_of_the_ocr_ports() -> None:
+    from polygateway import hookimpl
+    from polygateway.settings import SourceConfig
+
+    class TextOnly:
+        async def recognize_text(self, image: bytes) -> Any: ...
+
+        async def check_health(self) -> bool:
+            return True
+
+        async def aclose(self) -> None: ...
+
+    class Neither:
+        async def aclose(self) -> None: ...
+
+    class Ocr:
+        @hookimpl
+        def pgw_register_ocr_transports(self, register: Any) -> None:
+            register("text-only", lambda source: TextOnly())
+            register("neither", lambda source: Neither())
+
+    registry = load_registry(autoload=False, extra_plugins=[("pgw-ocr-example", Ocr())])
+    source = SourceConfig(name="o", provider="generic", base_url="http://127.0.0.1:9", model="m")
+    assert isinstance(registry.build_source_port("ocr_transport", "text-only", source), TextOnly)
+    with pytest.raises(PluginError, match=r"ocr_transport 'neither' \(plugin pgw-ocr-example\)"):
+        registry.build_source_port("ocr_transport", "neither", source)

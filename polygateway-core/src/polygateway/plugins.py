@@ -37,7 +37,10 @@ if TYPE_CHECKING:
 
     from polygateway.ports import (
         CacheBackend,
+        EmbeddingTransport,
         Middleware,
+        OcrLayoutPort,
+        OcrTextPort,
         Pricing,
         ProviderGate,
         ProviderProfile,
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
         StructuredOutputStrategy,
         TelemetryRecorder,
         Transport,
+        TransportFactory,
     )
     from polygateway.settings import SourceConfig
 
@@ -57,7 +61,6 @@ KINDS: tuple[str, ...] = tuple(HOOK_KINDS.values())
 
 PluginStatus = Literal["loaded", "failed"]
 
-TransportFactory: TypeAlias = "Callable[[SourceConfig, Mapping[str, ProviderProfile]], Transport]"
 LimiterFactory: TypeAlias = "Callable[[ComponentContext[Any]], RateLimiter]"
 BreakerFactory: TypeAlias = "Callable[[ComponentContext[Any]], ProviderGate]"
 CacheFactory: TypeAlias = "Callable[[ComponentContext[Any]], CacheBackend]"
@@ -70,19 +73,21 @@ CommandFactory: TypeAlias = (
     "Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]"
 )
 
-# Kind -> the Protocol what its factory returns must satisfy (checked once, at build time);
-# for ``provider``, the class the registered profile must be.
-_PROTOCOLS: dict[str, type] = {
-    "transport": ports.Transport,
-    "limiter": ports.RateLimiter,
-    "breaker": ports.ProviderGate,
-    "cache": ports.CacheBackend,
-    "selector": ports.SourceSelector,
-    "structured": ports.StructuredOutputStrategy,
-    "pricing": ports.Pricing,
-    "telemetry": ports.TelemetryRecorder,
-    "middleware": ports.Middleware,
-    "provider": ports.ProviderProfile,
+# Kind -> the Protocols what its factory returns must satisfy, one of them (checked once, at
+# build time); for ``provider``, the class the registered profile must be.
+_PROTOCOLS: dict[str, tuple[type, ...]] = {
+    "transport": (ports.Transport,),
+    "embedding_transport": (ports.EmbeddingTransport,),
+    "ocr_transport": (ports.OcrTextPort, ports.OcrLayoutPort),
+    "limiter": (ports.RateLimiter,),
+    "breaker": (ports.ProviderGate,),
+    "cache": (ports.CacheBackend,),
+    "selector": (ports.SourceSelector,),
+    "structured": (ports.StructuredOutputStrategy,),
+    "pricing": (ports.Pricing,),
+    "telemetry": (ports.TelemetryRecorder,),
+    "middleware": (ports.Middleware,),
+    "provider": (ports.ProviderProfile,),
 }
 
 
@@ -167,6 +172,14 @@ class Registry:
 
     @overload
     def get(self, kind: Literal["transport"], name: str) -> TransportFactory: ...
+    @overload
+    def get(
+        self, kind: Literal["embedding_transport"], name: str
+    ) -> Callable[[SourceConfig], EmbeddingTransport]: ...
+    @overload
+    def get(
+        self, kind: Literal["ocr_transport"], name: str
+    ) -> Callable[[SourceConfig], OcrTextPort | OcrLayoutPort]: ...
     @overload
     def get(self, kind: Literal["provider"], name: str) -> ProviderProfile: ...
     @overload
@@ -303,35 +316,29 @@ class Registry:
 
     def check(self, kind: str, name: str, obj: Any) -> Any:
         """``obj`` if it satisfies the Protocol of ``kind`` (methods present, the async ones
-        ``async def``); else ``PluginError`` naming the plugin and what is missing."""
-        protocol = _PROTOCOLS.get(kind)
-        if protocol is None or (kind == "pricing" and obj is None):
+        ``async def``); else ``PluginError`` naming the plugin and what is missing. A kind with
+        several Protocols (``ocr_transport``) needs one of them."""
+        protocols = _PROTOCOLS.get(kind)
+        if protocols is None or (kind == "pricing" and obj is None):
             return obj
-        members = _protocol_members(protocol)
-        missing = [member for member, _ in members if not hasattr(obj, member)]
-        if missing or not isinstance(obj, protocol):
-            raise PluginError(
-                self._blame(
-                    kind,
-                    name,
-                    f"its factory returned {type(obj).__qualname__}, which is not a "
-                    f"{protocol.__name__}"
-                    + (f" (missing: {', '.join(missing)})" if missing else ""),
-                )
-            )
-        not_async = [
-            member for member, is_async in members if is_async and not _is_async(obj, member)
-        ]
-        if not_async:
-            raise PluginError(
-                self._blame(
-                    kind,
-                    name,
-                    f"its factory returned {type(obj).__qualname__}, whose "
-                    f"{', '.join(not_async)} must be async def ({protocol.__name__})",
-                )
-            )
-        return obj
+        verdicts = [_verdict(protocol, obj) for protocol in protocols]
+        if any(not problem for problem in verdicts):
+            return obj
+        # Name the closest Protocol's gaps.
+        problem = min(verdicts, key=len)
+        raise PluginError(
+            self._blame(kind, name, f"its factory returned {type(obj).__qualname__}, {problem}")
+        )
+
+    def build_source_port(
+        self, kind: Literal["embedding_transport", "ocr_transport"], name: str, source: SourceConfig
+    ) -> Any:
+        """The ``kind`` transport ``name`` for ``source`` (``factory(source)``), checked like
+        ``build`` checks components."""
+        factory: Any = self.get(kind, name)
+        if not callable(factory):
+            raise PluginError(self._blame(kind, name, "registered a non-callable"))
+        return self.check(kind, name, factory(source))
 
     def unavailable(self) -> list[str]:
         """Lines for plugins that could have provided a missing name: failed ones (with an
@@ -394,6 +401,19 @@ def _protocol_members(protocol: type) -> list[tuple[str, bool]]:
             if callable(value) or isinstance(value, property):
                 members[member] = inspect.iscoroutinefunction(value)
     return sorted(members.items())
+
+
+def _verdict(protocol: type, obj: object) -> str:
+    """What keeps ``obj`` from being a ``protocol`` ("" when nothing does)."""
+    members = _protocol_members(protocol)
+    missing = [member for member, _ in members if not hasattr(obj, member)]
+    if missing or not isinstance(obj, protocol):
+        detail = f" (missing: {', '.join(missing)})" if missing else ""
+        return f"which is not a {protocol.__name__}{detail}"
+    not_async = [member for member, is_async in members if is_async and not _is_async(obj, member)]
+    if not_async:
+        return f"whose {', '.join(not_async)} must be async def ({protocol.__name__})"
+    return ""
 
 
 def _is_async(obj: object, member: str) -> bool:
