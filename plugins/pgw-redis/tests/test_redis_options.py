@@ -73,6 +73,17 @@ def test_bad_redis_url_never_shows_its_password() -> None:
     assert len([p for p in problems({**env, **STATE}) if p.startswith("REDIS_URL")]) == 1
 
 
+@pytest.mark.parametrize(
+    "bad", [{"REDIS_URL": f"tcp://u:{SECRET}@h"}, {"LLM__LIMITER__URL": f"ftp://:{SECRET}@h"}]
+)
+def test_secrets_never_appear_in_problems(bad: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings({**source_env(), **STATE, "REDIS_URL": "redis://h:6379/3", **bad})
+    assert SECRET not in str(excinfo.value)
+    # Pydantic's error (which carries inputs) is not chained into the traceback.
+    assert excinfo.value.__cause__ is None and excinfo.value.__context__ is None
+
+
 def test_scope_keys_and_file_options_beat_the_flat_key(tmp_path: Path) -> None:
     path = tmp_path / "pgw.toml"
     path.write_text(
