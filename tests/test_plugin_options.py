@@ -351,3 +351,21 @@ def test_an_ocr_transport_needs_one_of_the_ocr_ports() -> None:
     assert isinstance(registry.build_source_port("ocr_transport", "text-only", source), TextOnly)
     with pytest.raises(PluginError, match=r"ocr_transport 'neither' \(plugin pgw-ocr-example\)"):
         registry.build_source_port("ocr_transport", "neither", source)
+
+
+def test_a_registered_non_factory_fails_at_build_naming_the_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from polygateway import hookimpl
+
+    monkeypatch.chdir(tmp_path)
+
+    class NotAFactory:
+        @hookimpl
+        def pgw_register_caches(self, register: Any) -> None:
+            register("strings", "not a factory")
+
+    registry = load_registry(autoload=False, extra_plugins=[("pgw-strings", NotAFactory())])
+    ctx = BuildContext(settings=load_scope("LLM", SOURCE), options={}, clock=SystemClock())
+    with pytest.raises(PluginError, match=r"cache 'strings' \(plugin pgw-strings\).*non-callable"):
+        registry.build("cache", "strings", ctx)

@@ -220,11 +220,12 @@ class Registry:
 
     def schemas(self) -> list[tuple[str, str, type[BaseModel]]]:
         """``(kind, name, options model)`` of every component registered with one."""
-        return sorted(
-            ((kind, name, entry.options) for (kind, name), entry in self._entries.items()
-             if entry.options is not None),
-            key=lambda item: (item[0], item[1]),
-        )  # fmt: skip
+        found = [
+            (kind, name, entry.options)
+            for (kind, name), entry in sorted(self._entries.items())
+            if entry.options is not None
+        ]
+        return found
 
     def resolve_options(self, kind: str, name: str, options: object) -> Any:
         """``options`` validated with the component's model (a mapping as given otherwise).
@@ -297,8 +298,7 @@ class Registry:
         if options is not ctx.options:
             ctx = dataclasses.replace(ctx, options=options)
         if not callable(factory):
-            raise PluginError(self._blame(kind, name, f"registered {type(factory).__name__!r}, "
-                                          "not a factory"))  # fmt: skip
+            raise PluginError(self._blame(kind, name, "registered a non-callable"))
         return self.check(kind, name, factory(ctx))
 
     def build_transport(
