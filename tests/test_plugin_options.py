@@ -5,6 +5,7 @@ model and gets exactly what a builtin gets: the same validation and problem line
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -369,3 +370,26 @@ def test_a_registered_non_factory_fails_at_build_naming_the_plugin(
     ctx = BuildContext(settings=load_scope("LLM", SOURCE), options={}, clock=SystemClock())
     with pytest.raises(PluginError, match=r"cache 'strings' \(plugin pgw-strings\).*non-callable"):
         registry.build("cache", "strings", ctx)
+
+
+async def test_any_call_kind_builds_its_governance_parts_through_the_registry(
+    tollgate_site: Path,
+) -> None:
+    from polygateway.assembly import build_governance
+    from polygateway.backends.memory.breaker import InMemoryGate
+
+    env = env_of(**TOLLGATE, LLM__LIMITER__MAX_INFLIGHT="2", PGW_TELEMETRY_BACKEND="none")
+    settings = load_scope("LLM", env)
+    registry = load_registry(allowed=["tollgate"])
+    mine = InMemoryGate(fail_threshold=1, cooldown_s=1.0, probe_ttl_s=10.0, clock=SystemClock())
+    parts = build_governance(settings, registry, clock=SystemClock(), breaker=mine)
+    assert type(parts.limiter).__name__ == "TollgateLimiter"
+    assert parts.limiter.options.max_inflight == 2  # type: ignore[attr-defined]
+    assert parts.breaker is mine and parts.telemetry is None and parts.pricing is None
+    assert parts.built == {"limiter", "selector", "pricing"}  # the injected breaker is not ours
+    await parts.limiter.aclose()
+    broken = dataclasses.replace(
+        settings, limiter=dataclasses.replace(settings.limiter, name="tollgate-broken")
+    )
+    with pytest.raises(PluginError, match="pgw-tollgate-example"):
+        build_governance(broken, registry, clock=SystemClock())
