@@ -88,7 +88,8 @@ def test_scope_keys_and_file_options_beat_the_flat_key(tmp_path: Path) -> None:
     path = tmp_path / "pgw.toml"
     path.write_text(
         "[scopes.LLM.cache]\nnamespace = 'n'\nttl_s = 5\n"
-        "[scopes.LLM.cache.options]\nprefix = 'tenant:'\nsocket_timeout_s = '500ms'\n",
+        "[scopes.LLM.cache.options]\nprefix = 'tenant:'\nsocket_timeout_s = '500ms'\n"
+        "url_env = 'CACHE_REDIS'\n",
         encoding="utf-8",
     )
     env = {
@@ -98,8 +99,10 @@ def test_scope_keys_and_file_options_beat_the_flat_key(tmp_path: Path) -> None:
         "LLM__LIMITER__URL": "redis://127.0.0.1:6379/4",
         "LLM__BREAKER__ELIDE_CLEAN_SUCCESS": "off",
         "LLM__CACHE__MAX_CONNECTIONS": "3",
+        "CACHE_REDIS": "redis://127.0.0.1:6379/5",
     }
     scope = load_scope("LLM", env, pipeline_path=path)
+    assert scope.cache.options.url.reveal() == "redis://127.0.0.1:6379/5"  # file's url_env
     assert scope.limiter.options.url.reveal() == "redis://127.0.0.1:6379/4"  # scope key wins
     assert scope.breaker_backend.options.url.reveal() == "redis://127.0.0.1:6379/3"
     assert scope.breaker_backend.options.elide_clean_success is False
