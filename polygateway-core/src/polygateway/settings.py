@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 
 class Secret:
@@ -125,7 +125,14 @@ class BackpressureSettings:
     """Limiter lease TTL; ``None`` derives ``max timeout + 30``."""
 
 
-ComponentOptionsValue: TypeAlias = Any
+class OptionsModel(Protocol):
+    """A validated options model instance (a ``polygateway.options.ComponentOptions``, i.e. a
+    pydantic model), described structurally so that settings need not import pydantic."""
+
+    def model_dump(self) -> dict[str, Any]: ...
+
+
+ComponentOptionsValue: TypeAlias = "Mapping[str, Any] | OptionsModel"
 """A component's options: the instance of the options model its plugin registered (what the
 loader produces), or a plain mapping (hand-built settings, or a factory registered without a
 model; assembly validates a mapping with the model when there is one)."""
