@@ -53,6 +53,7 @@ from typing import Any, Final, Literal
 
 from aiohttp import BodyPartReader, web
 from aiohttp.web_protocol import RequestHandler
+from polygateway.testing.threads import serve_in_thread
 
 __all__ = [
     "ALLOWED_EXTENSIONS",
@@ -537,31 +538,8 @@ class FakeMonkeyOcr:
         Returns once it listens (or raises why it could not); leaving the block stops it,
         cancels what it still runs and joins the thread."""
         fake = cls(host, port)
-        loop = asyncio.new_event_loop()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_forever()
-            finally:
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        thread = threading.Thread(target=serve, name="fake-monkeyocr", daemon=True)
-        thread.start()
-        try:
-            asyncio.run_coroutine_threadsafe(fake.start(), loop).result(30)
-            try:
-                yield fake
-            finally:
-                asyncio.run_coroutine_threadsafe(fake.stop(), loop).result(30)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(30)
+        with serve_in_thread(fake.start, fake.stop, name="pgw-fake-monkeyocr"):
+            yield fake
 
     # ------------------------------------------------------------------ test API
 
