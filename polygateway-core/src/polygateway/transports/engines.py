@@ -249,7 +249,9 @@ class AiohttpEngine:
             session = self._new_session(loop)
         config = self._config
         try:
-            response = await session.post(url, data=body)
+            # Never follow a redirect: it would send the prompt and the credential headers to
+            # another host. A 3xx is a misconfigured base_url (SourceDeadError).
+            response = await session.post(url, data=body, allow_redirects=False)
         except aiohttp.InvalidURL as exc:
             raise SourceDeadError(
                 sanitize_message(f"source {config.source_name!r}: invalid URL {url!r}"),
@@ -395,6 +397,7 @@ class HttpxEngine:
             "timeout": timeout,
             "limits": limits,
             "trust_env": config.trust_env,
+            "follow_redirects": False,  # never: see AiohttpEngine.post
         }
         if config.plain_http and not config.trust_env:
             # No TLS on the way (plain http, no proxy from the environment): skip building a
@@ -418,7 +421,7 @@ class HttpxEngine:
             client = self._new_client(loop)
         try:
             request = client.build_request("POST", url, content=body)
-            response = await client.send(request, stream=True)
+            response = await client.send(request, stream=True, follow_redirects=False)
         except TimeoutError as exc:
             raise _httpx_error(exc, self._config, self._api) from exc
         except self._failures as exc:

@@ -22,6 +22,8 @@ ReplyKind = Literal[
     "mid_stream_error",
     "reset",
     "black_hole",
+    "redirect",
+    "flood",
 ]
 
 _MAX_DEFAULT_CHUNKS: Final = 20
@@ -64,6 +66,9 @@ class Reply:
     body: str | bytes | None = None
     after_chunks: int = 0
     after_headers: bool = False
+    location: str | None = None
+    size: int = 0
+    gzip: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.content, str) or callable(self.content)):
@@ -79,6 +84,10 @@ class Reply:
             object.__setattr__(self, name, float(value))
         if self.kind == "error" and not 400 <= self.status <= 599:
             raise ValueError(f"Reply.error status must be in 400..599, got {self.status!r}")
+        if self.kind == "redirect" and not 300 <= self.status <= 399:
+            raise ValueError(f"Reply.redirect status must be in 300..399, got {self.status!r}")
+        if self.size < 0:
+            raise ValueError(f"Reply.flood size must be >= 0, got {self.size!r}")
         if self.after_chunks < 0:
             raise ValueError(f"Reply after_chunks must be >= 0, got {self.after_chunks!r}")
         for name in ("prompt_tokens", "completion_tokens"):
@@ -198,6 +207,20 @@ class Reply:
     def black_hole(cls) -> Reply:
         """Read the request and never answer (until the client leaves or the server stops)."""
         return cls(kind="black_hole")
+
+    @classmethod
+    def redirect(cls, location: str, status: int = 307) -> Reply:
+        """A redirect (``Location: location``, empty body). A client must not follow it: that
+        would send the prompt and the credentials to another host."""
+        return cls(kind="redirect", status=status, location=location)
+
+    @classmethod
+    def flood(cls, size: int, *, gzip: bool = False) -> Reply:
+        """A well-formed answer of about ``size`` bytes (decompressed), made while it is sent
+        and never held in memory: a stream of content events, or one JSON completion whose
+        content is ``size`` bytes of ``x``; chunked. ``gzip=True`` compresses it
+        (``Content-Encoding: gzip``, about 1000:1: a decompression bomb when large)."""
+        return cls(kind="flood", size=size, gzip=gzip)
 
 
 @dataclass(frozen=True, slots=True)

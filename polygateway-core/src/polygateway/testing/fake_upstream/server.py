@@ -459,6 +459,8 @@ class FakeUpstream:
             return [json_head(1024, ask.close), RESET]
         if reply.kind == "black_hole":
             return [BLACK_HOLE]
+        if reply.kind == "redirect":
+            return [json_head(0, ask.close, reply.status, f"Location: {reply.location}\r\n")]
         return self._answers[ask.route].plan(ask)
 
 
