@@ -78,3 +78,33 @@ async def test_no_engine_follows_a_redirect(
         assert fake_upstream.requests(source.name) == 1
         [received] = fake_upstream.received(source.name)
         assert received.headers["x-api-token"] == TOKEN  # the header was set: a real check
+
+
+# --------------------------------------------------------------------------- error messages
+
+FOREIGN_KEY = "AIzaSyD-0123456789abcdefABCDEF_ghijklmn"  # key-like, not this source's key
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_error_codes_stay_readable_while_keys_are_masked(
+    open_source: OpenSource, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    transport, source = open_source()
+    fake_upstream.script(
+        source.name,
+        Reply.error(403),  # the real API's body: code unsupported_country_region_territory
+        Reply.error(
+            403,
+            code="organization_usage_limit_exceeded_for_region",
+            message=f"Key {FOREIGN_KEY} and {API_KEY} are not allowed here",
+        ),
+    )
+    with pytest.raises(SourceDeadError) as info:
+        await transport.send(chat(stream), source, call_id="c")
+    assert "request_forbidden/unsupported_country_region_territory" in str(info.value)
+    with pytest.raises(SourceDeadError) as info:
+        await transport.send(chat(stream), source, call_id="c")
+    text = str(info.value)
+    assert "organization_usage_limit_exceeded_for_region" in text
+    assert FOREIGN_KEY not in text and API_KEY not in text
+    assert "Key *** and *** are not allowed" in text

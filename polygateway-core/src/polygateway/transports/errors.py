@@ -55,7 +55,9 @@ _KEY_LIKE = re.compile(
     r"|\b((?:api[_-]?key|authorization|access[_-]?token|token)\s*[:=]\s*[\"']?)"
     r"(?:(?:bearer|basic)\s+)?[^\s\"',;]+"
     r"|\b(?:sk|pk|rk|ak)-[A-Za-z0-9_\-*.]{4,}"
-    r"|\b[A-Za-z0-9_\-]{32,}\b"
+    # A long run with both letters and digits is a key; one without digits is an error code
+    # or a snake_case word (``unsupported_country_region_territory``) and must stay readable.
+    r"|\b(?=[A-Za-z_\-]*[0-9])(?=[0-9_\-]*[A-Za-z])[A-Za-z0-9_\-]{32,}\b"
 )
 
 
