@@ -4,12 +4,21 @@ included), deep nesting is classified."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import traceback
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-from polygateway.errors import SourceDeadError
-from polygateway.settings import Secret, SourceConfig
+from polygateway.client import GatewayClient
+from polygateway.errors import PolyGatewayError, SourceDeadError
+from polygateway.settings import (
+    CacheSettings,
+    RetrySettings,
+    ScopeSettings,
+    Secret,
+    SourceConfig,
+    TelemetrySettings,
+)
 from polygateway.testing import FakeUpstream, Reply
 from polygateway.testing.contracts.transport import MESSAGES
 from polygateway.transports.openai_compat import OpenAICompatTransport
@@ -108,3 +117,106 @@ async def test_error_codes_stay_readable_while_keys_are_masked(
     assert "organization_usage_limit_exceeded_for_region" in text
     assert FOREIGN_KEY not in text and API_KEY not in text
     assert "Key *** and *** are not allowed" in text
+
+
+# --------------------------------------------------------------------------- exception chains
+
+# Every fault the fake upstream can inject, plus hostile bodies echoing the credentials.
+FAULTS = [
+    pytest.param(Reply.error(400), id="400"),
+    pytest.param(Reply.error(401), id="401"),
+    pytest.param(Reply.error(403), id="403"),
+    pytest.param(Reply.error(404), id="404"),
+    pytest.param(Reply.error(408), id="408"),
+    pytest.param(Reply.error(429, retry_after=1), id="429"),
+    pytest.param(Reply.error(429, quota=True), id="429-quota"),
+    pytest.param(Reply.error(500), id="500"),
+    pytest.param(Reply.error(503), id="503"),
+    pytest.param(
+        Reply.error(401, message=f"bad key Bearer {API_KEY}, header X-Api-Token: {TOKEN}"),
+        id="echoed-credentials",
+    ),
+    pytest.param(Reply.error(502, body=f"<html>{API_KEY} {TOKEN}</html>"), id="echoed-in-html"),
+    pytest.param(Reply.cut(after_chunks=2), id="cut"),
+    pytest.param(Reply.early_eof(), id="early-eof"),
+    pytest.param(Reply.malformed(), id="malformed"),
+    pytest.param(Reply.empty(), id="empty"),
+    pytest.param(Reply.mid_stream_error(), id="mid-stream-error"),
+    pytest.param(Reply.reset(), id="reset"),
+    pytest.param(Reply.reset(after_headers=True), id="reset-after-headers"),
+    pytest.param(Reply.black_hole(), id="black-hole"),
+    pytest.param(Reply.ok(headers_delay=1.0), id="slow-headers"),
+    pytest.param(Reply.ok(first_token_delay=1.0), id="slow-first-token"),
+    pytest.param(Reply.redirect("http://127.0.0.1:9/x"), id="redirect"),
+    pytest.param(Reply.garbage(), id="not-http"),
+]
+
+
+def chain(error: BaseException) -> Iterator[BaseException]:
+    """The error, its causes and contexts, and the errors a scope error carries."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        for linked in (
+            current.__cause__,
+            current.__context__,
+            getattr(current, "last_error", None),
+        ):
+            if isinstance(linked, BaseException):
+                todo.append(linked)
+
+
+def assert_no_secret(error: BaseException) -> None:
+    links = list(chain(error))
+    texts = ["".join(traceback.format_exception(error))]
+    for link in links:
+        texts += [str(link), repr(link), repr(link.args), repr(vars(link))]
+    for text in texts:
+        assert API_KEY not in text, text
+        assert TOKEN not in text, text
+        assert "Bearer sk-" not in text, text
+
+
+@pytest.mark.parametrize("reply", FAULTS)
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_no_secret_anywhere_in_the_exception_chain(
+    open_source: OpenSource, fake_upstream: FakeUpstream, reply: Reply, stream: bool
+) -> None:
+    transport, source = open_source(timeout_s=0.5, ttft_timeout_s=0.3)
+    fake_upstream.script(source.name, reply)
+    with pytest.raises(PolyGatewayError) as info:
+        await transport.send(chat(stream), source, call_id="c")
+    assert_no_secret(info.value)
+
+
+@pytest.mark.parametrize("reply", FAULTS)
+async def test_no_secret_in_what_the_client_raises(
+    fake_upstream: FakeUpstream, reply: Reply
+) -> None:
+    source = SourceConfig(
+        name="cl",
+        provider="generic",
+        base_url=fake_upstream.base_url("cl"),
+        model="m1",
+        api_key=Secret(API_KEY),
+        timeout_s=0.5,
+        ttft_timeout_s=0.3,
+        options={"headers": HEADERS},
+    )
+    settings = ScopeSettings(
+        scope="LLM",
+        sources=(source,),
+        retry=RetrySettings(max_attempts=1),
+        cache=CacheSettings(backend="none"),
+        telemetry=TelemetrySettings(backend="none"),
+    )
+    fake_upstream.script(source.name, reply)
+    async with GatewayClient(settings) as client:
+        with pytest.raises(PolyGatewayError) as info:
+            await client.chat(MESSAGES)
+    assert_no_secret(info.value)

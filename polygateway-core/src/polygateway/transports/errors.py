@@ -61,12 +61,15 @@ _KEY_LIKE = re.compile(
 )
 
 
-def sanitize_message(
-    text: str, secret: str | None = None, *, limit: int = MAX_MESSAGE_CHARS
-) -> str:
-    """Mask the secret and anything key-like, collapse whitespace, truncate to ``limit``."""
-    if secret:
-        text = text.replace(secret, "***")
+Secrets = str | tuple[str, ...] | None
+"""The secrets to mask: one (the API key), several (the key and credential headers), none."""
+
+
+def sanitize_message(text: str, secret: Secrets = None, *, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """Mask the secret(s) and anything key-like, collapse whitespace, truncate to ``limit``."""
+    for value in (secret,) if isinstance(secret, str) else secret or ():
+        if value:
+            text = text.replace(value, "***")
     text = _KEY_LIKE.sub(_mask, text)
     text = " ".join(text.split())
     if len(text) > limit:
@@ -155,7 +158,7 @@ def error_for_status(
     headers: Mapping[str, str] | None = None,
     *,
     source_name: str | None = None,
-    secret: str | None = None,
+    secret: Secrets = None,
 ) -> PolyGatewayError:
     """The error an HTTP answer other than 2xx stands for (see the module table)."""
     code, kind, message = describe_error_body(body)
@@ -200,7 +203,7 @@ def error_for_status(
 
 
 def wire_error(
-    exc: BaseException, *, timeout: bool, source_name: str | None, secret: str | None = None
+    exc: BaseException, *, timeout: bool, source_name: str | None, secret: Secrets = None
 ) -> TransientError:
     """A connection/read failure or an engine timeout, as ``TransientError``."""
     detail = sanitize_message(str(exc), secret)
@@ -217,6 +220,7 @@ def wire_error(
 __all__ = [
     "MAX_MESSAGE_CHARS",
     "QUOTA_CODES",
+    "Secrets",
     "describe_error_body",
     "error_for_status",
     "is_quota_error",

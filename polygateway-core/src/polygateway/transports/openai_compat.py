@@ -10,7 +10,9 @@ cache here.
 Source options (``SourceConfig.options``; strings from the environment are accepted):
 ``engine``, ``trust_env`` (default false), ``read_timeout_s`` (default off: the watchdog owns
 liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s`` (default 15),
-``headers`` (extra request headers, a mapping).
+``headers`` (extra request headers, a mapping; values of 8+ characters are masked out of error
+messages like the key). ``SourceConfig.max_response_bytes`` caps each response body, on the
+wire and decoded: the engines never decode on their own, ``BodyReader`` does, step by step.
 
 Stream outcome rules:
 - ``[DONE]`` seen, content empty and no tool calls -> ``TransientError`` (empty completion:
@@ -37,6 +39,7 @@ from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessKind, LivenessMonitor, StreamLiveness
 from polygateway.transports.engines import (
+    ACCEPT_ENCODING,
     DEFAULT_ENGINE,
     EngineConfig,
     EngineResponse,
@@ -69,6 +72,9 @@ DRAIN_GRACE_S = 0.25
 DRAIN_LIMIT = 64 * 1024
 
 CHARS_PER_TOKEN = 4
+
+_MIN_SECRET_CHARS = 8
+"""Shorter header values are not masked (masking ``1`` would garble every number)."""
 
 
 # --------------------------------------------------------------------------- JSON
@@ -205,16 +211,26 @@ class OpenAICompatTransport:
         )
         options = source.options
         engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
-        headers: dict[str, str] = {"Content-Type": "application/json"}
+        # The encodings the engines' BodyReader decodes itself, under max_response_bytes.
+        headers: dict[str, str] = {
+            "Content-Type": "application/json",
+            "Accept-Encoding": ACCEPT_ENCODING,
+        }
         extra_headers = options.get("headers")
+        extra: dict[str, str] = {}
         if extra_headers is not None:
             if not isinstance(extra_headers, Mapping):
                 raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
-            headers.update({str(k): str(v) for k, v in extra_headers.items()})
+            extra = {str(k): str(v) for k, v in extra_headers.items()}
+            headers.update(extra)
         key = source.api_key.reveal()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._secret = key or None
+        # Masked out of every message: the key and any extra header value long enough to be a
+        # credential (an upstream may echo request headers in its error body).
+        self._secret: tuple[str, ...] = tuple(
+            value for value in (key, *extra.values()) if len(value) >= _MIN_SECRET_CHARS
+        )
         max_connections = _option_float(options, "max_connections", 1024, source.name)
         self._engine: HttpEngine = make_engine(
             engine_name,
@@ -228,6 +244,7 @@ class OpenAICompatTransport:
                 trust_env=_option_bool(options, "trust_env", False, source.name),
                 secret=self._secret,
                 plain_http=base_url.lower().startswith("http://"),
+                max_response_bytes=source.max_response_bytes or None,
             ),
         )
         self._warned_thinking: set[str] = set()
@@ -468,11 +485,18 @@ class OpenAICompatTransport:
         try:
             payload = json_loads(raw)
         except ValueError:
-            raise TransientError(
+            error = TransientError(
                 f"source {source.name!r}: malformed completion body (not JSON): "
                 f"{sanitize_message(repr(raw[:80]), self._secret)}",
                 source_name=source.name,
-            ) from None
+            )
+        else:
+            return self._completion(payload, source, profile)
+        raise error  # outside the handler: the decoder's error (it holds the body) is left out
+
+    def _completion(
+        self, payload: Any, source: SourceConfig, profile: ProviderProfile | None
+    ) -> ParsedCompletion:
         if profile is not None:
             return parse_completion(
                 payload,

@@ -24,6 +24,7 @@ ReplyKind = Literal[
     "black_hole",
     "redirect",
     "flood",
+    "garbage",
 ]
 
 _MAX_DEFAULT_CHUNKS: Final = 20
@@ -207,6 +208,11 @@ class Reply:
     def black_hole(cls) -> Reply:
         """Read the request and never answer (until the client leaves or the server stops)."""
         return cls(kind="black_hole")
+
+    @classmethod
+    def garbage(cls) -> Reply:
+        """Bytes that are not an HTTP response at all, then the connection closes."""
+        return cls(kind="garbage")
 
     @classmethod
     def redirect(cls, location: str, status: int = 307) -> Reply:

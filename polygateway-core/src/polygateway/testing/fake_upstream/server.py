@@ -21,6 +21,7 @@ from polygateway.testing.fake_upstream.openai import DEFAULT_EMBEDDING_DIM, DEFA
 from polygateway.testing.fake_upstream.replies import ReceivedRequest, Reply
 from polygateway.testing.fake_upstream.wire import (
     BLACK_HOLE,
+    CLOSE,
     RESET,
     Answers,
     Ask,
@@ -459,6 +460,8 @@ class FakeUpstream:
             return [json_head(1024, ask.close), RESET]
         if reply.kind == "black_hole":
             return [BLACK_HOLE]
+        if reply.kind == "garbage":
+            return [b"SPEAK FRIEND AND ENTER\r\n\r\n", CLOSE]
         if reply.kind == "redirect":
             return [json_head(0, ask.close, reply.status, f"Location: {reply.location}\r\n")]
         return self._answers[ask.route].plan(ask)
