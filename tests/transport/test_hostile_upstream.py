@@ -4,13 +4,16 @@ included), deep nesting is classified."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 from polygateway.client import GatewayClient
-from polygateway.errors import PolyGatewayError, SourceDeadError
+from polygateway.errors import PolyGatewayError, SourceDeadError, TransientError
 from polygateway.settings import (
     CacheSettings,
     RetrySettings,
@@ -220,3 +223,75 @@ async def test_no_secret_in_what_the_client_raises(
         with pytest.raises(PolyGatewayError) as info:
             await client.chat(MESSAGES)
     assert_no_secret(info.value)
+
+
+# --------------------------------------------------------------------------- response size
+
+CAP = 1024 * 1024
+
+
+class RssSampler:
+    """Peak resident set size above the starting one, sampled from a thread (Linux)."""
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self.start = self.peak = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * self._page
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self._rss())
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.start) / 1e6
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="RSS read from /proc")
+@pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip-bomb"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_response_bytes_are_capped_on_the_wire_and_decoded(
+    open_source: OpenSource, fake_upstream: FakeUpstream, stream: bool, gzip: bool
+) -> None:
+    transport, source = open_source(max_response_bytes=CAP, timeout_s=20.0)
+    # 1 GB of well-formed answer (plain) or of its gzip (~1 MB on the wire), made as it is sent.
+    fake_upstream.script(source.name, Reply.flood(1024**3, gzip=gzip))
+    started = time.monotonic()
+    with RssSampler() as rss, pytest.raises(TransientError) as info:
+        await transport.send(chat(stream), source, call_id="c")
+    assert f"max_response_bytes={CAP}" in str(info.value)
+    assert rss.growth_mb < 48, f"RSS grew {rss.growth_mb:.1f} MB"
+    assert time.monotonic() - started < 10.0
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_gzip_answers_within_the_cap_are_decoded(
+    open_source: OpenSource, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    transport, source = open_source(max_response_bytes=CAP)
+    fake_upstream.script(source.name, Reply.flood(200_000, gzip=True), Reply.flood(200_000))
+    zipped = await transport.send(chat(stream), source, call_id="c")
+    plain = await transport.send(chat(stream), source, call_id="c")
+    assert zipped.content == plain.content
+    assert set(zipped.content) == {"x"} and len(zipped.content) > 150_000
+    [first, _] = fake_upstream.received(source.name)
+    assert first.headers["accept-encoding"] == "gzip, deflate"
+
+
+def test_the_default_cap_is_set_and_documented() -> None:
+    source = SourceConfig(name="d", provider="generic", base_url="http://x.invalid/v1", model="m")
+    assert source.max_response_bytes == 64 * 1024 * 1024

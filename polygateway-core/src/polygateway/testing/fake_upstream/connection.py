@@ -155,11 +155,15 @@ class Connection(asyncio.Protocol):
     async def _write_all(self, pieces: Iterator[bytes]) -> None:
         """Write bytes made on the fly, waiting whenever the client reads slower."""
         for data in pieces:
-            if self._closed:
+            if self._closed or self._transport is None or self._transport.is_closing():
                 return  # the client left: stop making the rest
             self._write(data)
             if self._write_ready is not None and not self._write_ready.done():
                 await self._write_ready
+            else:
+                # The kernel took it all: let the loop run, or a client that left (and the
+                # server's other connections) would wait until the whole answer was made.
+                await asyncio.sleep(0)
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._closed:
