@@ -142,8 +142,13 @@ def make_engine(name: str, config: EngineConfig) -> HttpEngine:
 ACCEPT_ENCODING = "gzip, deflate"
 """What the transport asks for: the encodings ``BodyReader`` decodes (and caps) itself."""
 
-_INFLATE_STEP = 256 * 1024
+_INFLATE_STEP = 64 * 1024
 """At most this many decoded bytes per step: a gzip bomb never expands at once."""
+
+_MAX_CHUNK = 64 * 1024
+"""The largest chunk ``BodyReader.read_chunk`` returns; after each one of this size it lets the
+loop run once. Reads of buffered data do not suspend, and an engine may hand over a quarter of
+a megabyte at once: parsed in one stretch, a large answer would make every other call wait."""
 
 
 class _Inflater:
@@ -191,7 +196,7 @@ class BodyReader:
     decoded bytes both count against ``max_response_bytes`` while they arrive, one bounded
     step at a time (a gzip bomb never expands beyond one step past the cap)."""
 
-    __slots__ = ("_cap", "_config", "_decoded", "_eof", "_inflater", "_raw", "_wire")
+    __slots__ = ("_cap", "_config", "_decoded", "_eof", "_held", "_inflater", "_raw", "_wire")
 
     def __init__(
         self,
@@ -204,6 +209,8 @@ class BodyReader:
         self._cap = config.max_response_bytes or None
         self._wire = 0
         self._decoded = 0
+        self._held = b""
+        """Raw bytes read but not handed out yet (beyond ``_MAX_CHUNK``)."""
         self._eof = False
         encoding = (content_encoding or "").strip().lower()
         if encoding in ("", "identity"):
@@ -217,8 +224,10 @@ class BodyReader:
 
     @property
     def exhausted(self) -> bool:
-        """The raw body ended and everything of it was decoded."""
-        return self._eof and (self._inflater is None or not self._inflater.pending)
+        """The raw body ended and everything of it was handed out."""
+        return (
+            self._eof and not self._held and (self._inflater is None or not self._inflater.pending)
+        )
 
     def _unsupported(self, encoding: str) -> Callable[[], Awaitable[bytes]]:
         async def fail() -> bytes:
@@ -239,19 +248,27 @@ class BodyReader:
 
     async def read_chunk(self) -> bytes:
         inflater = self._inflater
-        cap = self._cap
         if inflater is None:
+            if self._held:
+                data, self._held = self._held[:_MAX_CHUNK], self._held[_MAX_CHUNK:]
+                await asyncio.sleep(0)  # the previous slice was handed out without a pause
+                return data
             data = await self._raw()
             if not data:
                 self._eof = True
-            elif cap is not None:
+                return data
+            cap = self._cap
+            if cap is not None:
                 self._wire += len(data)
                 if self._wire > cap:
                     raise self._over("on the wire")
+            if len(data) > _MAX_CHUNK:
+                data, self._held = data[:_MAX_CHUNK], data[_MAX_CHUNK:]
             return data
         while True:
             if inflater.pending:
                 data = b""
+                await asyncio.sleep(0)  # the previous step's output was handed out, no pause
             elif self._eof:
                 return b""
             else:
@@ -262,7 +279,7 @@ class BodyReader:
                     self._count(out)
                     return out
                 self._wire += len(data)
-                if cap is not None and self._wire > cap:
+                if self._cap is not None and self._wire > self._cap:
                     raise self._over("on the wire")
             out = self._inflate(inflater.step, data)
             if out:

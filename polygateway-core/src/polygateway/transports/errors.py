@@ -100,7 +100,7 @@ def describe_error_body(
     if isinstance(body, (bytes, str)):
         try:
             payload = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply: plain text
             raw = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
             return None, None, raw.strip()
     if not isinstance(payload, Mapping):

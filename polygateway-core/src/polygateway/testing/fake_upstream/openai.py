@@ -409,7 +409,7 @@ def _flood_plan(ask: Ask, created: int) -> list[Step]:
             "data: "
             + start(".chunk")
             + '"delta":{"content":"'
-            + "x" * 1000
+            + reply.fill * 1000
             + '"},"logprobs":null,"finish_reason":null}]}\n\n'
         ).encode()
         finish = (
@@ -435,7 +435,7 @@ def _flood_plan(ask: Ask, created: int) -> list[Step]:
     def document() -> Iterator[bytes]:
         yield prefix
         left = max(1, size - len(prefix) - len(suffix))
-        block = b"x" * _FLOOD_PIECE
+        block = reply.fill.encode() * _FLOOD_PIECE
         while left > 0:
             piece = block if left >= _FLOOD_PIECE else block[:left]
             yield piece

@@ -70,6 +70,7 @@ class Reply:
     location: str | None = None
     size: int = 0
     gzip: bool = False
+    fill: str = "x"
 
     def __post_init__(self) -> None:
         if not (isinstance(self.content, str) or callable(self.content)):
@@ -89,6 +90,8 @@ class Reply:
             raise ValueError(f"Reply.redirect status must be in 300..399, got {self.status!r}")
         if self.size < 0:
             raise ValueError(f"Reply.flood size must be >= 0, got {self.size!r}")
+        if len(self.fill) != 1 or self.fill in '"\\' or not self.fill.isprintable():
+            raise ValueError(f"Reply.flood fill must be one printable character, got {self.fill!r}")
         if self.after_chunks < 0:
             raise ValueError(f"Reply after_chunks must be >= 0, got {self.after_chunks!r}")
         for name in ("prompt_tokens", "completion_tokens"):
@@ -221,12 +224,13 @@ class Reply:
         return cls(kind="redirect", status=status, location=location)
 
     @classmethod
-    def flood(cls, size: int, *, gzip: bool = False) -> Reply:
+    def flood(cls, size: int, *, gzip: bool = False, fill: str = "x") -> Reply:
         """A well-formed answer of about ``size`` bytes (decompressed), made while it is sent
         and never held in memory: a stream of content events, or one JSON completion whose
-        content is ``size`` bytes of ``x``; chunked. ``gzip=True`` compresses it
+        content is ``size`` bytes of ``fill`` (one printable character other than a quote or a
+        backslash, e.g. ``{`` for hostile "JSON"); chunked. ``gzip=True`` compresses it
         (``Content-Encoding: gzip``, about 1000:1: a decompression bomb when large)."""
-        return cls(kind="flood", size=size, gzip=gzip)
+        return cls(kind="flood", size=size, gzip=gzip, fill=fill)
 
 
 @dataclass(frozen=True, slots=True)
