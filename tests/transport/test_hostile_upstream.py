@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 from polygateway.client import GatewayClient
-from polygateway.errors import PolyGatewayError, SourceDeadError, TransientError
+from polygateway.errors import (
+    PolyGatewayError,
+    RequestRejectedError,
+    SourceDeadError,
+    TransientError,
+)
 from polygateway.settings import (
     CacheSettings,
     RetrySettings,
@@ -295,3 +300,38 @@ async def test_gzip_answers_within_the_cap_are_decoded(
 def test_the_default_cap_is_set_and_documented() -> None:
     source = SourceConfig(name="d", provider="generic", base_url="http://x.invalid/v1", model="m")
     assert source.max_response_bytes == 64 * 1024 * 1024
+
+
+# --------------------------------------------------------------------------- deep nesting
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("status", "error_class"),
+    [
+        (400, RequestRejectedError),
+        (401, SourceDeadError),
+        (404, SourceDeadError),
+        (429, TransientError),
+        (500, TransientError),
+        (503, TransientError),
+    ],
+)
+@pytest.mark.parametrize("body", [DEEP, '{"error":' + DEEP + "}"], ids=["bare", "in-error"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_a_deeply_nested_error_body_is_classified_by_status(
+    open_source: OpenSource,
+    fake_upstream: FakeUpstream,
+    status: int,
+    error_class: type[Exception],
+    body: str,
+    stream: bool,
+) -> None:
+    transport, source = open_source()
+    fake_upstream.script(source.name, Reply.error(status, body=body))
+    with pytest.raises(error_class) as info:
+        await transport.send(chat(stream), source, call_id="c")
+    assert type(info.value) is error_class
+    assert f"HTTP {status}" in str(info.value)
+    assert len(str(info.value)) <= 300
