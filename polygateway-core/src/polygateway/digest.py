@@ -1,7 +1,8 @@
 """Message digests shared by the cache key and telemetry (ARCHITECTURE §7.5, §7.8).
 
-Text parts are kept verbatim, every field of them; every non-text content part (base64 images, audio, files) is replaced
-by the sha256 of its canonical JSON, so keys stay stable and databases hold no base64.
+Text parts are kept verbatim, every field of them; every non-text content part (base64 images,
+audio, files) is replaced by the sha256 of its canonical JSON, so keys stay stable and databases
+hold no base64.
 
 Canonical JSON is defined by the stdlib encoder (sorted keys, no whitespace, UTF-8 kept). It
 runs on every call (cache key, telemetry row), so values made only of types whose orjson
