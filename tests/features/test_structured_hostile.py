@@ -128,9 +128,10 @@ class LagProbe:
         return weighted_p99_ms(self.busy, self.period_s)
 
 
-def machine_is_overloaded() -> bool:
-    """More runnable processes than CPUs: wall-clock lag then measures the scheduler."""
-    return os.getloadavg()[0] > (os.cpu_count() or 1)
+def machine_is_busy() -> bool:
+    """Other work on more than half the CPUs (a shared machine, a parallel test run): wall-clock
+    lag then measures the OS scheduler more than the loop. The CPU-time gaps still count."""
+    return os.getloadavg()[0] > (os.cpu_count() or 1) / 2
 
 
 async def test_a_huge_hostile_answer_never_blocks_the_loop(
@@ -160,7 +161,7 @@ async def test_a_huge_hostile_answer_never_blocks_the_loop(
         f"{elapsed:.2f} s, load {os.getloadavg()[0]:.1f}"
     )
     assert probe.busy_p99_ms() < 20.0, measured
-    if not machine_is_overloaded():
+    if not machine_is_busy():
         assert probe.p99_ms() < 20.0, measured
 
 
