@@ -4,10 +4,12 @@ included), deep nesting is classified."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -29,6 +31,7 @@ from polygateway.settings import (
 )
 from polygateway.testing import FakeUpstream, Reply
 from polygateway.testing.contracts.transport import MESSAGES
+from polygateway.transports.engines import BodyReader, EngineConfig
 from polygateway.transports.openai_compat import OpenAICompatTransport
 from polygateway.types import ChatRequest
 from test_openai_compat import ENGINES
@@ -335,3 +338,67 @@ async def test_a_deeply_nested_error_body_is_classified_by_status(
     assert type(info.value) is error_class
     assert f"HTTP {status}" in str(info.value)
     assert len(str(info.value)) <= 300
+
+
+# --------------------------------------------------------------------------- body decoding
+
+
+def body_reader(chunks: list[bytes], encoding: str | None, cap: int | None = None) -> BodyReader:
+    pending = list(chunks)
+
+    async def raw() -> bytes:
+        return pending.pop(0) if pending else b""
+
+    return BodyReader(raw, encoding, EngineConfig(source_name="d", max_response_bytes=cap))
+
+
+def pieces(data: bytes, size: int = 7) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+TEXT = b'{"choices":[{"message":{"content":"' + b"hello " * 5000 + b'"}}]}'
+
+
+def deflated(data: bytes, wbits: int) -> bytes:
+    compressor = zlib.compressobj(wbits=wbits)
+    return compressor.compress(data) + compressor.flush()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "wire"),
+    [
+        (None, TEXT),
+        ("identity", TEXT),
+        ("gzip", gzip.compress(TEXT)),
+        ("x-gzip", gzip.compress(TEXT)),
+        ("gzip", gzip.compress(TEXT[:1000]) + gzip.compress(TEXT[1000:])),  # two members
+        ("deflate", deflated(TEXT, 15)),  # zlib-wrapped, as the RFC says
+        ("deflate", deflated(TEXT, -15)),  # raw, as some servers send it
+    ],
+    ids=["none", "identity", "gzip", "x-gzip", "gzip-members", "deflate", "raw-deflate"],
+)
+async def test_bodies_are_decoded_whatever_the_chunking(encoding: str | None, wire: bytes) -> None:
+    reader = body_reader(pieces(wire), encoding)
+    assert await reader.read() == TEXT
+    assert reader.exhausted
+
+
+async def test_unsupported_or_corrupt_encodings_are_transient_errors() -> None:
+    with pytest.raises(TransientError, match="unsupported Content-Encoding 'br'"):
+        await body_reader([b"\x1b\x00"], "br").read()
+    with pytest.raises(TransientError, match="corrupt compressed body"):
+        await body_reader([b"not gzip at all"], "gzip").read()
+
+
+async def test_a_chunk_is_at_most_64_kib_and_the_cap_counts_wire_and_decoded_bytes() -> None:
+    reader = body_reader([TEXT * 4], None)
+    sizes = []
+    while chunk := await reader.read_chunk():
+        sizes.append(len(chunk))
+    assert max(sizes) <= 64 * 1024 and sum(sizes) == 4 * len(TEXT)
+    with pytest.raises(TransientError, match=r"max_response_bytes=1000 \(on the wire\)"):
+        await body_reader([TEXT], None, cap=1000).read()
+    bomb = gzip.compress(b"\0" * 10_000_000)
+    assert len(bomb) < 20_000
+    with pytest.raises(TransientError, match=r"max_response_bytes=100000 \(decoded\)"):
+        await body_reader(pieces(bomb, 4096), "gzip", cap=100_000).read()

@@ -624,9 +624,11 @@ class HttpxEngine:
 
 
 __all__ = [
+    "ACCEPT_ENCODING",
     "DEFAULT_ENGINE",
     "ENGINE_NAMES",
     "AiohttpEngine",
+    "BodyReader",
     "EngineConfig",
     "EngineResponse",
     "HttpEngine",
