@@ -9,7 +9,11 @@ concurrency).
 
 Engines translate their own failures: connection and read errors become
 ``TransientError(reason="network_error")``, engine timeouts ``TransientError(reason="timeout")``,
-an unusable URL ``SourceDeadError``. Cancellation is never caught. A response must be closed
+an unusable URL ``SourceDeadError``; the translation is raised outside the handler, so the
+engine's exception (aiohttp's holds the request headers, the key among them) is never in the
+chain. Cancellation is never caught. No engine follows a redirect. Bodies are read raw and
+decoded by ``BodyReader`` (gzip, deflate), which counts the bytes on the wire and decoded against
+``max_response_bytes`` and hands them out in slices of at most 64 KiB. A response must be closed
 with ``aclose()`` (in ``finally``): a fully read response goes back to the pool, a partly read
 one closes its connection.
 
