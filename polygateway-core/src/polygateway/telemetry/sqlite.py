@@ -279,13 +279,7 @@ class SQLiteRecorder:
     # ------------------------------------------------------------------ writer thread
 
     def _run(self) -> None:
-        try:
-            self._connect()
-        except (sqlite3.Error, OSError) as exc:
-            self._broken = True
-            self._warn_once(
-                "open", "telemetry disabled: cannot open SQLite database %s: %s", self.path, exc
-            )
+        self._connect()
         try:
             while True:
                 self._wake.wait(self.flush_interval_s)
@@ -330,9 +324,18 @@ class SQLiteRecorder:
             raise
         return conn
 
-    def _connect(self) -> None:
-        self._conn = self._open()
+    def _connect(self) -> bool:
+        """Open the database; ``False`` (one warning, the recorder broken) when it cannot."""
+        try:
+            self._conn = self._open()
+        except (sqlite3.Error, OSError) as exc:
+            self._broken = True
+            self._warn_once(
+                "open", "telemetry disabled: cannot open SQLite database %s: %s", self.path, exc
+            )
+            return False
         self._file = self._file_identity()
+        return True
 
     def _disconnect(self) -> None:
         conn, self._conn = self._conn, None
@@ -367,15 +370,7 @@ class SQLiteRecorder:
             self.path,
         )
         self._disconnect()
-        try:
-            self._connect()
-        except (sqlite3.Error, OSError) as exc:
-            self._broken = True
-            self._warn_once(
-                "open", "telemetry disabled: cannot open SQLite database %s: %s", self.path, exc
-            )
-            return False
-        return True
+        return self._connect()
 
     def _drain(self) -> None:
         queue = self._queue
