@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import socket
 import threading
 import time
 import traceback
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from polygateway.client import GatewayClient
 from polygateway.errors import (
+    ConfigError,
     PolyGatewayError,
     RequestRejectedError,
     SourceDeadError,
@@ -203,6 +205,36 @@ async def test_no_secret_anywhere_in_the_exception_chain(
     with pytest.raises(PolyGatewayError) as info:
         await transport.send(chat(stream), source, call_id="c")
     assert_no_secret(info.value)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_no_password_of_the_url_in_a_connection_error(engine: str, stream: bool) -> None:
+    password = "pw-in-the-url-424242"
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    source = SourceConfig(
+        name="u",
+        provider="generic",
+        base_url=f"http://user:{password}@127.0.0.1:{port}/v1",
+        model="m1",
+        options={"engine": engine},
+    )
+    if engine == "httpx-aiohttp":
+        with pytest.raises(ConfigError, match="cannot send credentials given in base_url") as bad:
+            OpenAICompatTransport(source)
+        assert password not in str(bad.value)
+        return
+    transport = OpenAICompatTransport(source)
+    try:
+        with pytest.raises(TransientError) as info:
+            await transport.send(chat(stream), source, call_id="c")
+    finally:
+        await transport.aclose()
+    assert "network error" in str(info.value)
+    for link in chain(info.value):
+        for text in (str(link), repr(link), repr(link.args), repr(vars(link))):
+            assert password not in text, text
 
 
 @pytest.mark.parametrize("reply", FAULTS)

@@ -31,6 +31,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
+from urllib.parse import urlsplit
 
 from polygateway.digest import canonical_messages_json
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
@@ -226,10 +227,21 @@ class OpenAICompatTransport:
         key = source.api_key.reveal()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        # Masked out of every message: the key and any extra header value long enough to be a
-        # credential (an upstream may echo request headers in its error body).
+        # Masked out of every message: the key, a password in the URL, and any extra header
+        # value long enough to be a credential (an upstream may echo request headers).
+        try:
+            parts = urlsplit(base_url)
+            user, password = parts.username, parts.password or ""
+        except ValueError:  # an unparsable URL: the engine reports it
+            user, password = None, ""
+        if user is not None and engine_name == "httpx-aiohttp":
+            # httpx turns them into a header and hands aiohttp both: aiohttp refuses the pair.
+            raise ConfigError(
+                f"source {source.name!r}: engine 'httpx-aiohttp' cannot send credentials given "
+                "in base_url (user:password@); put them in options.headers or use another engine"
+            )
         self._secret: tuple[str, ...] = tuple(
-            value for value in (key, *extra.values()) if len(value) >= _MIN_SECRET_CHARS
+            value for value in (key, password, *extra.values()) if len(value) >= _MIN_SECRET_CHARS
         )
         max_connections = _option_float(options, "max_connections", 1024, source.name)
         self._engine: HttpEngine = make_engine(
