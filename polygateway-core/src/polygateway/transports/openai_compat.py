@@ -144,7 +144,9 @@ def estimate_completion_tokens(content: str, thinking: str = "") -> int:
 # --------------------------------------------------------------------------- options
 
 
-def _option_bool(options: Mapping[str, Any], key: str, default: bool, source: str) -> bool:
+def option_bool(options: Mapping[str, Any], key: str, default: bool, source: str) -> bool:
+    """A boolean source option (``true``/``false`` strings from the environment accepted);
+    ``ConfigError`` naming the source and the key otherwise. Shared by plugin transports."""
     value = options.get(key, default)
     if isinstance(value, bool):
         return value
@@ -156,9 +158,10 @@ def _option_bool(options: Mapping[str, Any], key: str, default: bool, source: st
     raise ConfigError(f"source {source!r}: option {key!r} must be true or false, got {value!r}")
 
 
-def _option_float(
+def option_float(
     options: Mapping[str, Any], key: str, default: float | None, source: str
 ) -> float | None:
+    """A number >= 0 (or ``None``/``""``/``"none"`` for off) from the source options."""
     value = options.get(key, default)
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
         return None
@@ -216,17 +219,17 @@ class OpenAICompatTransport:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._secret = key or None
-        max_connections = _option_float(options, "max_connections", 1024, source.name)
+        max_connections = option_float(options, "max_connections", 1024, source.name)
         self._engine: HttpEngine = make_engine(
             engine_name,
             EngineConfig(
                 source_name=source.name,
                 headers=headers,
                 connect_timeout_s=source.connect_timeout_s,
-                read_timeout_s=_option_float(options, "read_timeout_s", None, source.name),
+                read_timeout_s=option_float(options, "read_timeout_s", None, source.name),
                 max_connections=int(max_connections or 0),
-                keepalive_s=_option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
-                trust_env=_option_bool(options, "trust_env", False, source.name),
+                keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+                trust_env=option_bool(options, "trust_env", False, source.name),
                 secret=self._secret,
                 plain_http=base_url.lower().startswith("http://"),
             ),
@@ -547,4 +550,6 @@ __all__ = [
     "estimate_completion_tokens",
     "estimate_prompt_tokens",
     "json_dumps",
+    "option_bool",
+    "option_float",
 ]
