@@ -1,0 +1,393 @@
+"""The ``anthropic`` transport: one attempt against the Anthropic Messages API.
+
+Built on the core's HTTP engines, SSE decoder and liveness watchdog (the same ones the
+``openai-compat`` transport runs on), not on the ``anthropic`` SDK: see the README for the
+measurement behind that choice.
+
+Source options (strings from the environment are accepted): ``engine`` (as openai-compat),
+``max_tokens`` (default 4096; ``max_tokens`` / ``max_completion_tokens`` in ``extra_body``
+override it per call), ``thinking_budget_tokens`` (default 1024), ``anthropic_version``
+(default ``2023-06-01``), ``headers`` (extra request headers, e.g. ``anthropic-beta``),
+``trust_env``, ``read_timeout_s``, ``max_connections``, ``keepalive_s``.
+
+Thinking: ``enable_thinking`` on the source sends the provider profile's thinking body
+(``anthropic``: ``{"thinking": {"type": "enabled", "budget_tokens": N}}``).
+
+Outcome rules (as openai-compat, with ``message_stop`` in the role of ``[DONE]``): no
+``message_stop`` -> ``TransientError`` (or the partial answer with ``missing_done="salvage"``);
+no text and no tool call -> ``TransientError`` (empty completion), except a ``refusal`` with no
+text, which is a ``RequestRejectedError`` (another attempt gets the same verdict);
+``stop_reason: model_context_window_exceeded`` -> ``ContextWindowExceededError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from polygateway.errors import ConfigError, RequestRejectedError, TransientError
+from polygateway.ports import ProviderProfile
+from polygateway.providers import builtin_profiles_by_name
+from polygateway.settings import SourceConfig
+from polygateway.streaming import LivenessKind, LivenessMonitor, StreamLiveness
+from polygateway.transports.engines import (
+    DEFAULT_ENGINE,
+    EngineConfig,
+    EngineResponse,
+    HttpEngine,
+    make_engine,
+)
+from polygateway.transports.openai_compat import (
+    DRAIN_GRACE_S,
+    DRAIN_LIMIT,
+    ERROR_BODY_LIMIT,
+    estimate_completion_tokens,
+    estimate_prompt_tokens,
+    json_dumps,
+    option_bool,
+    option_float,
+)
+from polygateway.transports.sse import SSEDecoder, SSEProtocolError, json_loads
+from polygateway.types import ChatRequest, TransportResult
+
+from pgw_anthropic.convert import apply_extra_body, convert_messages
+from pgw_anthropic.errors import ContextWindowExceededError, error_for_response
+from pgw_anthropic.parse import FINISH_REASONS, MessageParser, ParsedMessage
+from pgw_anthropic.profile import ANTHROPIC_PROFILE, DEFAULT_THINKING_BUDGET
+
+logger = logging.getLogger(__name__)
+
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+
+
+def _option_int(options: Mapping[str, Any], key: str, default: int, source: str) -> int:
+    value = option_float(options, key, default, source)
+    if value is None or value < 1 or value != int(value):
+        raise ConfigError(
+            f"source {source!r}: option {key!r} must be a whole number >= 1, got {value!r}"
+        )
+    return int(value)
+
+
+def build_messages_body(
+    request: ChatRequest,
+    source: SourceConfig,
+    profile: ProviderProfile | None,
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    thinking_budget: int | None = None,
+) -> dict[str, Any]:
+    """The Messages API body of one attempt (pure; ``RequestRejectedError`` for bad input)."""
+    if not request.messages:
+        raise RequestRejectedError("messages must not be empty", source_name=source.name)
+    if request.response_format is not None:
+        raise RequestRejectedError(
+            f"source {source.name!r}: response_format is not supported by the Messages API "
+            "(the anthropic profile declares no native schema; use structured='json' or a model)",
+            source_name=source.name,
+        )
+    system, messages = convert_messages(request.messages, source_name=source.name)
+    body: dict[str, Any] = {"model": source.model, "max_tokens": max_tokens}
+    if system is not None:
+        body["system"] = system
+    body["messages"] = messages
+    if request.stream:
+        body["stream"] = True
+    thinking = source.enable_thinking
+    if thinking is not None and profile is not None and profile.thinking_body is not None:
+        extra = dict(profile.thinking_body(thinking))
+        setting = extra.get("thinking")
+        if (
+            thinking_budget is not None
+            and isinstance(setting, Mapping)
+            and "budget_tokens" in setting
+        ):
+            extra["thinking"] = {**setting, "budget_tokens": thinking_budget}
+        body.update(extra)
+    if request.extra_body:
+        apply_extra_body(body, request.extra_body, source_name=source.name)
+    setting = body.get("thinking")
+    if isinstance(setting, Mapping) and setting.get("type") == "enabled":
+        budget = setting.get("budget_tokens")
+        if isinstance(budget, int) and budget >= body["max_tokens"]:
+            raise RequestRejectedError(
+                f"source {source.name!r}: thinking budget_tokens ({budget}) must be below "
+                f"max_tokens ({body['max_tokens']})",
+                source_name=source.name,
+            )
+    return body
+
+
+def _no_complete_answer(
+    kind: LivenessKind, limit_s: float, *, source_name: str | None
+) -> TransientError:
+    return TransientError(
+        f"source {source_name!r}: no complete answer within {limit_s:g}s",
+        source_name=source_name,
+        reason="timeout",
+    )
+
+
+async def _drain(response: EngineResponse) -> None:
+    """Read the (normally empty) rest after ``message_stop`` so the connection can be reused;
+    give up quietly after ``DRAIN_GRACE_S``: the answer is complete either way."""
+    drained = 0
+    timeout = asyncio.timeout(DRAIN_GRACE_S)
+    try:
+        async with timeout:
+            while drained < DRAIN_LIMIT:
+                chunk = await response.read_chunk()
+                if not chunk:
+                    return
+                drained += len(chunk)
+    except TimeoutError:
+        if not timeout.expired():
+            raise
+    except TransientError:
+        pass
+
+
+class AnthropicTransport:
+    """``Transport`` for the Anthropic Messages API (one instance per source)."""
+
+    def __init__(
+        self, source: SourceConfig, *, providers: Mapping[str, ProviderProfile] | None = None
+    ) -> None:
+        base_url = source.base_url.strip().rstrip("/")
+        if not base_url:
+            raise ConfigError(f"source {source.name!r}: base_url is empty")
+        self._url = f"{base_url}/messages"
+        profiles = dict(providers) if providers is not None else builtin_profiles_by_name()
+        profiles.setdefault(ANTHROPIC_PROFILE.name, ANTHROPIC_PROFILE)
+        self._providers: Mapping[str, ProviderProfile] = profiles
+        options = source.options
+        self._max_tokens = _option_int(options, "max_tokens", DEFAULT_MAX_TOKENS, source.name)
+        self._thinking_budget = (
+            _option_int(options, "thinking_budget_tokens", DEFAULT_THINKING_BUDGET, source.name)
+            if "thinking_budget_tokens" in options
+            else None
+        )
+        headers: dict[str, str] = {
+            "Content-Type": "application/json",
+            "anthropic-version": str(options.get("anthropic_version", ANTHROPIC_VERSION)),
+        }
+        extra_headers = options.get("headers")
+        if extra_headers is not None:
+            if not isinstance(extra_headers, Mapping):
+                raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
+            headers.update({str(k): str(v) for k, v in extra_headers.items()})
+        key = source.api_key.reveal()
+        if key:
+            headers["x-api-key"] = key
+        self._secret = key or None
+        max_connections = option_float(options, "max_connections", 1024, source.name)
+        self._engine: HttpEngine = make_engine(
+            str(options.get("engine", DEFAULT_ENGINE)).strip().lower(),
+            EngineConfig(
+                source_name=source.name,
+                headers=headers,
+                connect_timeout_s=source.connect_timeout_s,
+                read_timeout_s=option_float(options, "read_timeout_s", None, source.name),
+                max_connections=int(max_connections or 0),
+                keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+                trust_env=option_bool(options, "trust_env", False, source.name),
+                secret=self._secret,
+                plain_http=base_url.lower().startswith("http://"),
+            ),
+        )
+        self._monitor: LivenessMonitor | None = None
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def engine(self) -> HttpEngine:
+        return self._engine
+
+    def _liveness_monitor(self, loop: asyncio.AbstractEventLoop) -> LivenessMonitor:
+        monitor = self._monitor
+        if monitor is None or monitor.loop is not loop:
+            if monitor is not None:
+                monitor.close()
+            monitor = self._monitor = LivenessMonitor()
+        return monitor
+
+    async def aclose(self) -> None:
+        if self._monitor is not None:
+            self._monitor.close()
+            self._monitor = None
+        await self._engine.aclose()
+
+    def body(self, request: ChatRequest, source: SourceConfig) -> dict[str, Any]:
+        """The request body this transport sends for ``request`` (for tests and tooling)."""
+        return build_messages_body(
+            request,
+            source,
+            self._providers.get(source.provider),
+            max_tokens=self._max_tokens,
+            thinking_budget=self._thinking_budget,
+        )
+
+    async def send(
+        self, request: ChatRequest, source: SourceConfig, *, call_id: str
+    ) -> TransportResult:
+        payload = self.body(request, source)
+        try:
+            body = json_dumps(payload)
+        except TypeError as exc:
+            raise RequestRejectedError(
+                f"request body is not JSON serialisable: {exc}", source_name=source.name
+            ) from exc
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        parser = MessageParser(source_name=source.name, secret=self._secret)
+        if request.stream:
+            liveness = StreamLiveness(
+                ttft_s=source.ttft_timeout_s,
+                inter_token_s=source.inter_token_timeout_s,
+                total_s=source.timeout_s,
+                started_at=started,
+                source_name=source.name,
+                monitor=self._liveness_monitor(loop),
+            )
+        else:
+            liveness = StreamLiveness(
+                total_s=source.timeout_s,
+                started_at=started,
+                source_name=source.name,
+                monitor=self._liveness_monitor(loop),
+                timeout_error=_no_complete_answer,
+            )
+        response: EngineResponse | None = None
+        try:
+            with liveness:
+                response = await self._engine.post(self._url, body)
+                if not 200 <= response.status < 300:
+                    raise error_for_response(
+                        response.status,
+                        await response.read(ERROR_BODY_LIMIT),
+                        response.headers,
+                        source_name=source.name,
+                        secret=self._secret,
+                    )
+                if not request.stream:
+                    raw = await response.read()
+            if request.stream:
+                await self._read_events(response, parser, liveness)
+            else:
+                self._parse_json(raw, parser, source)
+        finally:
+            liveness.close()
+            if response is not None:
+                await response.aclose()
+        return self._result(
+            parser.result(),
+            complete=parser.done,
+            request=request,
+            source=source,
+            latency_s=loop.time() - started,
+            ttft_ms=liveness.ttft_ms if request.stream else None,
+            max_inter_token_ms=liveness.max_inter_token_ms if request.stream else None,
+        )
+
+    async def _read_events(
+        self, response: EngineResponse, parser: MessageParser, liveness: StreamLiveness
+    ) -> None:
+        decoder = SSEDecoder()
+        read_chunk = response.read_chunk
+        try:
+            while not parser.done:
+                with liveness:
+                    chunk = await read_chunk()
+                if not chunk:
+                    parser.feed_events(decoder.flush())
+                    return
+                if parser.feed_events(decoder.feed(chunk)):
+                    liveness.token()
+            if not response.at_eof():
+                await _drain(response)
+        except SSEProtocolError as exc:
+            raise TransientError(f"{exc}", source_name=parser.source_name) from exc
+
+    def _parse_json(self, raw: bytes, parser: MessageParser, source: SourceConfig) -> None:
+        try:
+            payload = json_loads(raw)
+        except ValueError:
+            raise TransientError(
+                f"source {source.name!r}: malformed message body (not JSON)",
+                source_name=source.name,
+            ) from None
+        parser.feed_message(payload)
+
+    def _result(
+        self,
+        message: ParsedMessage,
+        *,
+        complete: bool,
+        request: ChatRequest,
+        source: SourceConfig,
+        latency_s: float,
+        ttft_ms: float | None,
+        max_inter_token_ms: float | None,
+    ) -> TransportResult:
+        content = message.content
+        stop = message.stop_reason
+        where = f"source {source.name!r}"
+        if stop == "model_context_window_exceeded":
+            raise ContextWindowExceededError(
+                f"{where}: the request exceeds the model's context window "
+                "(stop_reason=model_context_window_exceeded)",
+                source_name=source.name,
+            )
+        salvaged = estimated = False
+        if not complete:
+            if not content:
+                raise TransientError(
+                    f"{where}: stream ended before any content (early EOF)",
+                    source_name=source.name,
+                )
+            if source.missing_done != "salvage":
+                raise TransientError(
+                    f"{where}: stream ended without message_stop; the answer may be truncated",
+                    source_name=source.name,
+                )
+            salvaged = estimated = True
+        elif not content and not message.has_tool_calls:
+            if stop == "refusal":
+                raise RequestRejectedError(
+                    f"{where}: the model refused to answer (stop_reason=refusal)",
+                    source_name=source.name,
+                )
+            raise TransientError(
+                f"{where}: empty completion (stop_reason={stop})", source_name=source.name
+            )
+        cache_read, cache_write = message.cache_read_tokens, message.cache_write_tokens
+        if message.input_tokens is None or message.output_tokens is None:
+            estimated = True
+            prompt_tokens = estimate_prompt_tokens(request.messages)
+            completion_tokens = estimate_completion_tokens(content, message.thinking)
+        else:
+            prompt_tokens = message.input_tokens + cache_read + cache_write
+            completion_tokens = message.output_tokens
+        return TransportResult(
+            content=content,
+            thinking=message.thinking,
+            model=message.model or source.model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            usage_source="estimated" if estimated else "measured",
+            latency_ms=int(latency_s * 1000),
+            ttft_ms=ttft_ms,
+            max_inter_token_ms=max_inter_token_ms,
+            finish_reason=FINISH_REASONS.get(stop, stop) if stop is not None else None,
+            salvaged=salvaged,
+            cached_prompt_tokens=cache_read,
+            cache_write_tokens=cache_write,
+        )
+
+
+__all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicTransport", "build_messages_body"]
