@@ -31,7 +31,7 @@ from polygateway.errors import ConfigError, RequestRejectedError, TransientError
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
-from polygateway.streaming import LivenessKind, LivenessMonitor, StreamLiveness
+from polygateway.streaming import LivenessMonitor, StreamLiveness
 from polygateway.transports.engines import (
     DEFAULT_ENGINE,
     EngineConfig,
@@ -40,16 +40,16 @@ from polygateway.transports.engines import (
     make_engine,
 )
 from polygateway.transports.openai_compat import (
-    DRAIN_GRACE_S,
-    DRAIN_LIMIT,
     ERROR_BODY_LIMIT,
-    estimate_completion_tokens,
-    estimate_prompt_tokens,
+    drain_response,
     json_dumps,
+    monitor_for_loop,
+    no_complete_answer,
     option_bool,
     option_float,
+    transport_result,
 )
-from polygateway.transports.sse import SSEDecoder, SSEProtocolError, json_loads
+from polygateway.transports.sse import ParsedCompletion, SSEDecoder, SSEProtocolError, json_loads
 from polygateway.types import ChatRequest, TransportResult
 
 from pgw_anthropic.convert import apply_extra_body, convert_messages
@@ -121,35 +121,6 @@ def build_messages_body(
     return body
 
 
-def _no_complete_answer(
-    kind: LivenessKind, limit_s: float, *, source_name: str | None
-) -> TransientError:
-    return TransientError(
-        f"source {source_name!r}: no complete answer within {limit_s:g}s",
-        source_name=source_name,
-        reason="timeout",
-    )
-
-
-async def _drain(response: EngineResponse) -> None:
-    """Read the (normally empty) rest after ``message_stop`` so the connection can be reused;
-    give up quietly after ``DRAIN_GRACE_S``: the answer is complete either way."""
-    drained = 0
-    timeout = asyncio.timeout(DRAIN_GRACE_S)
-    try:
-        async with timeout:
-            while drained < DRAIN_LIMIT:
-                chunk = await response.read_chunk()
-                if not chunk:
-                    return
-                drained += len(chunk)
-    except TimeoutError:
-        if not timeout.expired():
-            raise
-    except TransientError:
-        pass
-
-
 class AnthropicTransport:
     """``Transport`` for the Anthropic Messages API (one instance per source)."""
 
@@ -209,11 +180,7 @@ class AnthropicTransport:
         return self._engine
 
     def _liveness_monitor(self, loop: asyncio.AbstractEventLoop) -> LivenessMonitor:
-        monitor = self._monitor
-        if monitor is None or monitor.loop is not loop:
-            if monitor is not None:
-                monitor.close()
-            monitor = self._monitor = LivenessMonitor()
+        monitor = self._monitor = monitor_for_loop(self._monitor, loop)
         return monitor
 
     async def aclose(self) -> None:
@@ -260,7 +227,7 @@ class AnthropicTransport:
                 started_at=started,
                 source_name=source.name,
                 monitor=self._liveness_monitor(loop),
-                timeout_error=_no_complete_answer,
+                timeout_error=no_complete_answer,
             )
         response: EngineResponse | None = None
         try:
@@ -309,7 +276,7 @@ class AnthropicTransport:
                 if parser.feed_events(decoder.feed(chunk)):
                     liveness.token()
             if not response.at_eof():
-                await _drain(response)
+                await drain_response(response)
         except SSEProtocolError as exc:
             raise TransientError(f"{exc}", source_name=parser.source_name) from exc
 
@@ -343,48 +310,32 @@ class AnthropicTransport:
                 "(stop_reason=model_context_window_exceeded)",
                 source_name=source.name,
             )
-        salvaged = estimated = False
-        if not complete:
-            if not content:
-                raise TransientError(
-                    f"{where}: stream ended before any content (early EOF)",
-                    source_name=source.name,
-                )
-            if source.missing_done != "salvage":
-                raise TransientError(
-                    f"{where}: stream ended without message_stop; the answer may be truncated",
-                    source_name=source.name,
-                )
-            salvaged = estimated = True
-        elif not content and not message.has_tool_calls:
-            if stop == "refusal":
-                raise RequestRejectedError(
-                    f"{where}: the model refused to answer (stop_reason=refusal)",
-                    source_name=source.name,
-                )
-            raise TransientError(
-                f"{where}: empty completion (stop_reason={stop})", source_name=source.name
+        if complete and not content and not message.has_tool_calls and stop == "refusal":
+            raise RequestRejectedError(
+                f"{where}: the model refused to answer (stop_reason=refusal)",
+                source_name=source.name,
             )
         cache_read, cache_write = message.cache_read_tokens, message.cache_write_tokens
-        if message.input_tokens is None or message.output_tokens is None:
-            estimated = True
-            prompt_tokens = estimate_prompt_tokens(request.messages)
-            completion_tokens = estimate_completion_tokens(content, message.thinking)
-        else:
-            prompt_tokens = message.input_tokens + cache_read + cache_write
-            completion_tokens = message.output_tokens
-        return TransportResult(
+        prompt = message.input_tokens
+        completion = ParsedCompletion(
             content=content,
             thinking=message.thinking,
-            model=message.model or source.model,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            usage_source="estimated" if estimated else "measured",
-            latency_ms=int(latency_s * 1000),
+            finish_reason=FINISH_REASONS.get(stop, stop) if stop is not None else None,
+            # input_tokens excludes the cache reads and writes: the prompt is all three.
+            prompt_tokens=None if prompt is None else prompt + cache_read + cache_write,
+            completion_tokens=message.output_tokens,
+            model=message.model,
+            has_tool_calls=message.has_tool_calls,
+        )
+        return transport_result(
+            completion,
+            complete=complete,
+            request=request,
+            source=source,
+            latency_s=latency_s,
             ttft_ms=ttft_ms,
             max_inter_token_ms=max_inter_token_ms,
-            finish_reason=FINISH_REASONS.get(stop, stop) if stop is not None else None,
-            salvaged=salvaged,
+            end_marker="message_stop",
             cached_prompt_tokens=cache_read,
             cache_write_tokens=cache_write,
         )

@@ -176,14 +176,111 @@ def option_float(
     return number
 
 
-def _no_complete_answer(
+def no_complete_answer(
     kind: LivenessKind, limit_s: float, *, source_name: str | None
 ) -> TransientError:
-    """The timeout of a non-streaming call (its only deadline is the total one)."""
+    """The timeout of a non-streaming call (its only deadline is the total one); a
+    ``StreamLiveness`` ``timeout_error`` factory."""
     return TransientError(
         f"source {source_name!r}: no complete answer within {limit_s:g}s",
         source_name=source_name,
         reason="timeout",
+    )
+
+
+# --------------------------------------------------------------------------- outcome
+
+
+def monitor_for_loop(
+    current: LivenessMonitor | None, loop: asyncio.AbstractEventLoop
+) -> LivenessMonitor:
+    """``current`` when it runs on ``loop``, else a new monitor (the old one closed): a
+    transport keeps one monitor (one timer) for all its streams of one event loop."""
+    if current is not None and current.loop is loop:
+        return current
+    if current is not None:
+        current.close()
+    return LivenessMonitor()
+
+
+async def drain_response(response: EngineResponse) -> None:
+    """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
+    drained = 0
+    timeout = asyncio.timeout(DRAIN_GRACE_S)
+    try:
+        async with timeout:
+            while drained < DRAIN_LIMIT:
+                chunk = await response.read_chunk()
+                if not chunk:
+                    return
+                drained += len(chunk)
+    except TimeoutError:
+        if not timeout.expired():
+            raise
+    except TransientError:
+        pass  # the answer is complete; a broken tail only costs this connection
+
+
+def transport_result(
+    completion: ParsedCompletion,
+    *,
+    complete: bool,
+    request: ChatRequest,
+    source: SourceConfig,
+    latency_s: float,
+    ttft_ms: float | None,
+    max_inter_token_ms: float | None,
+    end_marker: str = "[DONE]",
+    cached_prompt_tokens: int = 0,
+    cache_write_tokens: int = 0,
+) -> TransportResult:
+    """The stream outcome rules of the module docstring, shared by every chat transport:
+    ``complete`` says whether the stream's end marker (``end_marker``, named in the error)
+    arrived. ``TransientError`` for an early EOF, a cut stream (unless salvaged) or an empty
+    completion; tokens estimated when no usage was reported."""
+    content = completion.content
+    estimated = False
+    salvaged = False
+    if not complete:
+        if not content:
+            raise TransientError(
+                f"source {source.name!r}: stream ended before any content (early EOF)",
+                source_name=source.name,
+            )
+        if source.missing_done != "salvage":
+            raise TransientError(
+                f"source {source.name!r}: stream ended without {end_marker}; the answer may "
+                "be truncated",
+                source_name=source.name,
+            )
+        # Salvaged: possibly truncated (never cached), and whatever usage arrived may not
+        # cover the answer.
+        salvaged = estimated = True
+    elif not content and not completion.has_tool_calls:
+        raise TransientError(
+            f"source {source.name!r}: empty completion (finish_reason={completion.finish_reason})",
+            source_name=source.name,
+        )
+    prompt_tokens = completion.prompt_tokens
+    completion_tokens = completion.completion_tokens
+    if prompt_tokens is None or completion_tokens is None:
+        estimated = True
+        prompt_tokens = estimate_prompt_tokens(request.messages)
+        completion_tokens = estimate_completion_tokens(content, completion.thinking)
+    return TransportResult(
+        content=content,
+        thinking=completion.thinking,
+        model=completion.model or source.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        usage_source="estimated" if estimated else "measured",
+        latency_ms=int(latency_s * 1000),
+        ttft_ms=ttft_ms,
+        max_inter_token_ms=max_inter_token_ms,
+        finish_reason=completion.finish_reason,
+        salvaged=salvaged,
+        cached_prompt_tokens=cached_prompt_tokens,
+        cache_write_tokens=cache_write_tokens,
     )
 
 
@@ -290,11 +387,7 @@ class OpenAICompatTransport:
 
     def _liveness_monitor(self, loop: asyncio.AbstractEventLoop) -> LivenessMonitor:
         """The deadline monitor of this transport's streams on ``loop`` (one timer for all)."""
-        monitor = self._monitor
-        if monitor is None or monitor.loop is not loop:
-            if monitor is not None:
-                monitor.close()
-            monitor = self._monitor = LivenessMonitor()
+        monitor = self._monitor = monitor_for_loop(self._monitor, loop)
         return monitor
 
     # ------------------------------------------------------------------ streaming
@@ -350,7 +443,7 @@ class OpenAICompatTransport:
             if completion is None:
                 await self._read_events(chunk, response, parser, liveness)
                 if parser.done and not response.at_eof():
-                    await self._drain(response)
+                    await drain_response(response)
         finally:
             liveness.close()
             if response is not None:
@@ -359,7 +452,7 @@ class OpenAICompatTransport:
             complete = True
         else:
             completion, complete = parser.result(), parser.done
-        return self._result(
+        return transport_result(
             completion,
             complete=complete,
             request=request,
@@ -408,23 +501,6 @@ class OpenAICompatTransport:
             secret=self._secret,
         )
 
-    async def _drain(self, response: EngineResponse) -> None:
-        """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
-        drained = 0
-        timeout = asyncio.timeout(DRAIN_GRACE_S)
-        try:
-            async with timeout:
-                while drained < DRAIN_LIMIT:
-                    chunk = await response.read_chunk()
-                    if not chunk:
-                        return
-                    drained += len(chunk)
-        except TimeoutError:
-            if not timeout.expired():
-                raise
-        except TransientError:
-            pass  # the answer is complete; a broken tail only costs this connection
-
     # ------------------------------------------------------------------ non-streaming
 
     async def _send_json(
@@ -442,7 +518,7 @@ class OpenAICompatTransport:
             started_at=started,
             source_name=source.name,
             monitor=self._liveness_monitor(loop),
-            timeout_error=_no_complete_answer,
+            timeout_error=no_complete_answer,
         )
         response: EngineResponse | None = None
         try:
@@ -456,7 +532,7 @@ class OpenAICompatTransport:
             if response is not None:
                 await response.aclose()
         completion = self._parse_json(raw, source, profile)
-        return self._result(
+        return transport_result(
             completion,
             complete=True,
             request=request,
@@ -488,68 +564,17 @@ class OpenAICompatTransport:
 
     # ------------------------------------------------------------------ outcome
 
-    def _result(
-        self,
-        completion: ParsedCompletion,
-        *,
-        complete: bool,
-        request: ChatRequest,
-        source: SourceConfig,
-        latency_s: float,
-        ttft_ms: float | None,
-        max_inter_token_ms: float | None,
-    ) -> TransportResult:
-        content = completion.content
-        estimated = False
-        salvaged = False
-        if not complete:
-            if not content:
-                raise TransientError(
-                    f"source {source.name!r}: stream ended before any content (early EOF)",
-                    source_name=source.name,
-                )
-            if source.missing_done != "salvage":
-                raise TransientError(
-                    f"source {source.name!r}: stream ended without [DONE]; the answer may be "
-                    "truncated",
-                    source_name=source.name,
-                )
-            # Salvaged: possibly truncated (never cached), and whatever usage arrived may not
-            # cover the answer.
-            salvaged = estimated = True
-        elif not content and not completion.has_tool_calls:
-            raise TransientError(
-                f"source {source.name!r}: empty completion "
-                f"(finish_reason={completion.finish_reason})",
-                source_name=source.name,
-            )
-        prompt_tokens = completion.prompt_tokens
-        completion_tokens = completion.completion_tokens
-        if prompt_tokens is None or completion_tokens is None:
-            estimated = True
-            prompt_tokens = estimate_prompt_tokens(request.messages)
-            completion_tokens = estimate_completion_tokens(content, completion.thinking)
-        return TransportResult(
-            content=content,
-            thinking=completion.thinking,
-            model=completion.model or source.model,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            usage_source="estimated" if estimated else "measured",
-            latency_ms=int(latency_s * 1000),
-            ttft_ms=ttft_ms,
-            max_inter_token_ms=max_inter_token_ms,
-            finish_reason=completion.finish_reason,
-            salvaged=salvaged,
-        )
-
 
 __all__ = [
     "OpenAICompatTransport",
     "build_request_body",
+    "drain_response",
     "estimate_completion_tokens",
     "estimate_prompt_tokens",
     "json_dumps",
+    "monitor_for_loop",
+    "no_complete_answer",
     "option_bool",
     "option_float",
+    "transport_result",
 ]
