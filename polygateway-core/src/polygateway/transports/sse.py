@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias
 
 from polygateway.errors import TransientError
-from polygateway.transports.errors import error_for_stream_event, sanitize_message
+from polygateway.transports.errors import describe_error_body, sanitize_message
 
 try:
     import orjson as _orjson
@@ -296,7 +296,14 @@ def _usage(usage: Any) -> tuple[int, int] | None:
 
 
 def _error_from_payload(payload: Mapping[str, Any], source_name: str | None) -> TransientError:
-    return error_for_stream_event(payload, source_name=source_name)
+    """An error object sent instead of an answer: ``TransientError`` (§6.2: SSE faults)."""
+    code, kind, message = describe_error_body(payload)
+    label = "/".join(str(x) for x in (kind, code) if x) or "error"
+    prefix = f"source {source_name!r}: " if source_name else ""
+    return TransientError(
+        sanitize_message(f"{prefix}error event in the stream: {label}: {message}"),
+        source_name=source_name,
+    )
 
 
 class ChatStreamParser:
