@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
 from polygateway.transports.errors import sanitize_message
-from polygateway.transports.sse import SSEEvent, json_loads
+from polygateway.transports.openai_chunks import json_loads
+from polygateway.transports.sse import SSEEvent
 
 from pgw_anthropic.errors import error_for_event
 

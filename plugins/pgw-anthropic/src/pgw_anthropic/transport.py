@@ -39,6 +39,7 @@ from polygateway.transports.engines import (
     HttpEngine,
     make_engine,
 )
+from polygateway.transports.openai_chunks import ParsedCompletion, json_loads
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
     drain_response,
@@ -49,7 +50,7 @@ from polygateway.transports.openai_compat import (
     option_float,
     transport_result,
 )
-from polygateway.transports.sse import ParsedCompletion, SSEDecoder, SSEProtocolError, json_loads
+from polygateway.transports.sse import SSEDecoder, SSEProtocolError
 from polygateway.types import ChatRequest, TransportResult
 
 from pgw_anthropic.convert import apply_extra_body, convert_messages

@@ -48,6 +48,7 @@ from polygateway.transports.errors import (
     sanitize_message,
     wire_error,
 )
+from polygateway.transports.openai_chunks import ParsedCompletion
 from polygateway.transports.openai_compat import (
     build_request_body,
     monitor_for_loop,
@@ -56,7 +57,7 @@ from polygateway.transports.openai_compat import (
     option_float,
     transport_result,
 )
-from polygateway.transports.sse import ParsedCompletion, ThinkTagSplitter, split_think
+from polygateway.transports.think_tags import ThinkTagSplitter, split_think
 from polygateway.types import ChatRequest, TransportResult
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
-from polygateway.transports.errors import describe_error_body, sanitize_message
+from polygateway.transports.errors import error_for_stream_event, sanitize_message
 from polygateway.transports.sse import SSEEvent
 from polygateway.transports.think_tags import BODY, ThinkTagSplitter, opens_think_block, split_think
 
@@ -68,17 +68,6 @@ def _usage(usage: Any) -> tuple[int, int] | None:
     return _as_tokens(prompt), _as_tokens(completion)
 
 
-def _error_from_payload(payload: Mapping[str, Any], source_name: str | None) -> TransientError:
-    """An error object sent instead of an answer: ``TransientError`` (§6.2: SSE faults)."""
-    code, kind, message = describe_error_body(payload)
-    label = "/".join(str(x) for x in (kind, code) if x) or "error"
-    prefix = f"source {source_name!r}: " if source_name else ""
-    return TransientError(
-        sanitize_message(f"{prefix}error event in the stream: {label}: {message}"),
-        source_name=source_name,
-    )
-
-
 class ChatStreamParser:
     """Interprets the SSE events of one chat completion stream.
 
@@ -127,7 +116,9 @@ class ChatStreamParser:
                 self.done = True
                 return False
             if event == b"error":
-                raise _error_from_payload(self._load(data, strict=False), self.source_name)
+                raise error_for_stream_event(
+                    self._load(data, strict=False), source_name=self.source_name
+                )
         return self._chunk(self._load(data, strict=True))
 
     def feed_events(self, events: Iterable[SSEEvent]) -> bool:
@@ -178,7 +169,7 @@ class ChatStreamParser:
         """One parsed chunk (a JSON object): the general path."""
         get = chunk.get
         if get("error"):
-            raise _error_from_payload(chunk, self.source_name)
+            raise error_for_stream_event(chunk, source_name=self.source_name)
         usage = get("usage")
         if usage:
             self._usage = _usage(usage) or self._usage
@@ -189,7 +180,7 @@ class ChatStreamParser:
         choices = get("choices")
         if not choices:
             if get("object") == "error":  # flat vLLM error object
-                raise _error_from_payload(chunk, self.source_name)
+                raise error_for_stream_event(chunk, source_name=self.source_name)
             return False  # the usage chunk: choices [] / null / missing
         if type(choices) is not list:
             return False
@@ -283,7 +274,7 @@ def parse_completion(
         )
     get = body.get
     if get("error") or get("object") == "error":
-        raise _error_from_payload(body, source_name)
+        raise error_for_stream_event(body, source_name=source_name)
     choices = get("choices")
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise TransientError("malformed completion body (no choices)", source_name=source_name)
