@@ -182,7 +182,7 @@ def test_body_carries_max_tokens_thinking_and_converted_extra_body() -> None:
         ANTHROPIC_PROFILE,
     )
     assert off["thinking"] == {"type": "disabled"}
-    assert "stream" not in off
+    assert off["stream"] is False
 
 
 @pytest.mark.parametrize(

@@ -95,8 +95,7 @@ def build_messages_body(
     if system is not None:
         body["system"] = system
     body["messages"] = messages
-    if request.stream:
-        body["stream"] = True
+    body["stream"] = request.stream
     thinking = source.enable_thinking
     if thinking is not None and profile is not None and profile.thinking_body is not None:
         extra = dict(profile.thinking_body(thinking))
