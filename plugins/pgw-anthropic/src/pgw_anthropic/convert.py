@@ -62,6 +62,21 @@ def _image_block(part: Mapping[str, Any], where: str, source_name: str | None) -
     )
 
 
+def _keep_cache_control(part: Mapping[str, Any], block: dict[str, Any]) -> dict[str, Any]:
+    """A prompt-cache breakpoint on the part (``cache_control``) stays on its block."""
+    if "cache_control" in part:
+        block["cache_control"] = part["cache_control"]
+    return block
+
+
+def _plain_text(blocks: list[dict[str, Any]]) -> str | None:
+    """The text of a lone plain text block (sent as a string), else ``None``."""
+    if len(blocks) == 1 and blocks[0].keys() == {"type", "text"} and blocks[0]["type"] == "text":
+        text: str = blocks[0]["text"]
+        return text
+    return None
+
+
 def content_blocks(
     content: Any, where: str, source_name: str | None = None
 ) -> list[dict[str, Any]]:
@@ -83,9 +98,9 @@ def content_blocks(
             if not isinstance(text, str):
                 raise _reject(f"{at}: text part without a string 'text'", source_name)
             if text:
-                blocks.append({"type": "text", "text": text})
+                blocks.append(_keep_cache_control(part, {"type": "text", "text": text}))
         elif kind == "image_url":
-            blocks.append(_image_block(part, at, source_name))
+            blocks.append(_keep_cache_control(part, _image_block(part, at, source_name)))
         elif kind in ("image", "tool_use", "tool_result", "document", "thinking"):
             blocks.append(dict(part))  # already an Anthropic block: passed through
         else:
@@ -178,17 +193,13 @@ def convert_messages(
         raise _reject("messages must hold at least one user or assistant message", source_name)
     # A lone text turn goes as a plain string: the common case, byte-compact.
     for turn in turns:
-        blocks = turn["content"]
-        if len(blocks) == 1 and blocks[0]["type"] == "text":
-            turn["content"] = blocks[0]["text"]
-    system_value: str | list[dict[str, Any]] | None
+        text = _plain_text(turn["content"])
+        if text is not None:
+            turn["content"] = text
     if not system:
-        system_value = None
-    elif len(system) == 1:
-        system_value = system[0]["text"]
-    else:
-        system_value = system
-    return system_value, turns
+        return None, turns
+    text = _plain_text(system)
+    return (system if text is None else text), turns
 
 
 def convert_tools(tools: Any, *, source_name: str | None = None) -> list[dict[str, Any]]:
