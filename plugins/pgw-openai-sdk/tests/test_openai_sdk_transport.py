@@ -72,7 +72,7 @@ async def test_the_total_deadline_bounds_a_non_streaming_call(
 ) -> None:
     transport, source = open_sdk(timeout_s=0.2)
     fake_upstream.script("sdk", Reply.ok(headers_delay=5.0))
-    with pytest.raises(TransientError, match="no complete answer within 0.2s"):
+    with pytest.raises(TransientError, match=r"no complete answer within 0\.2s"):
         await transport.send(ChatRequest(messages=MESSAGES, stream=False), source, call_id="c")
 
 
