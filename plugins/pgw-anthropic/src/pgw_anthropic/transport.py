@@ -326,6 +326,8 @@ class AnthropicTransport:
             completion_tokens=message.output_tokens,
             model=message.model,
             has_tool_calls=message.has_tool_calls,
+            cached_tokens=cache_read,
+            cache_write_tokens=cache_write,
         )
         return transport_result(
             completion,
@@ -336,8 +338,6 @@ class AnthropicTransport:
             ttft_ms=ttft_ms,
             max_inter_token_ms=max_inter_token_ms,
             end_marker="message_stop",
-            cached_prompt_tokens=cache_read,
-            cache_write_tokens=cache_write,
         )
 
 

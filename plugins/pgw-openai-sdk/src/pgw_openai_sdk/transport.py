@@ -358,6 +358,8 @@ class OpenAISDKTransport:
                 state.completion_tokens,
                 state.model,
                 state.has_tool_calls,
+                cached,
+                written,
             ),
             # The SDK hides whether [DONE] came: the finish chunk stands for the end.
             complete=state.finish_reason is not None,
@@ -367,8 +369,6 @@ class OpenAISDKTransport:
             ttft_ms=liveness.ttft_ms,
             max_inter_token_ms=liveness.max_inter_token_ms,
             end_marker="a finish_reason",
-            cached_prompt_tokens=cached,
-            cache_write_tokens=written,
         )
 
     def _chunk(
@@ -460,8 +460,6 @@ class OpenAISDKTransport:
             latency_s=asyncio.get_running_loop().time() - started,
             ttft_ms=None,
             max_inter_token_ms=None,
-            cached_prompt_tokens=_cache_tokens(answer.usage)[0] if answer.usage else 0,
-            cache_write_tokens=_cache_tokens(answer.usage)[1] if answer.usage else 0,
         )
 
     def _parse_answer(
@@ -495,6 +493,7 @@ class OpenAISDKTransport:
         usage = answer.usage
         prompt = usage.prompt_tokens if usage is not None else None
         completion = usage.completion_tokens if usage is not None else None
+        cached, written = _cache_tokens(usage) if usage is not None else (0, 0)
         return ParsedCompletion(
             content,
             thinking,
@@ -503,6 +502,8 @@ class OpenAISDKTransport:
             completion if isinstance(completion, int) else None,
             answer.model if isinstance(answer.model, str) else "",
             bool(message.tool_calls),
+            cached,
+            written,
         )
 
 

@@ -42,6 +42,10 @@ class ParsedCompletion(NamedTuple):
     completion_tokens: int | None
     model: str
     has_tool_calls: bool = False
+    cached_tokens: int = 0
+    """Prompt tokens read from the provider's prompt cache (part of ``prompt_tokens``)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the provider's prompt cache (part of ``prompt_tokens``)."""
 
 
 def _as_tokens(value: Any) -> int:
@@ -68,6 +72,15 @@ def _usage(usage: Any) -> tuple[int, int] | None:
     return _as_tokens(prompt), _as_tokens(completion)
 
 
+def cache_usage(usage: Any) -> tuple[int, int]:
+    """``(cached, cache_written)`` prompt tokens of a usage object
+    (``prompt_tokens_details.cached_tokens`` / ``.cache_write_tokens``; 0 when absent)."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
+    if not isinstance(details, Mapping):
+        return 0, 0
+    return _as_tokens(details.get("cached_tokens")), _as_tokens(details.get("cache_write_tokens"))
+
+
 class ChatStreamParser:
     """Interprets the SSE events of one chat completion stream.
 
@@ -76,6 +89,7 @@ class ChatStreamParser:
     """
 
     __slots__ = (
+        "_cache",
         "_reasoning_fields",
         "_splitter",
         "_usage",
@@ -98,6 +112,7 @@ class ChatStreamParser:
         )
         self._splitter = ThinkTagSplitter(think_tags)
         self._usage: tuple[int, int] | None = None
+        self._cache = (0, 0)
         self.done = False
         self.finish_reason: str | None = None
         self.has_tool_calls = False
@@ -173,6 +188,7 @@ class ChatStreamParser:
         usage = get("usage")
         if usage:
             self._usage = _usage(usage) or self._usage
+            self._cache = cache_usage(usage)
         if not self.model:
             model = get("model")
             if type(model) is str:
@@ -253,6 +269,8 @@ class ChatStreamParser:
             completion_tokens=usage[1] if usage else None,
             model=self.model,
             has_tool_calls=self.has_tool_calls,
+            cached_tokens=self._cache[0],
+            cache_write_tokens=self._cache[1],
         )
 
 
@@ -294,7 +312,9 @@ def parse_completion(
         content, inline_thinking = split_think(content, think_tags)
         if inline_thinking:
             thinking = thinking + inline_thinking if thinking else inline_thinking
-    usage = _usage(get("usage"))
+    raw_usage = get("usage")
+    usage = _usage(raw_usage)
+    cached, written = cache_usage(raw_usage) if usage else (0, 0)
     finish = choice.get("finish_reason")
     model = get("model")
     # Positional: this runs once per non-streaming call.
@@ -306,7 +326,9 @@ def parse_completion(
         usage[1] if usage else None,
         model if isinstance(model, str) else "",
         bool(message.get("tool_calls")),
+        cached,
+        written,
     )
 
 
-__all__ = ["ChatStreamParser", "ParsedCompletion", "json_loads", "parse_completion"]
+__all__ = ["ChatStreamParser", "ParsedCompletion", "cache_usage", "json_loads", "parse_completion"]

@@ -230,8 +230,6 @@ def transport_result(
     ttft_ms: float | None,
     max_inter_token_ms: float | None,
     end_marker: str = "[DONE]",
-    cached_prompt_tokens: int = 0,
-    cache_write_tokens: int = 0,
 ) -> TransportResult:
     """The stream outcome rules of the module docstring, shared by every chat transport:
     ``complete`` says whether the stream's end marker (``end_marker``, named in the error)
@@ -278,8 +276,8 @@ def transport_result(
         max_inter_token_ms=max_inter_token_ms,
         finish_reason=completion.finish_reason,
         salvaged=salvaged,
-        cached_prompt_tokens=cached_prompt_tokens,
-        cache_write_tokens=cache_write_tokens,
+        cached_prompt_tokens=completion.cached_tokens,
+        cache_write_tokens=completion.cache_write_tokens,
     )
 
 
