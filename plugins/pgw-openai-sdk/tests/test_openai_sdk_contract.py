@@ -18,7 +18,7 @@ class TestOpenAISDKContract(TransportContract):
         client = str(request.param)
 
         def make(source: SourceConfig) -> Transport:
-            options = {**source.options, "http_client": client}
+            options = {**source.options, "engine": client}
             return OpenAISDKTransport(dataclasses.replace(source, options=options))
 
         return make

@@ -136,8 +136,8 @@ async def test_unusable_url_is_a_dead_source(opened: list[Transport]) -> None:
 
 
 def test_bad_options_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match="http_client"):
-        OpenAISDKTransport(_source("http://x/v1", options={"http_client": "curl"}))
+    with pytest.raises(ConfigError, match="engine 'httpx'"):
+        OpenAISDKTransport(_source("http://x/v1", options={"engine": "httpx"}))
     with pytest.raises(ConfigError, match="headers"):
         OpenAISDKTransport(_source("http://x/v1", options={"headers": "x"}))
 

@@ -16,9 +16,10 @@ a stream cut before the finish chunk is a ``TransientError`` (or salvaged, as op
 a stream cut after the finish chunk but before the usage chunk and ``[DONE]`` is accepted with
 estimated usage, where openai-compat reports the missing ``[DONE]`` (see the README).
 
-Source options: ``http_client`` (``httpx2``, the SDK's default, or ``aiohttp``, the SDK's
-aiohttp client), ``trust_env`` (default false), ``read_timeout_s``, ``max_connections``
-(default 1024), ``keepalive_s`` (default 15), ``headers``.
+Source options: ``engine`` (the SDK's HTTP client: ``httpx2``, its default, or ``aiohttp``,
+its aiohttp client; ``{SCOPE}__{P}__{N}__ENGINE``), ``trust_env`` (default false),
+``read_timeout_s``, ``max_connections`` (default 1024), ``keepalive_s`` (default 15),
+``headers``.
 """
 
 from __future__ import annotations
@@ -137,11 +138,11 @@ class OpenAISDKTransport:
             dict(providers) if providers is not None else builtin_profiles_by_name()
         )
         options = source.options
-        self._http_client = str(options.get("http_client", "httpx2")).strip().lower()
+        self._http_client = str(options.get("engine", "httpx2")).strip().lower()
         if self._http_client not in HTTP_CLIENTS:
             raise ConfigError(
-                f"source {source.name!r}: option 'http_client' must be one of "
-                f"{', '.join(HTTP_CLIENTS)}, got {self._http_client!r}"
+                f"source {source.name!r}: engine {self._http_client!r} is not an HTTP client "
+                f"of the openai SDK; choose one of {', '.join(HTTP_CLIENTS)}"
             )
         headers: dict[str, str] = {}
         extra_headers = options.get("headers")
