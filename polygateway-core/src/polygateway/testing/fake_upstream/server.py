@@ -48,7 +48,8 @@ class _Waiter:
 
 
 class FakeUpstream:
-    """An OpenAI-compatible HTTP server on loopback with scripted behaviour per source.
+    """An OpenAI-compatible (and Anthropic Messages) HTTP server on loopback with scripted
+    behaviour per source.
 
     Several logical sources share the server, each under its own path prefix
     (``/<source>/v1/...``; plain ``/v1/...`` is the source ``"default"``). Each source has a FIFO
