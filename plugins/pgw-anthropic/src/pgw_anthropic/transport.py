@@ -32,22 +32,17 @@ from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessMonitor, StreamLiveness
-from polygateway.transports.engines import (
-    DEFAULT_ENGINE,
-    EngineConfig,
-    EngineResponse,
-    HttpEngine,
-    make_engine,
-)
+from polygateway.transports.engines import EngineResponse, HttpEngine
 from polygateway.transports.openai_chunks import ParsedCompletion, json_loads
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
+    attempt_liveness,
     drain_response,
+    engine_for_source,
     json_dumps,
     monitor_for_loop,
-    no_complete_answer,
-    option_bool,
     option_float,
+    option_headers,
     transport_result,
 )
 from polygateway.transports.sse import SSEDecoder, SSEProtocolError
@@ -141,34 +136,16 @@ class AnthropicTransport:
             if "thinking_budget_tokens" in options
             else None
         )
-        headers: dict[str, str] = {
+        headers = {
             "Content-Type": "application/json",
             "anthropic-version": str(options.get("anthropic_version", ANTHROPIC_VERSION)),
+            **option_headers(source),
         }
-        extra_headers = options.get("headers")
-        if extra_headers is not None:
-            if not isinstance(extra_headers, Mapping):
-                raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
-            headers.update({str(k): str(v) for k, v in extra_headers.items()})
         key = source.api_key.reveal()
         if key:
             headers["x-api-key"] = key
         self._secret = key or None
-        max_connections = option_float(options, "max_connections", 1024, source.name)
-        self._engine: HttpEngine = make_engine(
-            str(options.get("engine", DEFAULT_ENGINE)).strip().lower(),
-            EngineConfig(
-                source_name=source.name,
-                headers=headers,
-                connect_timeout_s=source.connect_timeout_s,
-                read_timeout_s=option_float(options, "read_timeout_s", None, source.name),
-                max_connections=int(max_connections or 0),
-                keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
-                trust_env=option_bool(options, "trust_env", False, source.name),
-                secret=self._secret,
-                plain_http=base_url.lower().startswith("http://"),
-            ),
-        )
+        self._engine: HttpEngine = engine_for_source(source, headers, self._secret)
         self._monitor: LivenessMonitor | None = None
 
     @property
@@ -212,23 +189,9 @@ class AnthropicTransport:
         loop = asyncio.get_running_loop()
         started = loop.time()
         parser = MessageParser(source_name=source.name, secret=self._secret)
-        if request.stream:
-            liveness = StreamLiveness(
-                ttft_s=source.ttft_timeout_s,
-                inter_token_s=source.inter_token_timeout_s,
-                total_s=source.timeout_s,
-                started_at=started,
-                source_name=source.name,
-                monitor=self._liveness_monitor(loop),
-            )
-        else:
-            liveness = StreamLiveness(
-                total_s=source.timeout_s,
-                started_at=started,
-                source_name=source.name,
-                monitor=self._liveness_monitor(loop),
-                timeout_error=no_complete_answer,
-            )
+        liveness = attempt_liveness(
+            source, stream=request.stream, started=started, monitor=self._liveness_monitor(loop)
+        )
         response: EngineResponse | None = None
         try:
             with liveness:

@@ -42,7 +42,7 @@ from polygateway.errors import (
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
-from polygateway.streaming import LivenessMonitor, StreamLiveness
+from polygateway.streaming import LivenessMonitor
 from polygateway.transports.errors import (
     error_for_status,
     error_for_stream_event,
@@ -51,11 +51,12 @@ from polygateway.transports.errors import (
 )
 from polygateway.transports.openai_chunks import ParsedCompletion
 from polygateway.transports.openai_compat import (
+    attempt_liveness,
     build_request_body,
     monitor_for_loop,
-    no_complete_answer,
     option_bool,
     option_float,
+    option_headers,
     transport_result,
 )
 from polygateway.transports.think_tags import ThinkTagSplitter, split_think
@@ -144,13 +145,7 @@ class OpenAISDKTransport:
                 f"source {source.name!r}: engine {self._http_client!r} is not an HTTP client "
                 f"of the openai SDK; choose one of {', '.join(HTTP_CLIENTS)}"
             )
-        headers: dict[str, str] = {}
-        extra_headers = options.get("headers")
-        if extra_headers is not None:
-            if not isinstance(extra_headers, Mapping):
-                raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
-            headers.update({str(k): str(v) for k, v in extra_headers.items()})
-        self._headers = headers
+        self._headers = option_headers(source)
         key = source.api_key.reveal()
         self._secret = key or None
         read_timeout = option_float(options, "read_timeout_s", None, source.name)
@@ -317,14 +312,7 @@ class OpenAISDKTransport:
         reasoning: tuple[str, ...],
         tags: tuple[tuple[str, str], ...],
     ) -> TransportResult:
-        liveness = StreamLiveness(
-            ttft_s=source.ttft_timeout_s,
-            inter_token_s=source.inter_token_timeout_s,
-            total_s=source.timeout_s,
-            started_at=started,
-            source_name=source.name,
-            monitor=monitor,
-        )
+        liveness = attempt_liveness(source, stream=True, started=started, monitor=monitor)
         state = _StreamState(tags)
         stream: openai.AsyncStream[ChatCompletionChunk] | None = None
         try:
@@ -433,13 +421,7 @@ class OpenAISDKTransport:
         reasoning: tuple[str, ...],
         tags: tuple[tuple[str, str], ...],
     ) -> TransportResult:
-        deadline = StreamLiveness(
-            total_s=source.timeout_s,
-            started_at=started,
-            source_name=source.name,
-            monitor=monitor,
-            timeout_error=no_complete_answer,
-        )
+        deadline = attempt_liveness(source, stream=False, started=started, monitor=monitor)
         try:
             with deadline:
                 try:

@@ -190,6 +190,63 @@ def no_complete_answer(
 # --------------------------------------------------------------------------- outcome
 
 
+def option_headers(source: SourceConfig) -> dict[str, str]:
+    """The ``headers`` source option (extra request headers); ``ConfigError`` unless a mapping."""
+    extra = source.options.get("headers")
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
+    return {str(k): str(v) for k, v in extra.items()}
+
+
+def engine_for_source(
+    source: SourceConfig, headers: Mapping[str, str], secret: str | None
+) -> HttpEngine:
+    """The HTTP engine of a source from its options (``engine``, ``read_timeout_s``,
+    ``max_connections``, ``keepalive_s``, ``trust_env``), sending ``headers`` on every request."""
+    options = source.options
+    max_connections = option_float(options, "max_connections", 1024, source.name)
+    return make_engine(
+        str(options.get("engine", DEFAULT_ENGINE)).strip().lower(),
+        EngineConfig(
+            source_name=source.name,
+            headers=headers,
+            connect_timeout_s=source.connect_timeout_s,
+            read_timeout_s=option_float(options, "read_timeout_s", None, source.name),
+            max_connections=int(max_connections or 0),
+            keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+            trust_env=option_bool(options, "trust_env", False, source.name),
+            secret=secret,
+            plain_http=source.base_url.strip().lower().startswith("http://"),
+        ),
+    )
+
+
+def attempt_liveness(
+    source: SourceConfig, *, stream: bool, started: float, monitor: LivenessMonitor
+) -> StreamLiveness:
+    """The deadlines of one attempt: TTFT, inter-token and total for a stream; only the total
+    for a non-streaming call (it bounds the request and reading the answer, and reports
+    itself as ``no_complete_answer``)."""
+    if stream:
+        return StreamLiveness(
+            ttft_s=source.ttft_timeout_s,
+            inter_token_s=source.inter_token_timeout_s,
+            total_s=source.timeout_s,
+            started_at=started,
+            source_name=source.name,
+            monitor=monitor,
+        )
+    return StreamLiveness(
+        total_s=source.timeout_s,
+        started_at=started,
+        source_name=source.name,
+        monitor=monitor,
+        timeout_error=no_complete_answer,
+    )
+
+
 def monitor_for_loop(
     current: LivenessMonitor | None, loop: asyncio.AbstractEventLoop
 ) -> LivenessMonitor:
@@ -301,33 +358,12 @@ class OpenAICompatTransport:
         self._providers: Mapping[str, ProviderProfile] = (
             dict(providers) if providers is not None else builtin_profiles_by_name()
         )
-        options = source.options
-        engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
-        headers: dict[str, str] = {"Content-Type": "application/json"}
-        extra_headers = options.get("headers")
-        if extra_headers is not None:
-            if not isinstance(extra_headers, Mapping):
-                raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
-            headers.update({str(k): str(v) for k, v in extra_headers.items()})
+        headers = {"Content-Type": "application/json", **option_headers(source)}
         key = source.api_key.reveal()
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._secret = key or None
-        max_connections = option_float(options, "max_connections", 1024, source.name)
-        self._engine: HttpEngine = make_engine(
-            engine_name,
-            EngineConfig(
-                source_name=source.name,
-                headers=headers,
-                connect_timeout_s=source.connect_timeout_s,
-                read_timeout_s=option_float(options, "read_timeout_s", None, source.name),
-                max_connections=int(max_connections or 0),
-                keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
-                trust_env=option_bool(options, "trust_env", False, source.name),
-                secret=self._secret,
-                plain_http=base_url.lower().startswith("http://"),
-            ),
-        )
+        self._engine: HttpEngine = engine_for_source(source, headers, self._secret)
         self._warned_thinking: set[str] = set()
         self._monitor: LivenessMonitor | None = None
 
@@ -408,13 +444,8 @@ class OpenAICompatTransport:
             parser = ChatStreamParser(source_name=source.name)
         # Every wait (headers, each body read) runs under the stream's deadlines; a received
         # chunk that carried a delta is a token.
-        liveness = StreamLiveness(
-            ttft_s=source.ttft_timeout_s,
-            inter_token_s=source.inter_token_timeout_s,
-            total_s=source.timeout_s,
-            started_at=started,
-            source_name=source.name,
-            monitor=self._liveness_monitor(loop),
+        liveness = attempt_liveness(
+            source, stream=True, started=started, monitor=self._liveness_monitor(loop)
         )
         response: EngineResponse | None = None
         completion: ParsedCompletion | None = None
@@ -509,13 +540,8 @@ class OpenAICompatTransport:
     ) -> TransportResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # Only the total deadline applies; it bounds the request and reading the answer.
-        deadline = StreamLiveness(
-            total_s=source.timeout_s,
-            started_at=started,
-            source_name=source.name,
-            monitor=self._liveness_monitor(loop),
-            timeout_error=no_complete_answer,
+        deadline = attempt_liveness(
+            source, stream=False, started=started, monitor=self._liveness_monitor(loop)
         )
         response: EngineResponse | None = None
         try:
@@ -564,8 +590,10 @@ class OpenAICompatTransport:
 
 __all__ = [
     "OpenAICompatTransport",
+    "attempt_liveness",
     "build_request_body",
     "drain_response",
+    "engine_for_source",
     "estimate_completion_tokens",
     "estimate_prompt_tokens",
     "json_dumps",
@@ -573,5 +601,6 @@ __all__ = [
     "no_complete_answer",
     "option_bool",
     "option_float",
+    "option_headers",
     "transport_result",
 ]
