@@ -202,6 +202,20 @@ def error_for_status(
     return TransientError(text, status=status, source_name=source_name)
 
 
+def error_for_stream_event(
+    payload: Mapping[str, Any], *, source_name: str | None, secret: Secrets = None
+) -> TransientError:
+    """An error object sent instead of an answer, on an HTTP 200 (in a stream, or as the whole
+    body): ``TransientError`` (§6.2: SSE faults). Shared by every OpenAI-wire transport."""
+    code, kind, message = describe_error_body(payload)
+    label = "/".join(str(x) for x in (kind, code) if x) or "error"
+    prefix = f"source {source_name!r}: " if source_name else ""
+    return TransientError(
+        sanitize_message(f"{prefix}error event in the stream: {label}: {message}", secret),
+        source_name=source_name,
+    )
+
+
 def wire_error(
     exc: BaseException, *, timeout: bool, source_name: str | None, secret: Secrets = None
 ) -> TransientError:
@@ -223,6 +237,7 @@ __all__ = [
     "Secrets",
     "describe_error_body",
     "error_for_status",
+    "error_for_stream_event",
     "is_quota_error",
     "parse_retry_after",
     "sanitize_message",

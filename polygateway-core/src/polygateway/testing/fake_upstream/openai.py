@@ -219,6 +219,8 @@ class OpenAIAnswers:
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
+        if reply.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
         if reasoning:
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return usage

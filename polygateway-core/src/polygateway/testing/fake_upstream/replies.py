@@ -71,6 +71,7 @@ class Reply:
     size: int = 0
     gzip: bool = False
     fill: str = "x"
+    cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.content, str) or callable(self.content)):
@@ -94,7 +95,7 @@ class Reply:
             raise ValueError(f"Reply.flood fill must be one printable character, got {self.fill!r}")
         if self.after_chunks < 0:
             raise ValueError(f"Reply after_chunks must be >= 0, got {self.after_chunks!r}")
-        for name in ("prompt_tokens", "completion_tokens"):
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"Reply.{name} must be >= 0 or None, got {value!r}")
@@ -115,6 +116,7 @@ class Reply:
         first_token_delay: float = 0.0,
         inter_token_delay: float = 0.0,
         model: str | None = None,
+        cached_tokens: int | None = None,
     ) -> Reply:
         """A normal completion (JSON or SSE, as the request asks).
 
@@ -125,6 +127,10 @@ class Reply:
         ``stream_options.include_usage``; True/False forces it (False also drops ``usage`` from
         a JSON answer). A JSON answer waits ``headers_delay + first_token_delay +
         inter_token_delay * (chunks - 1)`` before its status line (the generation time).
+        ``cached_tokens``: the part of the prompt reported as read from the provider's prompt
+        cache (OpenAI ``prompt_tokens_details.cached_tokens``, Anthropic
+        ``cache_read_input_tokens``). Other protocols render ``reasoning`` their own way
+        (Anthropic: thinking blocks, whatever ``think_inline`` says).
         """
         return cls(
             kind="ok",
@@ -140,6 +146,7 @@ class Reply:
             first_token_delay=first_token_delay,
             inter_token_delay=inter_token_delay,
             model=model,
+            cached_tokens=cached_tokens,
         )
 
     @classmethod
