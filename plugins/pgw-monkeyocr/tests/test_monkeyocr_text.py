@@ -13,6 +13,7 @@ from polygateway.errors import (
     SourceDeadError,
     TransientError,
 )
+from polygateway.settings import Secret
 
 
 @pytest.mark.parametrize(
@@ -173,3 +174,17 @@ async def test_the_deadline_covers_the_whole_call(
         await transport.recognize_text(make_png())
     assert caught.value.reason == "timeout"
     assert "0.3s" in str(caught.value)
+
+
+async def test_secrets_echoed_by_the_server_are_masked(
+    fake_monkeyocr: FakeMonkeyOcr, make_transport: MakeTransport
+) -> None:
+    key, token = "sk-ocr-do-not-show-1234", "tok-proxy-credential-99"
+    fake_monkeyocr.script("a", Reply.ocr_failed(f"auth failed for {key} with {token}"))
+    transport = make_transport(
+        "a", fields={"api_key": Secret(key)}, headers={"X-Proxy-Token": token}
+    )
+    with pytest.raises(TransientError) as caught:
+        await transport.recognize_text(make_png())
+    assert "auth failed" in str(caught.value)
+    assert key not in str(caught.value) and token not in str(caught.value)

@@ -22,16 +22,26 @@ from collections.abc import Mapping
 from typing import Final
 
 from polygateway.errors import PolyGatewayError, RequestRejectedError, TransientError
-from polygateway.transports.errors import describe_error_body, error_for_status, sanitize_message
+from polygateway.transports.errors import (
+    Secrets,
+    describe_error_body,
+    error_for_status,
+    sanitize_message,
+)
 
 _BAD_REQUEST: Final = re.compile(r"(?:^|[:\s])400: ")
 
 
 def failure_error(
-    message: str, *, endpoint: str, status: int | None, source_name: str
+    message: str,
+    *,
+    endpoint: str,
+    status: int | None,
+    source_name: str,
+    secret: Secrets = None,
 ) -> PolyGatewayError:
     """The error for a MonkeyOCR failure message (``success:false`` or ``Parsing failed``)."""
-    text = sanitize_message(f"source {source_name!r}: {endpoint} failed: {message}")
+    text = sanitize_message(f"source {source_name!r}: {endpoint} failed: {message}", secret)
     if _BAD_REQUEST.search(message):
         return RequestRejectedError(text, status=status, source_name=source_name)
     return TransientError(text, status=status, source_name=source_name)
@@ -44,13 +54,15 @@ def status_error(
     *,
     endpoint: str,
     source_name: str,
-    secret: str | None,
+    secret: Secrets,
 ) -> PolyGatewayError:
     """The error for a non-2xx answer of ``endpoint`` (``/parse``, ``/ocr/text``, ``/static``)."""
     if status == 500:
         _code, _kind, message = describe_error_body(body)
         if message.startswith("Parsing failed") or _BAD_REQUEST.search(message):
-            return failure_error(message, endpoint=endpoint, status=status, source_name=source_name)
+            return failure_error(
+                message, endpoint=endpoint, status=status, source_name=source_name, secret=secret
+            )
     if status == 404 and endpoint == "download":
         return TransientError(
             f"source {source_name!r}: the result ZIP is no longer on the server (HTTP 404)",

@@ -41,6 +41,7 @@ from polygateway.errors import (
 from polygateway.ports import Clock
 from polygateway.settings import SourceConfig
 from polygateway.transports.errors import sanitize_message, wire_error
+from polygateway.transports.openai_compat import source_secrets
 from polygateway.types import OcrLayoutResult, OcrTextResult, Usage
 
 from pgw_monkeyocr.archive import Layout, parse_middle_document, parse_zip
@@ -93,6 +94,8 @@ class MonkeyOcrTransport:
         self._options = MonkeyOcrOptions.from_source(source)
         self._clock: Clock = clock or SystemClock()
         self._secret = source.api_key.reveal() or None
+        # Masked out of every message: the key, a URL password, credential-looking headers.
+        self._secrets = source_secrets(source)
         self._session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------------ properties
@@ -167,7 +170,7 @@ class MonkeyOcrTransport:
             ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise wire_error(
-                exc, timeout=False, source_name=self.source_name, secret=self._secret
+                exc, timeout=False, source_name=self.source_name, secret=self._secrets
             ) from exc
 
     async def _read_body(
@@ -269,13 +272,17 @@ class MonkeyOcrTransport:
                 headers,
                 endpoint="/ocr/text",
                 source_name=self.source_name,
-                secret=self._secret,
+                secret=self._secrets,
             )
         payload = self._json(body, "/ocr/text")
         if payload.get("success") is not True:
             message = str(payload.get("message") or "no message")
             raise failure_error(
-                message, endpoint="/ocr/text", status=status, source_name=self.source_name
+                message,
+                endpoint="/ocr/text",
+                status=status,
+                source_name=self.source_name,
+                secret=self._secrets,
             )
         content = payload.get("content")
         if not isinstance(content, str):
@@ -311,13 +318,17 @@ class MonkeyOcrTransport:
                     headers,
                     endpoint=endpoint,
                     source_name=self.source_name,
-                    secret=self._secret,
+                    secret=self._secrets,
                 )
             payload = self._json(body, endpoint)
             if payload.get("success") is not True:
                 message = str(payload.get("message") or payload.get("detail") or "no message")
                 raise failure_error(
-                    message, endpoint=endpoint, status=status, source_name=self.source_name
+                    message,
+                    endpoint=endpoint,
+                    status=status,
+                    source_name=self.source_name,
+                    secret=self._secrets,
                 )
             download_url = payload.get("download_url")
             zip_bytes = 0
@@ -349,7 +360,7 @@ class MonkeyOcrTransport:
                 headers,
                 endpoint="download",
                 source_name=self.source_name,
-                secret=self._secret,
+                secret=self._secrets,
             )
         return body
 
