@@ -169,8 +169,9 @@ class ScopeSettings:
     pricing_path: str | None = None
     structured_strategy: str = "json-repair"
     max_structured_retries: int = 1
-    middleware: tuple[str, ...] = ("telemetry", "cache", "structured", "retry")
-    """Outer -> inner; the transport is always innermost and ``retry`` always last."""
+    middleware: tuple[str, ...] = ("telemetry", "cache", "structured")
+    """The wrapping layers, outer -> inner; the governed chat dispatcher is always innermost
+    (``"retry"``, the name it had as a layer, is accepted with a ``DeprecationWarning``)."""
     middleware_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     redis_url: Secret | None = field(default=None, repr=False)
     batch_size: int | None = None

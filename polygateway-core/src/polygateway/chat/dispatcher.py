@@ -92,9 +92,11 @@ class ChatDispatcher:
 
     async def __call__(self, request: ChatRequest) -> LLMResponse:
         check_message_fields(request.messages)
-        observer = request.observer
+        context = request.context
         attempt_observer: AttemptObserver[LLMResponse] | None = (
-            None if observer is None else _RequestObserver(observer, request)
+            _RequestObserver(context.observers, request)
+            if context is not None and context.observers
+            else None
         )
         outcome = await self._governor.run(
             functools.partial(self._send, request), observer=attempt_observer
@@ -135,12 +137,13 @@ def _transport_problems(
 
 
 class _RequestObserver:
-    """A chat ``CallObserver`` seen as the governor's ``AttemptObserver``: adds the request."""
+    """The call's ``CallObserver`` s seen as the governor's ``AttemptObserver``: adds the
+    request the attempt sent (a re-ask's, not the caller's)."""
 
-    __slots__ = ("_observer", "_request")
+    __slots__ = ("_observers", "_request")
 
-    def __init__(self, observer: CallObserver, request: ChatRequest) -> None:
-        self._observer = observer
+    def __init__(self, observers: tuple[CallObserver, ...], request: ChatRequest) -> None:
+        self._observers = observers
         self._request = request
 
     def on_attempt(
@@ -150,4 +153,13 @@ class _RequestObserver:
         outcome: LLMResponse | BaseException,
         latency_ms: int,
     ) -> None:
-        self._observer.on_attempt(self._request, source, call_id, outcome, latency_ms)
+        # The governor logs (once) and ignores what an observer raises; one failing observer
+        # must not keep the others from hearing of the attempt.
+        failed: Exception | None = None
+        for observer in self._observers:
+            try:
+                observer.on_attempt(self._request, source, call_id, outcome, latency_ms)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the others
+                failed = exc
+        if failed is not None:
+            raise failed
