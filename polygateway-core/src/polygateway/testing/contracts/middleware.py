@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -116,7 +115,7 @@ class MiddlewareContract:
             await task
 
     async def test_drain_completes_after_calls(self, make_layer: LayerFactory) -> None:
-        layer: Any = make_layer()
+        layer = make_layer()
         if not isinstance(layer, Drainable):
             pytest.skip("this layer does not implement ports.Drainable")
 
