@@ -3,8 +3,9 @@
 The test plugin below is what a third party writes for a new kind of call: an embedding
 transport registered through ``pgw_register_embedding_transports``, and a tiny client that
 runs each batch through ``polygateway.governance.Governor`` and writes one telemetry row per
-attempt with ``polygateway.records.build_record``. It contains no attempt loop of its own:
-selection, cooldowns, the breaker, the limiter, retries and cancellation are the governor's.
+attempt through ``polygateway.records`` (the row builder of the chat telemetry layer too).
+It contains no attempt loop of its own: selection, cooldowns, the breaker, the limiter,
+retries and cancellation are the governor's.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from polygateway.backends.memory.limiter import InMemoryLimiter
 from polygateway.errors import AllSourcesExhausted
 from polygateway.governance import Attempted, Governor, Outcome
 from polygateway.plugins import Registry, load_registry
-from polygateway.ports import Clock, EmbeddingTransport, SupportsRecordNowait, TelemetryRecorder
-from polygateway.records import AttemptSummary, build_record
+from polygateway.ports import EmbeddingTransport
+from polygateway.records import AttemptRows, AttemptSummary, RowWriter
 from polygateway.selectors import RoundRobinSelector
 from polygateway.settings import (
     BackpressureSettings,
@@ -89,43 +90,13 @@ class TinyEmbeddingPlugin:
         register("tiny-embeddings", TinyEmbeddingTransport)
 
 
-class _Rows:
-    """One telemetry row per attempt, through the single row builder."""
-
-    def __init__(self, recorder: TelemetryRecorder, clock: Clock, texts: Sequence[str]) -> None:
-        assert isinstance(recorder, SupportsRecordNowait)
-        self._record = recorder.record_nowait
-        self._clock = clock
-        self._messages = json.dumps([{"texts": len(texts)}])
-
-    def on_attempt(
-        self,
-        source: SourceConfig,
-        call_id: str,
-        outcome: EmbeddingTransportResult | BaseException,
-        latency_ms: int,
-    ) -> None:
-        summary = (
-            outcome
-            if isinstance(outcome, BaseException)
-            else AttemptSummary(
-                content=f"{len(outcome.vectors)} vectors x {outcome.dim}",
-                model=outcome.model,
-                prompt_tokens=outcome.prompt_tokens,
-            )
-        )
-        self._record(
-            build_record(
-                summary,
-                call_id=call_id,
-                parent_call_id=None,
-                session_id=None,
-                messages=self._messages,
-                latency_ms=latency_ms,
-                created_at=self._clock.time(),
-                source=source,
-            )
-        )
+def summarise(result: EmbeddingTransportResult) -> AttemptSummary:
+    """What a row says of a successful batch (its ``response`` column and usage)."""
+    return AttemptSummary(
+        content=f"{len(result.vectors)} vectors x {result.dim}",
+        model=result.model,
+        prompt_tokens=result.prompt_tokens,
+    )
 
 
 class TinyEmbeddings:
@@ -137,15 +108,13 @@ class TinyEmbeddings:
         sources: Sequence[SourceConfig],
         *,
         governor: Governor,
-        recorder: TelemetryRecorder,
-        clock: Clock,
+        rows: RowWriter,
     ) -> None:
         self.transports: dict[str, EmbeddingTransport] = {
             s.name: registry.get("embedding_transport", s.transport)(s) for s in sources
         }
         self.governor = governor
-        self._recorder = recorder
-        self._clock = clock
+        self.rows = rows
 
     async def embed(self, texts: list[str]) -> Outcome[EmbeddingTransportResult]:
         async def attempt(source: SourceConfig, call_id: str) -> Attempted[Any]:
@@ -154,7 +123,9 @@ class TinyEmbeddings:
             )
             return Attempted(result, tokens=result.prompt_tokens)
 
-        rows = _Rows(self._recorder, self._clock, texts)
+        rows = AttemptRows(
+            self.rows, messages=json.dumps([{"texts": len(texts)}]), summarise=summarise
+        )
         return await self.governor.run(attempt, est_tokens=8 * len(texts), observer=rows)
 
     async def aclose(self) -> None:
@@ -202,7 +173,10 @@ class Rig:
             clock=self.clock,
         )
         self.client = TinyEmbeddings(
-            self.registry, self.sources, governor=governor, recorder=self.recorder, clock=self.clock
+            self.registry,
+            self.sources,
+            governor=governor,
+            rows=RowWriter(self.recorder, clock=self.clock),
         )
 
     async def rows(self) -> list[dict[str, Any]]:

@@ -27,14 +27,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from polygateway.context import CallContext, with_context
 from polygateway.digest import canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
-from polygateway.ports import Clock, Handler, Pricing, SupportsRecordNowait, TelemetryRecorder
-from polygateway.records import CANCELLED, build_record, error_name
+from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
+from polygateway.records import CANCELLED, RowWriter, build_record, error_name
 from polygateway.settings import SourceConfig
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
 
@@ -83,22 +81,17 @@ def build_telemetry_record(
 class TelemetryMiddleware:
     """Records every attempt, cache hit and pre-attempt failure; fills ``LLMResponse.cost``."""
 
-    __slots__ = ("_clock", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
+    __slots__ = ("_clock", "_recorder", "_rows", "submit", "warn_once")
 
     def __init__(
         self, recorder: TelemetryRecorder, *, pricing: Pricing | None, clock: Clock
     ) -> None:
         self._recorder = recorder
-        self._pricing = pricing
         self._clock = clock
-        self._warned: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        # Recorders that can enqueue synchronously (the builtin ones) skip a task per row.
-        self._submit: Callable[[TelemetryRecord], None] = (
-            recorder.record_nowait
-            if isinstance(recorder, SupportsRecordNowait)
-            else self._submit_as_task
-        )
+        self._rows = RowWriter(recorder, clock=clock, pricing=pricing)
+        # The writer's, bound once: the observer submits every row through them.
+        self.submit = self._rows.submit
+        self.warn_once = self._rows.warn_once
 
     async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
         started = self._clock.monotonic()
@@ -138,7 +131,7 @@ class TelemetryMiddleware:
                 if cost is not None:
                     return dataclasses.replace(response, cost=cost)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
-            self._warn_once("finish", "telemetry bookkeeping failed: %r", exc)
+            self.warn_once("finish", "telemetry bookkeeping failed: %r", exc)
         return response
 
     def _after_error(
@@ -154,7 +147,7 @@ class TelemetryMiddleware:
                     latency_ms=elapsed_ms(started, self._clock.monotonic()),
                 )
         except Exception as error:  # noqa: BLE001 - telemetry must never mask the call's error
-            self._warn_once("finish", "telemetry bookkeeping failed: %r", error)
+            self.warn_once("finish", "telemetry bookkeeping failed: %r", error)
 
     def build(
         self,
@@ -168,26 +161,20 @@ class TelemetryMiddleware:
     ) -> TelemetryRecord | None:
         """One row via the single helper, stamped with this layer's clock and pricing."""
         try:
-            return build_telemetry_record(
-                request,
-                outcome,
-                call_id=call_id,
-                latency_ms=latency_ms,
-                created_at=self._clock.time(),
-                pricing=self._pricing,
-                source=source,
-                messages=messages,
-            )
+            if messages is None:
+                messages = messages_json(request)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
-            self._warn_once("build", "telemetry row could not be built: %r", exc)
+            self.warn_once("build", "telemetry row could not be built: %r", exc)
             return None
-
-    def submit(self, record: TelemetryRecord) -> None:
-        """Hand a row to the recorder without awaiting; never raises."""
-        try:
-            self._submit(record)
-        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
-            self._warn_once(f"record:{type(exc).__name__}", "telemetry recorder failed: %r", exc)
+        return self._rows.build(
+            outcome,
+            call_id=call_id,
+            parent_call_id=request.parent_call_id,
+            session_id=request.session_id,
+            messages=messages,
+            latency_ms=latency_ms,
+            source=source,
+        )
 
     def _emit(
         self,
@@ -210,28 +197,10 @@ class TelemetryMiddleware:
         The client awaits this on ``aclose`` before flushing the recorder, so a graceful
         shutdown loses no row.
         """
-        while self._tasks:
-            await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
-
-    def _submit_as_task(self, record: TelemetryRecord) -> None:
-        task = asyncio.get_running_loop().create_task(self._record(record))
-        self._tasks.add(task)  # a strong reference until done, or the task may vanish
-        task.add_done_callback(self._tasks.discard)
-
-    async def _record(self, record: TelemetryRecord) -> None:
-        try:
-            await self._recorder.record(record)
-        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
-            self._warn_once(f"record:{type(exc).__name__}", "telemetry recorder failed: %r", exc)
-
-    def _warn_once(self, cause: str, message: str, *args: Any) -> None:
-        if cause in self._warned:
-            return
-        self._warned.add(cause)
-        logger.warning(message, *args)
+        await self._rows.drain()
 
     def __repr__(self) -> str:
-        return f"TelemetryMiddleware(recorder={self._recorder!r}, pricing={self._pricing!r})"
+        return f"TelemetryMiddleware(recorder={self._recorder!r}, pricing={self._rows.pricing!r})"
 
 
 class _CallObserver:
@@ -285,7 +254,7 @@ class _CallObserver:
                     return
             layer.submit(record)
         except Exception as exc:  # noqa: BLE001 - the observer never raises into the call
-            layer._warn_once("observer", "telemetry observer failed: %r", exc)
+            layer.warn_once("observer", "telemetry observer failed: %r", exc)
 
     def on_result_invalid(self, call_id: str, error: BaseException) -> None:
         """The structured ladder rejected the output of attempt ``call_id``."""
