@@ -19,14 +19,14 @@ How rows are produced:
   ``error="ResultInvalidError"``. To make that possible the row of a successful structured
   attempt is held back until the next attempt starts or the call ends.
 
-The layer never raises into the call: a recorder or pricing failure is logged once per cause.
+The layer never raises into the call: a recorder or pricing failure is logged once per cause
+(by its ``polygateway.records.RowWriter``, which also hands the rows to the recorder).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 
 from polygateway.context import CallContext, with_context
 from polygateway.digest import canonical_messages_json
@@ -35,8 +35,6 @@ from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
 from polygateway.records import CANCELLED, RowWriter, build_record, error_name
 from polygateway.settings import SourceConfig
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
-
-logger = logging.getLogger(__name__)
 
 
 def messages_json(request: ChatRequest) -> str:
