@@ -15,6 +15,7 @@ absent capability costs nothing per call.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -133,9 +134,27 @@ def _retry(ctx: BuildContext) -> Middleware:
     # Pipeline files written before the dispatcher was pinned name "retry" (it had to be the
     # last layer): they keep working, with a warning, until the name is removed.
     warnings.warn(
-        RETRY_DEPRECATION.format(scope=ctx.settings.scope), DeprecationWarning, stacklevel=2
+        RETRY_DEPRECATION.format(scope=ctx.settings.scope),
+        DeprecationWarning,
+        stacklevel=_outside_stacklevel(),
     )
     return PassThroughMiddleware("retry")
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of the first caller outside this library.
+
+    Python shows a ``DeprecationWarning`` by default only when it is attributed to
+    ``__main__``: attributed to the assembly it would never be seen.
+    """
+    level = 1
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        "polygateway"
+    ):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def builtin_layers() -> dict[str, LayerFactory]:
