@@ -154,7 +154,7 @@ class Admission:
                 self._warn("breaker.record_success", exc)
             probe_pending = False
             memo = self._memo
-            if len(memo):
+            if memo:
                 memo.forget(name)  # the source answered: what was remembered is stale
             now = clock.monotonic()
             if now - self._progress_marked_at >= self._progress_every_s:

@@ -19,39 +19,40 @@ BREAKER_REASONS = frozenset({"circuit_open", "source_dead"})
 """Cooldown reasons that mean "the breaker keeps this source shut"."""
 
 
-class CooldownMemo:
-    """Source name -> (monotonic deadline, reason). Expired entries are dropped when seen."""
+class CooldownMemo(dict[str, tuple[float, str]]):
+    """Source name -> (monotonic deadline, reason). Expired entries are dropped when seen.
 
-    __slots__ = ("_clock", "_entries")
+    A ``dict`` so that "is anything cooling?" (asked on every call) is the C-level truth test
+    of an empty mapping; write it only through ``cool`` and ``forget``.
+    """
+
+    __slots__ = ("_clock",)
 
     def __init__(self, clock: Clock) -> None:
+        super().__init__()
         self._clock = clock
-        self._entries: dict[str, tuple[float, str]] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def cool(self, name: str, seconds: float, reason: str) -> None:
         """Remember that ``name`` is shut for ``seconds`` (keeps the later deadline)."""
         if not seconds > 0:
             return
         deadline = self._clock.monotonic() + seconds
-        entry = self._entries.get(name)
+        entry = self.get(name)
         if entry is None or entry[0] < deadline:
-            self._entries[name] = (deadline, reason)
+            self[name] = (deadline, reason)
 
     def forget(self, name: str) -> None:
         """The source answered: whatever was remembered against it is stale."""
-        self._entries.pop(name, None)
+        self.pop(name, None)
 
     def blocks(self, name: str, now: float) -> bool:
         """Whether ``name`` is cooling at ``now``; an expired entry is dropped."""
-        entry = self._entries.get(name)
+        entry = self.get(name)
         if entry is None:
             return False
         if entry[0] > now:
             return True
-        del self._entries[name]
+        del self[name]
         return False
 
     def cooling(self, names: Iterable[str]) -> dict[str, tuple[float, str]]:
@@ -59,10 +60,10 @@ class CooldownMemo:
         now = self._clock.monotonic()
         out: dict[str, tuple[float, str]] = {}
         for name in names:
-            entry = self._entries.get(name)
+            entry = self.get(name)
             if entry is not None and entry[0] > now:
                 out[name] = (entry[0] - now, entry[1])
         return out
 
     def __repr__(self) -> str:
-        return f"CooldownMemo({sorted(self._entries)})"
+        return f"CooldownMemo({sorted(self)})"

@@ -205,7 +205,7 @@ class Governor:
         last_error: BaseException | None = None
 
         while True:
-            if attempts or refused is not None or len(memo):
+            if attempts or refused is not None or memo:
                 candidates = self._runnable(dead, refused, avoid)
             else:
                 candidates = self._sources  # first try, nothing cooling: every source
@@ -290,7 +290,7 @@ class Governor:
         retry switches source.
         """
         memo = self._memo
-        cooling = len(memo) > 0
+        cooling = bool(memo)
         if not cooling and dead is None and refused is None and avoid is None:
             return self._sources
         now = self._clock.monotonic() if cooling else 0.0
