@@ -93,11 +93,14 @@ class ChatDispatcher:
     async def __call__(self, request: ChatRequest) -> LLMResponse:
         check_message_fields(request.messages)
         context = request.context
-        attempt_observer: AttemptObserver[LLMResponse] | None = (
-            _RequestObserver(context.observers, request)
-            if context is not None and context.observers
-            else None
-        )
+        attempt_observer: AttemptObserver[LLMResponse] | None = None
+        if context is not None and context.observers:
+            observers = context.observers
+            attempt_observer = (
+                _RequestObserver(observers[0], request)
+                if len(observers) == 1
+                else _RequestObservers(observers, request)
+            )
         outcome = await self._governor.run(
             functools.partial(self._send, request), observer=attempt_observer
         )
@@ -137,8 +140,27 @@ def _transport_problems(
 
 
 class _RequestObserver:
-    """The call's ``CallObserver`` s seen as the governor's ``AttemptObserver``: adds the
-    request the attempt sent (a re-ask's, not the caller's)."""
+    """The call's ``CallObserver`` seen as the governor's ``AttemptObserver``: adds the request
+    the attempt sent (a re-ask's, not the caller's)."""
+
+    __slots__ = ("_observer", "_request")
+
+    def __init__(self, observer: CallObserver, request: ChatRequest) -> None:
+        self._observer = observer
+        self._request = request
+
+    def on_attempt(
+        self,
+        source: SourceConfig,
+        call_id: str,
+        outcome: LLMResponse | BaseException,
+        latency_ms: int,
+    ) -> None:
+        self._observer.on_attempt(self._request, source, call_id, outcome, latency_ms)
+
+
+class _RequestObservers:
+    """``_RequestObserver`` for several observers (a plugin layer added one too)."""
 
     __slots__ = ("_observers", "_request")
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from polygateway.errors import ResultInvalidError, SourceDeadError, TransientError
-from polygateway.governance.attempts import Attempt, Attempted, AttemptObserver
+from polygateway.governance.attempts import Attempt, AttemptObserver, Outcome
 from polygateway.governance.cooldowns import CooldownMemo
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import Clock, Denial, GateDecision, Permit, ProviderGate, RateLimiter
@@ -85,10 +85,11 @@ class Admission:
         est_tokens: int,
         attempt: Attempt[T],
         observer: AttemptObserver[T] | None,
-    ) -> tuple[Attempted[T], str] | Denial | GateDecision:
-        """Admission then one ``attempt`` on ``source``.
+        number: int,
+    ) -> Outcome[T] | Denial | GateDecision:
+        """Admission then one ``attempt`` on ``source``, the call's attempt ``number``.
 
-        Returns ``(attempted, call_id)``, or the refusal (the limiter's ``Denial`` or the
+        Returns the call's ``Outcome``, or the refusal (the limiter's ``Denial`` or the
         breaker's not-allowed ``GateDecision``); raises the attempt's error after the breaker
         verdict.
         """
@@ -163,7 +164,7 @@ class Admission:
                     await self._limiter.mark_progress()
                 except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
                     self._warn("limiter.mark_progress", exc)
-            return attempted, call_id
+            return Outcome(attempted.value, source, call_id, number)
         finally:
             if probe_pending:
                 await self._release_probe(decision)

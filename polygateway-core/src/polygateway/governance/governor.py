@@ -221,7 +221,7 @@ class Governor:
             name = source.name
             est = source.est_tokens if est_tokens is None else est_tokens
             try:
-                admitted = await admission.attempt(source, est, attempt, observer)
+                admitted = await admission.attempt(source, est, attempt, observer, attempts + 1)
             except TransientError as exc:
                 attempts += 1
                 last_error = exc
@@ -254,9 +254,8 @@ class Governor:
                 if attempts >= max_attempts:
                     raise await self._exhausted(attempts, reasons, last_error) from exc
                 continue  # switch at once, no backoff
-            if isinstance(admitted, tuple):
-                attempted, call_id = admitted
-                return Outcome(attempted.value, source, call_id, attempts + 1)
+            if isinstance(admitted, Outcome):
+                return admitted
             # Refused before the attempt: no attempt spent; try another source this round.
             if refused is None:
                 refused = set()
