@@ -26,6 +26,7 @@ CHILD = r"""
 import asyncio, importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("overhead", sys.argv[1])
 overhead = importlib.util.module_from_spec(spec)
+sys.modules["overhead"] = overhead  # its dataclasses look their module up
 spec.loader.exec_module(overhead)
 url, seconds, calls = sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 
@@ -54,11 +55,13 @@ def run_child(tree: Path, url: str, seconds: float, calls: int) -> list[list[obj
     script = tree / "tools" / "bench" / "overhead.py"
     done = subprocess.run(
         [str(python), "-c", CHILD, str(script), url, str(seconds), str(calls)],
-        check=True,
+        check=False,
         capture_output=True,
         text=True,
         cwd=tree,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"{tree}: the measuring child failed:\n{done.stderr[-3000:]}")
     result: list[list[object]] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
