@@ -38,6 +38,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 # Hook name -> capability kind (the keys of ``provides`` in ``pgw plugins list --json``).
 HOOK_KINDS: dict[str, str] = {
     "pgw_register_transports": "transport",
+    "pgw_register_embedding_transports": "embedding_transport",
+    "pgw_register_ocr_transports": "ocr_transport",
     "pgw_register_providers": "provider",
     "pgw_register_limiters": "limiter",
     "pgw_register_breakers": "breaker",
@@ -60,6 +62,28 @@ def pgw_register_transports(register: Register) -> None:
         names this transport (``{SCOPE}__{P}__{N}__TRANSPORT`` or ``transport = "..."`` in the
         pipeline file); one instance per source. ``providers`` holds every registered provider
         profile, so profiles added by other plugins reach the transport.
+    """
+
+
+@hookspec
+def pgw_register_embedding_transports(register: Register) -> None:
+    """Register embedding transports (the call kind of an embedding client).
+
+    :param register: ``register(name, factory)`` where ``factory(source: SourceConfig) ->
+        EmbeddingTransport`` (``embed(*, texts, source, call_id)`` and ``aclose()``). One
+        instance per source that names this transport; an embedding client runs each batch
+        through ``polygateway.governance.Governor`` with it.
+    """
+
+
+@hookspec
+def pgw_register_ocr_transports(register: Register) -> None:
+    """Register OCR transports (the call kind of an OCR client).
+
+    :param register: ``register(name, factory)`` where ``factory(source: SourceConfig) ->
+        OcrTextPort | OcrLayoutPort`` (one of them or both, plus ``aclose()``). One
+        instance per source that names this transport; an OCR client runs each page through
+        ``polygateway.governance.Governor`` with it.
     """
 
 
