@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 
 from pgw_postgres.options import dsn_secrets, normalize_dsn, redact
+from pgw_postgres.recorder import WRITE_ERRORS
 from pgw_postgres.schema import SCHEMA
 
 READ_TIMEOUT_S = 30.0
@@ -30,20 +31,24 @@ def read_postgres_rows(
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     try:
-        return asyncio.run(_read(url, since, table))
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        rows = asyncio.run(_read(url, since, table))
+    # What a refused login, a missing database, an unreachable or unparsable address raise.
+    except (*WRITE_ERRORS, asyncpg.ClientConfigurationError) as exc:
         detail = redact(f"{type(exc).__name__}: {exc}", dsn_secrets(url))
         raise ValueError(f"cannot read telemetry from PostgreSQL ({detail})") from None
+    if rows is None:
+        raise ValueError(
+            f"no {table} table in that database (is it a PolyGateway telemetry database?)"
+        )
+    return rows
 
 
-async def _read(dsn: str, since: float | None, table: str) -> list[dict[str, Any]]:
+async def _read(dsn: str, since: float | None, table: str) -> list[dict[str, Any]] | None:
     conn = await asyncpg.connect(dsn, timeout=10, command_timeout=READ_TIMEOUT_S)
     try:
         present = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
         if not present:
-            raise ValueError(
-                f"no {table} table in that database (is it a PolyGateway telemetry database?)"
-            )
+            return None
         sql = f"SELECT * FROM {table}"
         params: tuple[Any, ...] = ()
         if since is not None:
