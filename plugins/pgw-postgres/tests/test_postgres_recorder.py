@@ -142,7 +142,7 @@ async def test_concurrent_starts_create_the_schema_once(postgres_dsn: str) -> No
     async def start() -> int | None:
         connection = await asyncpg.connect(postgres_dsn)
         try:
-            return await ensure_schema(connection, SCHEMA, timeout=30)
+            return await ensure_schema(connection, SCHEMA, command_timeout_s=30)
         finally:
             await connection.close()
 
@@ -222,13 +222,13 @@ async def test_a_nul_a_1mb_message_and_a_bad_row_in_one_batch(
 async def test_a_full_queue_drops_its_oldest_rows_and_counts_them(
     postgres_dsn: str, conn: asyncpg.Connection
 ) -> None:
-    await ensure_schema(conn, SCHEMA, timeout=10)
+    await ensure_schema(conn, SCHEMA, command_timeout_s=10)
     recorder = PostgresRecorder(postgres_dsn, queue_max=10, batch_size=5, flush_interval_s=0.01)
     first = sample_record()
     async with conn.transaction():
         await conn.execute("LOCK TABLE pgw_calls IN ACCESS EXCLUSIVE MODE")
         await recorder.record(first)
-        await wait_until(lambda: _has_lock_waiter(postgres_dsn), what="the writer blocked on the lock")
+        await wait_until(lambda: _has_lock_waiter(postgres_dsn), what="the writer to block")
         later = [sample_record() for _ in range(25)]
         for record in later:
             await recorder.record(record)
@@ -259,7 +259,7 @@ async def _has_lock_waiter(dsn: str) -> bool:
 async def test_a_server_that_stops_answering_cannot_hang_the_writer(
     postgres_dsn: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await ensure_schema(conn, SCHEMA, timeout=10)
+    await ensure_schema(conn, SCHEMA, command_timeout_s=10)
     recorder = PostgresRecorder(postgres_dsn, command_timeout_s=0.3, flush_interval_s=0.01)
     stuck = [sample_record() for _ in range(3)]
     with caplog.at_level(logging.WARNING, logger="pgw_postgres"):
@@ -282,7 +282,7 @@ async def test_a_server_that_stops_answering_cannot_hang_the_writer(
 async def test_a_pool_with_no_free_connection_times_out_the_acquire(postgres_dsn: str) -> None:
     pool = await asyncpg.create_pool(postgres_dsn, min_size=1, max_size=1)
     try:
-        await ensure_schema(await pool.acquire(), SCHEMA, timeout=10)  # and keep it
+        await ensure_schema(await pool.acquire(), SCHEMA, command_timeout_s=10)  # and keep it
         recorder = PostgresRecorder(pool=pool, acquire_timeout_s=0.2, flush_interval_s=0.01)
         started = time.monotonic()
         await recorder.record(sample_record())
@@ -291,7 +291,7 @@ async def test_a_pool_with_no_free_connection_times_out_the_acquire(postgres_dsn
         assert recorder.degraded  # the table could not be checked: structural
         assert (recorder.written, recorder.dropped) == (0, 1)
         await recorder.aclose()
-        assert not pool._closed  # noqa: SLF001 - the caller's pool stays open
+        assert not pool._closed
     finally:
         pool.terminate()
 
@@ -299,7 +299,7 @@ async def test_a_pool_with_no_free_connection_times_out_the_acquire(postgres_dsn
 async def test_aclose_writes_for_at_most_close_timeout_s_then_counts_the_rest(
     postgres_dsn: str, conn: asyncpg.Connection
 ) -> None:
-    await ensure_schema(conn, SCHEMA, timeout=10)
+    await ensure_schema(conn, SCHEMA, command_timeout_s=10)
     recorder = PostgresRecorder(
         postgres_dsn, command_timeout_s=60, close_timeout_s=0.5, flush_interval_s=0.01
     )
@@ -307,7 +307,7 @@ async def test_aclose_writes_for_at_most_close_timeout_s_then_counts_the_rest(
         await conn.execute("LOCK TABLE pgw_calls IN ACCESS EXCLUSIVE MODE")
         for _ in range(20):
             await recorder.record(sample_record())
-        await wait_until(lambda: _has_lock_waiter(postgres_dsn), what="the writer blocked on the lock")
+        await wait_until(lambda: _has_lock_waiter(postgres_dsn), what="the writer to block")
         started = time.monotonic()
         await recorder.aclose()
         assert time.monotonic() - started < 3
@@ -335,7 +335,7 @@ async def test_a_cancelled_aclose_still_closes_the_pool(postgres_dsn: str) -> No
     recorder = PostgresRecorder(postgres_dsn, flush_interval_s=0.01)
     await recorder.record(sample_record())
     await recorder.flush()
-    pool = recorder._pool  # noqa: SLF001 - checking what the recorder made
+    pool = recorder._pool
     assert pool is not None
     await recorder.record(sample_record())
     closing = asyncio.ensure_future(recorder.aclose())
@@ -343,7 +343,7 @@ async def test_a_cancelled_aclose_still_closes_the_pool(postgres_dsn: str) -> No
     closing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await closing
-    assert pool._closed  # noqa: SLF001
+    assert pool._closed
 
     async def settled() -> bool:
         return recorder.written + recorder.dropped == recorder.produced == 2
@@ -377,7 +377,7 @@ async def test_a_sqlalchemy_style_dsn_is_accepted(postgres_dsn: str) -> None:
 
 def test_nothing_connects_before_the_first_record() -> None:
     recorder = PostgresRecorder("postgresql://u:pw@127.0.0.1:1/db")
-    assert recorder._task is None  # noqa: SLF001
+    assert recorder._task is None
     assert "pw" not in repr(recorder) and "pw" not in repr(recorder.options)
 
 

@@ -288,7 +288,7 @@ class PostgresRecorder:
                     )
                 async with self._pool.acquire(timeout=options.acquire_timeout_s) as conn:
                     self.schema_version_found = await ensure_schema(
-                        conn, self.schema, timeout=options.command_timeout_s
+                        conn, self.schema, command_timeout_s=options.command_timeout_s
                     )
         # Whatever a bad DSN, a refused login or a missing database raises (asyncpg's errors,
         # OSError, ValueError, TimeoutError, ...), the call must never see it.
@@ -344,13 +344,15 @@ class PostgresRecorder:
         assert pool is not None
         timeout = options.command_timeout_s
         try:
-            async with pool.acquire(timeout=options.acquire_timeout_s) as conn:
-                async with conn.transaction():
-                    await conn.execute(schema.create_stage(), timeout=timeout)
-                    await conn.copy_records_to_table(
-                        schema.stage, records=_first_of_each(rows), timeout=timeout
-                    )
-                    await conn.execute(schema.merge_stage(), timeout=timeout)
+            async with (
+                pool.acquire(timeout=options.acquire_timeout_s) as conn,
+                conn.transaction(),
+            ):
+                await conn.execute(schema.create_stage(), timeout=timeout)
+                await conn.copy_records_to_table(
+                    schema.stage, records=_first_of_each(rows), timeout=timeout
+                )
+                await conn.execute(schema.merge_stage(), timeout=timeout)
         except WRITE_ERRORS as exc:
             self._warn.failed("a batch write failed", exc, "retrying its rows one by one")
             await self._write_one_by_one(rows)
@@ -409,16 +411,17 @@ class PostgresRecorder:
                 keep.append((target, future))
         self._waiters = keep
 
-    async def _close_pool(self, timeout: float) -> None:
+    async def _close_pool(self, grace_s: float) -> None:
+        """Close the pool this recorder made: gracefully within ``grace_s``, else at once."""
         pool, self._pool = self._pool, None
         if pool is None or not self._owns_pool:
             return
-        if timeout > 0:
+        if grace_s > 0:
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(grace_s):
                     await pool.close()
                 return
-            except (TimeoutError, *WRITE_ERRORS):
+            except WRITE_ERRORS:  # TimeoutError included
                 pass
         pool.terminate()
 

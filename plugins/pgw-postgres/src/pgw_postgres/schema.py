@@ -38,12 +38,12 @@ class Column:
             raise ValueError(f"column name {self.name!r} is not a plain lower-case identifier")
         if self.since < 1:
             raise ValueError(f"column {self.name}: since must be >= 1, got {self.since}")
-        if self.since > 1 and "NOT NULL" in self.constraint.upper():
-            if "DEFAULT" not in self.constraint.upper():
-                raise ValueError(
-                    f"column {self.name} (since version {self.since}) is NOT NULL without a "
-                    "DEFAULT: rows already stored could not get it"
-                )
+        constraint = self.constraint.upper()
+        if self.since > 1 and "NOT NULL" in constraint and "DEFAULT" not in constraint:
+            raise ValueError(
+                f"column {self.name} (since version {self.since}) is NOT NULL without a "
+                "DEFAULT: rows already stored could not get it"
+            )
 
     def definition(self) -> str:
         return f"{self.name} {self.type} {self.constraint}".rstrip()
@@ -98,18 +98,18 @@ class Schema:
         if "created_at" in names:
             raise ValueError("created_at is implied (the last column); do not list it")
         wanted = [*names, "created_at"]
-        get = attrgetter(*wanted)
+        row_of: Callable[[TelemetryRecord], Row] = attrgetter(*wanted)
         if not set(wanted) <= _RECORD_FIELDS:
             # A column the record type does not have (yet): written as NULL.
             present = [n for n in wanted if n in _RECORD_FIELDS]
             pick = attrgetter(*present)
             slots = [present.index(n) if n in _RECORD_FIELDS else -1 for n in wanted]
 
-            def get(record: TelemetryRecord) -> Row:
+            def row_of(record: TelemetryRecord) -> Row:
                 values = pick(record)
                 return tuple(values[i] if i >= 0 else None for i in slots)
 
-        object.__setattr__(self, "row_of", get)
+        object.__setattr__(self, "row_of", row_of)
         texts = tuple(i for i, c in enumerate(self.columns) if c.type == "text")
         object.__setattr__(self, "text_positions", texts)
 
@@ -190,12 +190,13 @@ _TIMESTAMP = "COALESCE(to_timestamp(NULLIF(created_at, 0)), now())"
 SCHEMA = Schema()
 
 
-async def ensure_schema(conn: Any, schema: Schema, *, timeout: float) -> int | None:
+async def ensure_schema(conn: Any, schema: Schema, *, command_timeout_s: float) -> int | None:
     """Create or migrate the table in place; return the version found (``None``: none).
 
     One transaction under an advisory lock, so processes starting together do not race on
     ``CREATE TABLE``. A table at this version (or newer) costs one query.
     """
+    timeout = command_timeout_s
     async with conn.transaction():
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtext($1))", f"pgw:{schema.table}", timeout=timeout
