@@ -45,6 +45,7 @@ from pgw_postgres.schema import SCHEMA, Row, Schema, ensure_schema
 logger = logging.getLogger(__name__)
 
 _DEFAULTS = PostgresOptions()
+APPLICATION_NAME = "pgw-telemetry"
 
 WRITE_ERRORS: tuple[type[Exception], ...] = (
     asyncpg.PostgresError,
@@ -285,6 +286,10 @@ class PostgresRecorder:
                         max_size=options.pool_max_size,
                         timeout=options.connect_timeout_s,
                         command_timeout=options.command_timeout_s,
+                        # Named in pg_stat_activity, unless the DSN names it already.
+                        server_settings=None
+                        if "application_name" in (options.dsn or "")
+                        else {"application_name": APPLICATION_NAME},
                     )
                 async with self._pool.acquire(timeout=options.acquire_timeout_s) as conn:
                     self.schema_version_found = await ensure_schema(
@@ -454,4 +459,4 @@ def _first_of_each(rows: list[Row]) -> list[Row]:
     return unique
 
 
-__all__ = ["WRITE_ERRORS", "PostgresRecorder"]
+__all__ = ["APPLICATION_NAME", "WRITE_ERRORS", "PostgresRecorder"]
