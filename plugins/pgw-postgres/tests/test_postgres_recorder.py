@@ -220,7 +220,7 @@ async def test_a_nul_a_1mb_message_and_a_bad_row_in_one_batch(
 
 
 async def test_a_full_queue_drops_its_oldest_rows_and_counts_them(
-    postgres_dsn: str, conn: asyncpg.Connection
+    postgres_dsn: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture
 ) -> None:
     await ensure_schema(conn, SCHEMA, command_timeout_s=10)
     recorder = PostgresRecorder(postgres_dsn, queue_max=10, batch_size=5, flush_interval_s=0.01)
@@ -230,9 +230,12 @@ async def test_a_full_queue_drops_its_oldest_rows_and_counts_them(
         await recorder.record(first)
         await wait_until(lambda: _has_lock_waiter(postgres_dsn), what="the writer to block")
         later = [sample_record() for _ in range(25)]
-        for record in later:
-            await recorder.record(record)
+        with caplog.at_level(logging.WARNING, logger="pgw_postgres"):
+            for record in later:
+                await recorder.record(record)
         assert recorder.dropped == 15
+        full = [r for r in caplog.records if "queue is full" in r.getMessage()]
+        assert len(full) == 1  # one warning for the 15 rows, not one each
     await recorder.aclose()
     stored = {r["call_id"] for r in await fetch_rows(postgres_dsn)}
     assert stored == {first.call_id, *(r.call_id for r in later[-10:])}

@@ -126,6 +126,7 @@ class PostgresRecorder:
         self._stopping = False
         self._closed = False
         self._degraded = False
+        self._full_warned = False
         self.schema_version_found: int | None = None
         """The version the table had when this recorder opened it (``None``: no table)."""
 
@@ -180,11 +181,13 @@ class PostgresRecorder:
         if len(queue) >= self.options.queue_max:
             queue.popleft()
             self._dropped += 1
-            self._warn.failed(
-                "the queue is full",
-                None,
-                f"dropping the oldest rows ({self.options.queue_max} queued; counted in .dropped)",
-            )
+            if not self._full_warned:  # once until the writer catches up and empties it
+                self._full_warned = True
+                logger.warning(
+                    "PostgreSQL telemetry: the queue is full (%d rows): dropping the oldest "
+                    "rows (counted in .dropped)",
+                    self.options.queue_max,
+                )
         queue.append(record)
         if self._task is None:
             self._start()
@@ -314,6 +317,7 @@ class PostgresRecorder:
         batch_size, interval = self.options.batch_size, self.options.flush_interval_s
         while True:
             if not queue:
+                self._full_warned = False
                 if self._stopping:
                     return
                 wake.clear()
