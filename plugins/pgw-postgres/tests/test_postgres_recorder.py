@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 from pgw_postgres import PostgresRecorder
+from pgw_postgres.recorder import APPLICATION_NAME
 from pgw_postgres.schema import SCHEMA, VERSIONS_TABLE, Column, ensure_schema
 from pgw_postgres_test_helpers import count_rows, fetch_rows, wait_until
 from polygateway.testing.contracts.telemetry import assert_row_matches, sample_record
@@ -388,3 +389,28 @@ def test_recording_outside_an_event_loop_drops_and_counts() -> None:
     recorder = PostgresRecorder("postgresql://u@127.0.0.1:1/db")
     recorder.record_nowait(sample_record())
     assert (recorder.produced, recorder.dropped) == (1, 1)
+
+
+async def test_connections_reset_by_the_server_are_replaced(
+    postgres_dsn: str, conn: asyncpg.Connection
+) -> None:
+    recorder = PostgresRecorder(postgres_dsn, flush_interval_s=0.01)
+    first = [sample_record() for _ in range(50)]
+    for record in first:
+        await recorder.record(record)
+    await recorder.flush()
+    killed = await conn.fetch(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = $1",
+        APPLICATION_NAME,
+    )
+    assert killed and all(r[0] for r in killed)
+    later = [sample_record() for _ in range(50)]
+    for record in later:
+        await recorder.record(record)
+    await recorder.aclose()
+    # The pool replaces a connection it sees closed; a batch that meets one before that is
+    # retried row by row on a fresh connection: nothing is lost either way.
+    assert (recorder.produced, recorder.written, recorder.dropped) == (100, 100, 0)
+    stored = {r["call_id"] for r in await fetch_rows(postgres_dsn)}
+    assert stored == {r.call_id for r in first + later}
