@@ -67,8 +67,12 @@ class Calls:
 
 
 async def test_postgres_stopped_mid_run_costs_the_calls_nothing(
-    own_postgres: PostgresServer, own_postgres_dsn: str, pong: Any
+    own_postgres: PostgresServer,
+    own_postgres_dsn: str,
+    pong: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="pgw_postgres")
     client = GatewayClient.from_env(env=_env(pong, own_postgres_dsn))
     recorder = client.components.telemetry
     assert isinstance(recorder, PostgresRecorder)
@@ -117,6 +121,12 @@ async def test_postgres_stopped_mid_run_costs_the_calls_nothing(
     assert statistics.median(during) < 5 * normal + 0.02, (normal, statistics.median(during))
     assert max(during) < 1.0, max(during)
     assert max(after) < 1.0, max(after)
+    # The outage was reported (once per kind of failure, not per batch), then its end.
+    messages = [r.getMessage() for r in caplog.records]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert 1 <= len(warnings) <= 6, messages
+    assert "accepts rows again" in messages[-1]
+    assert all(OWN_PASSWORD not in m for m in messages)
 
 
 @pytest.fixture
