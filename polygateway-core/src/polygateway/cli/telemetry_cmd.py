@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from polygateway.telemetry.report import TelemetryReader
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -18,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     where = report.add_mutually_exclusive_group()
     where.add_argument("--db", default="pgw_telemetry.db", help="SQLite telemetry file")
     where.add_argument(
-        "--dsn", metavar="URL", help="telemetry database URL (postgresql://... with pgw-postgres)"
+        "--dsn", metavar="URL", help="telemetry database URL (read by the reader its scheme names)"
     )
     report.add_argument("--since", help="30m, 2h, 7d or an ISO date")
     report.add_argument("--by", choices=("model", "source", "session"), default="model")
@@ -42,16 +46,17 @@ def run(args: argparse.Namespace) -> int:
         if scheme not in readers:
             print(
                 f"pgw telemetry report: --dsn: no telemetry reader for scheme {scheme!r} "
-                f"(readers: {', '.join(readers)}; postgresql:// needs pgw-postgres installed)",
+                f"(readers: {', '.join(readers)}; plugins add readers)",
                 file=sys.stderr,
             )
             return 2
-        target, reader = args.dsn, registry.get("telemetry_reader", scheme)
+        target, found = args.dsn, registry.get("telemetry_reader", scheme)
     elif not os.path.exists(args.db):
         print(f"pgw telemetry report: --db {args.db}: no such file", file=sys.stderr)
         return 2
     else:
-        target, reader = args.db, registry.get("telemetry_reader", "sqlite")
+        target, found = args.db, registry.get("telemetry_reader", "sqlite")
+    reader = cast("TelemetryReader", found)
     try:
         rows = reader(target, since=parse_since(args.since))
     except ValueError as exc:
