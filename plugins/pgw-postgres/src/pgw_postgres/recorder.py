@@ -306,7 +306,7 @@ class PostgresRecorder:
             logger.warning(
                 "PostgreSQL telemetry disabled: cannot %s (%s); rows are dropped and counted "
                 "in .dropped from now on",
-                "create the connection pool" if self._pool is None else "create the table",
+                "create the connection pool" if self._pool is None else "open the table",
                 self._warn.describe(exc),
             )
             await self._close_pool(0.0)
@@ -365,17 +365,17 @@ class PostgresRecorder:
                 await conn.execute(schema.merge_stage(), timeout=timeout)
         except WRITE_ERRORS as exc:
             self._warn.failed("a batch write failed", exc, "retrying its rows one by one")
-            await self._write_one_by_one(rows)
+            await self._write_one_by_one(pool, rows)
             return
         self._settle(written=len(rows))
         self._warn.succeeded()
 
-    async def _write_one_by_one(self, rows: list[Row]) -> None:
+    async def _write_one_by_one(self, pool: asyncpg.Pool, rows: list[Row]) -> None:
         options = self.options
         insert, timeout = self.schema.insert_row(), options.command_timeout_s
-        done = 0
+        done = wrote = 0
         try:
-            async with self._pool.acquire(timeout=options.acquire_timeout_s) as conn:  # type: ignore[union-attr]
+            async with pool.acquire(timeout=options.acquire_timeout_s) as conn:
                 for row in rows:
                     try:
                         await conn.execute(insert, *row, timeout=timeout)
@@ -389,6 +389,7 @@ class PostgresRecorder:
                         )
                     else:
                         done += 1
+                        wrote += 1
                         self._settle(written=1)
         except WRITE_ERRORS as exc:
             lost = len(rows) - done
@@ -400,7 +401,7 @@ class PostgresRecorder:
                 "batch tries again",
             )
             return
-        if done and self._written:
+        if wrote:
             self._warn.succeeded()
 
     def _settle(self, *, written: int = 0, dropped: int = 0) -> None:
