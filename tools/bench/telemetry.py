@@ -1,6 +1,6 @@
 """Telemetry into PostgreSQL: rows/s through the recorder, and what it costs a governed call.
 
-    python tools/bench/telemetry.py [--dsn URL] [--rows 50000] [--rounds 3] [--seconds 1.5]
+    python tools/bench/telemetry.py [--dsn URL] [--rows 50000] [--rounds 5] [--seconds 1.5]
                                     [--only rows,calls]
 
 Needs pgw-postgres installed and a PostgreSQL server. Without ``--dsn`` it makes a database
@@ -187,7 +187,8 @@ async def bench_calls(dsn: str, args: argparse.Namespace) -> list[float]:
     proc = start_upstream(port, 20)
     url = f"http://127.0.0.1:{port}/v1"
     load = Load(args.calls, 64, args.seconds)
-    ratios = []
+    ratios: list[float] = []
+    added: list[float] = []  # this process's CPU per call, postgres minus off
     try:
         for round_no in range(args.rounds):
             order = ["none", "postgres"] if round_no % 2 == 0 else ["postgres", "none"]
@@ -196,15 +197,18 @@ async def bench_calls(dsn: str, args: argparse.Namespace) -> list[float]:
                 got[telemetry] = await governed(url, dsn, telemetry, load)
             ratio = got["postgres"][0] / got["none"][0]
             ratios.append(ratio)
+            added.append(got["postgres"][1] - got["none"][1])
             print(
                 f"  round {round_no + 1}: telemetry off {got['none'][0]:7.0f} calls/s "
                 f"{got['none'][1]:5.0f} us CPU/call | postgres {got['postgres'][0]:7.0f} calls/s "
-                f"{got['postgres'][1]:5.0f} us CPU/call ({got['postgres'][2]}) | {ratio:.0%}",
+                f"{got['postgres'][1]:5.0f} us CPU/call ({got['postgres'][2]}) | {ratio:.0%}, "
+                f"{added[-1]:+.0f} us CPU/call",
                 flush=True,
             )
     finally:
         proc.terminate()
         proc.wait(10)
+    print(f"  added CPU per call (this process): median {statistics.median(added):+.0f} us")
     return ratios
 
 
@@ -264,7 +268,7 @@ def main() -> None:
     parser.add_argument("--dsn", help="a database to write into (default: a temporary one)")
     parser.add_argument("--admin-dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--rows", type=int, default=50_000, help="records per rows method")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--seconds", type=float, default=1.5, help="timed batch of calls")
     parser.add_argument("--calls", type=int, default=20_000, help="at most, per timed batch")
     parser.add_argument("--only", default="rows,calls", help="rows,calls or one of them")
