@@ -10,53 +10,89 @@ from typing import Any
 
 import pytest
 from pgw_postgres import PostgresOptions, PostgresRecorder
+from pgw_postgres.options import RecorderOptions
 from pgw_postgres.reader import read_postgres_rows
-from polygateway.clock import SystemClock
+from polygateway import GatewayClient
+from polygateway.config import describe_settings, load_scope, load_settings
 from polygateway.errors import ConfigError
 from polygateway.plugins import load_registry
-from polygateway.ports import BuildContext
-from polygateway.settings import ScopeSettings, Secret, TelemetrySettings
 from polygateway.testing.contracts.telemetry import sample_record
 
-SECRET = "Sup3r-secret"
+SECRET = "Sup3r-secret-SENTINEL"
+SOURCES = {
+    "LLM__QWEN__1__BASE_URL": "http://127.0.0.1:8400/qwen1/v1",
+    "LLM__QWEN__1__MODEL": "qwen-model",
+}
+PICKED = {**SOURCES, "PGW_TELEMETRY_BACKEND": "postgres"}
+DSN = f"postgresql://pgw:{SECRET}@db.internal:5432/telemetry"
 
 
-def _context(dsn: str | None, options: dict[str, Any] | None = None) -> BuildContext:
-    telemetry = TelemetrySettings(
-        backend="postgres", pg_dsn=Secret(dsn) if dsn is not None else None
-    )
-    settings = ScopeSettings(scope="LLM", sources=(), telemetry=telemetry)
-    return BuildContext(settings=settings, options=options or {}, clock=SystemClock())
+@pytest.fixture(autouse=True)
+def _empty_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no stray ./.env or ./pgw.toml
 
 
-def _factory() -> Any:
-    return load_registry().get("telemetry", "postgres")
+def _problems(env: dict[str, str], **kwargs: Any) -> list[str]:
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings(env, **kwargs)
+    found = list(excinfo.value.problems)
+    assert SECRET not in " ".join(found)
+    return found
+
+
+def _one_with(lines: list[str], *needles: str) -> str:
+    found = [line for line in lines if all(n in line for n in needles)]
+    assert found, f"no problem contains {needles}; problems: {lines}"
+    return found[0]
 
 
 def test_the_entry_point_registers_the_recorder_and_the_readers() -> None:
     registry = load_registry()
     assert registry.provider_of("telemetry", "postgres") == "pgw-postgres"
+    assert registry.options_of("telemetry", "postgres") is PostgresOptions
     for scheme in ("postgresql", "postgres"):
         assert registry.provider_of("telemetry_reader", scheme) == "pgw-postgres"
 
 
-def test_the_factory_reads_the_dsn_and_the_options() -> None:
-    recorder = _factory()(
-        _context(
-            f"postgresql+asyncpg://u:{SECRET}@db.internal/telemetry",
-            {"batch_size": "250", "flush_interval_s": 0.5, "command_timeout_s": "2.5"},
-        )
-    )
+def test_the_dsn_comes_from_pgw_telemetry_pg_dsn_and_the_options_from_scope_keys() -> None:
+    env = {
+        **PICKED,
+        "PGW_TELEMETRY_PG_DSN": DSN.replace("postgresql://", "postgresql+asyncpg://"),
+        "LLM__TELEMETRY__BATCH_SIZE": "250",
+        "LLM__TELEMETRY__FLUSH_INTERVAL_S": "500ms",
+    }
+    scope = load_scope("LLM", env)
+    options = scope.telemetry.options
+    assert isinstance(options, PostgresOptions)
+    assert options.dsn.reveal() == DSN  # the +asyncpg suffix stripped
+    assert (options.batch_size, options.flush_interval_s) == (250, 0.5)
+    recorder = GatewayClient.from_env(env=env).components.telemetry
     assert isinstance(recorder, PostgresRecorder)
-    assert recorder.options.dsn == f"postgresql://u:{SECRET}@db.internal/telemetry"
     assert (recorder.options.batch_size, recorder.options.flush_interval_s) == (250, 0.5)
-    assert recorder.options.command_timeout_s == 2.5
-    assert SECRET not in repr(recorder) and SECRET not in repr(recorder.options)
+    assert SECRET not in repr(recorder) and SECRET not in repr(options)
+    shown = describe_settings(load_settings(env))
+    assert SECRET not in str(shown)
+
+
+def test_the_pipeline_file_sets_the_options_and_names_the_dsn_variable(tmp_path: Path) -> None:
+    path = tmp_path / "pgw.toml"
+    path.write_text(
+        '[defaults.telemetry]\nbackend = "postgres"\n'
+        '[defaults.telemetry.options]\ndsn_env = "MY_DSN"\nbatch_size = 64\n'
+        "command_timeout_s = 2.5\n",
+        encoding="utf-8",
+    )
+    scope = load_scope("LLM", {**SOURCES, "MY_DSN": DSN}, pipeline_path=path)
+    options = scope.telemetry.options
+    assert (options.dsn.reveal(), options.batch_size, options.command_timeout_s) == (
+        DSN,
+        64,
+        2.5,
+    )
 
 
 def test_a_missing_dsn_is_a_config_error_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match="PGW_TELEMETRY_PG_DSN"):
-        _factory()(_context(None))
+    _one_with(_problems(PICKED), "PGW_TELEMETRY_PG_DSN: required", "PGW_TELEMETRY_BACKEND=postgres")
 
 
 @pytest.mark.parametrize(
@@ -66,45 +102,43 @@ def test_a_missing_dsn_is_a_config_error_naming_the_key() -> None:
         f"u:{SECRET}@h/db",
         f"host=h password={SECRET}",
         f"postgresql+psycopg://u:{SECRET}@h/db",
-        "",
     ],
 )
 def test_a_dsn_that_is_not_postgresql_is_rejected_without_showing_it(dsn: str) -> None:
-    with pytest.raises(ConfigError) as excinfo:
-        _factory()(_context(dsn))
-    assert "postgresql://" in str(excinfo.value)
-    assert SECRET not in str(excinfo.value)
-    with pytest.raises(ConfigError) as direct:
+    line = _one_with(_problems({**PICKED, "PGW_TELEMETRY_PG_DSN": dsn}), "PGW_TELEMETRY_PG_DSN")
+    assert "postgresql://" in line
+    with pytest.raises(ValueError, match="postgresql://") as direct:
         PostgresRecorder(dsn)
     assert SECRET not in str(direct.value)
 
 
 @pytest.mark.parametrize(
-    ("options", "named"),
+    ("key", "value"),
     [
-        ({"batch_size": 0}, "batch_size"),
-        ({"batch_size": "many"}, "batch_size"),
-        ({"queue_max": -1}, "queue_max"),
-        ({"flush_interval_s": float("nan")}, "flush_interval_s"),
-        ({"command_timeout_s": 0}, "command_timeout_s"),
-        ({"acquire_timeout_s": "inf"}, "acquire_timeout_s"),
-        ({"batchsize": 10}, "batchsize"),
-        ({"dsn": f"postgresql://u:{SECRET}@h/db"}, "dsn"),
+        ("BATCH_SIZE", "0"),
+        ("BATCH_SIZE", "many"),
+        ("QUEUE_MAX", "-1"),
+        ("FLUSH_INTERVAL_S", "nan"),
+        ("COMMAND_TIMEOUT_S", "0"),
+        ("ACQUIRE_TIMEOUT_S", "inf"),
+        ("POOL_MAX_SIZE", "1000"),
+        ("BATCHSIZE", "10"),
     ],
 )
-def test_bad_options_are_config_errors_naming_them(options: dict[str, Any], named: str) -> None:
-    with pytest.raises(ConfigError) as excinfo:
-        _factory()(_context(f"postgresql://u:{SECRET}@h/db", options))
-    assert f"option {named}" in str(excinfo.value)
-    assert SECRET not in str(excinfo.value)
+def test_bad_options_are_config_errors_naming_the_key(key: str, value: str) -> None:
+    env = {**PICKED, "PGW_TELEMETRY_PG_DSN": DSN, f"LLM__TELEMETRY__{key}": value}
+    _one_with(_problems(env), f"LLM__TELEMETRY__{key}")
 
 
-def test_the_recorder_needs_a_dsn_or_a_pool() -> None:
+def test_the_recorder_checks_its_own_arguments() -> None:
     with pytest.raises(ValueError, match=r"dsn= .* or pool="):
         PostgresRecorder()
-    with pytest.raises(ConfigError, match="batch_size"):
-        PostgresRecorder("postgresql://h/db", batch_size=0)
-    assert PostgresOptions().batch_size == PostgresRecorder("postgres://h/db").options.batch_size
+    with pytest.raises(ValueError, match="PostgresRecorder batch_size: ") as excinfo:
+        PostgresRecorder(DSN, batch_size=0)
+    assert SECRET not in str(excinfo.value)
+    with pytest.raises(ValueError, match="flush_interval_s"):
+        PostgresRecorder(DSN, flush_interval_s=float("nan"))
+    assert RecorderOptions().batch_size == PostgresRecorder("postgres://h/db").options.batch_size
 
 
 def test_the_package_root_imports_no_driver() -> None:

@@ -5,9 +5,10 @@ Registers the ``postgres`` telemetry recorder (``PGW_TELEMETRY_BACKEND=postgres`
 and the ``postgresql``/``postgres`` telemetry readers behind ``pgw telemetry report --dsn``.
 Only hook implementations live here: asyncpg is imported when a factory or a reader runs.
 
-Recorder options (pipeline file ``[scope.telemetry] options``): ``batch_size``,
+Options (``PostgresOptions``): ``dsn`` (``PGW_TELEMETRY_PG_DSN``), ``batch_size``,
 ``queue_max``, ``flush_interval_s``, ``command_timeout_s``, ``acquire_timeout_s``,
-``connect_timeout_s``, ``close_timeout_s``, ``pool_max_size`` (``PostgresOptions``).
+``connect_timeout_s``, ``close_timeout_s``, ``pool_max_size`` (pipeline file
+``[scopes.LLM.telemetry.options]``, env ``LLM__TELEMETRY__BATCH_SIZE``, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from polygateway.hookspecs import hookimpl
-from polygateway.ports import BuildContext, Register
+from polygateway.ports import ComponentContext, Register, TelemetryRecorder
 
 if TYPE_CHECKING:
     from pgw_postgres.options import PostgresOptions
@@ -38,15 +39,15 @@ def __getattr__(name: str) -> Any:
 
 @hookimpl
 def pgw_register_telemetry(register: Register) -> None:
-    def postgres(ctx: BuildContext) -> Any:
-        from pgw_postgres.options import options_from
+    # The options model is imported at load (the loader validates with it); asyncpg is not.
+    from pgw_postgres.options import PostgresOptions
+
+    def postgres(ctx: ComponentContext[PostgresOptions]) -> TelemetryRecorder:
         from pgw_postgres.recorder import PostgresRecorder
 
-        dsn = ctx.settings.telemetry.pg_dsn
-        options = options_from(dsn.reveal() if dsn else None, ctx.options)
-        return PostgresRecorder.from_options(options)
+        return PostgresRecorder.from_options(ctx.options)
 
-    register("postgres", postgres)
+    register("postgres", postgres, options=PostgresOptions)
 
 
 @hookimpl

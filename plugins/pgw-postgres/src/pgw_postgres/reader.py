@@ -24,12 +24,10 @@ def read_postgres_rows(
         login or the database is refused, or there is no telemetry table. The message names
         the problem, never the password.
     """
-    from polygateway.errors import ConfigError
-
     try:
-        url = normalize_dsn(dsn, name="--dsn")
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
+        url = normalize_dsn(dsn)
+    except ValueError as exc:
+        raise ValueError(f"--dsn: {exc}") from None
     try:
         rows = asyncio.run(_read(url, since, table))
     # What a refused login, a missing database, an unreachable or unparsable address raise.

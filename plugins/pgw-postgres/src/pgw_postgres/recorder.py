@@ -40,12 +40,12 @@ import asyncpg
 from polygateway.types import TelemetryRecord
 
 from pgw_postgres._warn import WarnOnce
-from pgw_postgres.options import PostgresOptions, dsn_secrets
+from pgw_postgres.options import PostgresOptions, RecorderOptions, dsn_secrets, normalize_dsn
 from pgw_postgres.schema import SCHEMA, Row, Schema, ensure_schema
 
 logger = logging.getLogger(__name__)
 
-_DEFAULTS = PostgresOptions()
+_DEFAULTS = RecorderOptions()
 APPLICATION_NAME = "pgw-telemetry"
 
 WRITE_ERRORS: tuple[type[Exception], ...] = (
@@ -95,26 +95,36 @@ class PostgresRecorder:
         pool_max_size: int = _DEFAULTS.pool_max_size,
         schema: Schema = SCHEMA,
     ) -> None:
-        options = PostgresOptions(
-            dsn=dsn,
-            batch_size=batch_size,
-            queue_max=queue_max,
-            flush_interval_s=flush_interval_s,
-            command_timeout_s=command_timeout_s,
-            acquire_timeout_s=acquire_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            close_timeout_s=close_timeout_s,
-            pool_max_size=pool_max_size,
+        options = RecorderOptions.checked(
+            {
+                "batch_size": batch_size,
+                "queue_max": queue_max,
+                "flush_interval_s": flush_interval_s,
+                "command_timeout_s": command_timeout_s,
+                "acquire_timeout_s": acquire_timeout_s,
+                "connect_timeout_s": connect_timeout_s,
+                "close_timeout_s": close_timeout_s,
+                "pool_max_size": pool_max_size,
+            },
+            where="PostgresRecorder",
         )
-        if pool is None and options.dsn is None:
+        if dsn is not None:
+            if not isinstance(dsn, str):
+                raise TypeError(f"PostgresRecorder dsn must be a str, got {type(dsn).__name__}")
+            try:
+                dsn = normalize_dsn(dsn)
+            except ValueError as exc:
+                raise ValueError(f"PostgresRecorder dsn: {exc}") from None
+        elif pool is None:
             raise ValueError("PostgresRecorder needs dsn= (a postgresql:// URL) or pool=")
         if not isinstance(schema, Schema):
             raise TypeError(f"PostgresRecorder schema must be a Schema, got {schema!r}")
         self.options = options
         self.schema = schema
+        self._dsn = dsn  # never shown: not in repr, errors or warnings
         self._pool: asyncpg.Pool | None = pool
         self._owns_pool = False
-        self._secrets = dsn_secrets(options.dsn) if options.dsn else ()
+        self._secrets = dsn_secrets(dsn) if dsn else ()
         self._warn = WarnOnce(logger, "PostgreSQL telemetry", self._secrets)
         self._queue: deque[TelemetryRecord] = deque()
         self._wake = asyncio.Event()
@@ -135,8 +145,9 @@ class PostgresRecorder:
     def from_options(
         cls, options: PostgresOptions, *, pool: asyncpg.Pool | None = None
     ) -> PostgresRecorder:
-        values = options.model_dump()
-        return cls(values.pop("dsn"), pool=pool, **values)
+        """The recorder the ``postgres`` telemetry backend's validated options describe."""
+        tuning = {name: getattr(options, name) for name in RecorderOptions.model_fields}
+        return cls(options.dsn.reveal(), pool=pool, **tuning)
 
     # ------------------------------------------------------------------ counters
 
@@ -285,14 +296,14 @@ class PostgresRecorder:
                 if self._pool is None:
                     self._owns_pool = True
                     self._pool = await asyncpg.create_pool(
-                        options.dsn,
+                        self._dsn,
                         min_size=1,
                         max_size=options.pool_max_size,
                         timeout=options.connect_timeout_s,
                         command_timeout=options.command_timeout_s,
                         # Named in pg_stat_activity, unless the DSN names it already.
                         server_settings=None
-                        if "application_name" in (options.dsn or "")
+                        if "application_name" in (self._dsn or "")
                         else {"application_name": APPLICATION_NAME},
                     )
                 async with self._pool.acquire(timeout=options.acquire_timeout_s) as conn:
