@@ -9,10 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
-
-if TYPE_CHECKING:
-    from polygateway.telemetry.report import TelemetryReader
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -50,13 +46,12 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        target, found = args.dsn, registry.get("telemetry_reader", scheme)
+        target, reader = args.dsn, registry.get("telemetry_reader", scheme)
     elif not os.path.exists(args.db):
         print(f"pgw telemetry report: --db {args.db}: no such file", file=sys.stderr)
         return 2
     else:
-        target, found = args.db, registry.get("telemetry_reader", "sqlite")
-    reader = cast("TelemetryReader", found)
+        target, reader = args.db, registry.get("telemetry_reader", "sqlite")
     try:
         rows = reader(target, since=parse_since(args.since))
     except ValueError as exc:

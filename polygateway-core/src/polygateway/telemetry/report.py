@@ -16,14 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any, Literal, Protocol
-
-
-class TelemetryReader(Protocol):
-    """What a plugin registers for the kind ``telemetry_reader`` (``pgw telemetry report``)."""
-
-    def __call__(self, target: str, *, since: float | None) -> list[dict[str, Any]]: ...
-
+from typing import Any, Literal
 
 GroupBy = Literal["model", "source", "session"]
 _GROUP_COLUMN: dict[str, str] = {"model": "model", "source": "source_name", "session": "session_id"}
