@@ -16,9 +16,10 @@ drops it at the end. Two parts:
   ``INSERT`` a row; a tenth of the rows). Besides rows/s: this process's CPU per row, and the
   server backend's CPU per row where ``/proc`` shows it (same host).
 - ``calls``: governed streaming calls at concurrency 64 against ``pgw fake-upstream`` (as in
-  ``overhead.py``), telemetry ``none`` vs ``postgres`` (cache off), interleaved rounds; the
-  verdict is the median of the paired per-round ratios. Rows written are counted against
-  the calls made.
+  ``overhead.py``), telemetry ``none`` vs ``postgres`` (cache off), with ``sqlite`` for
+  reference (what the telemetry layer costs with the builtin recorder), interleaved rounds;
+  the verdict is the median of the paired per-round ratios postgres/none. Rows written are
+  counted against the calls made.
 
 Budgets (issue 14): the recorder sustains >= 10,000 rows/s; governed calls/s with PostgreSQL
 telemetry >= 90% of telemetry off.
@@ -29,11 +30,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sqlite3
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from contextlib import closing
 
 import asyncpg
 from overhead import Load, default_engine, free_port, governed_env, run_calls, start_upstream
@@ -156,30 +160,43 @@ async def truncate(dsn: str) -> None:
 async def governed(url: str, dsn: str, telemetry: str, load: Load) -> tuple[float, float, str]:
     from polygateway import GatewayClient
 
-    env = governed_env(url, default_engine(), telemetry=telemetry, cache="none", db="unused")
-    if telemetry == "postgres":
-        env.update(PGW_TELEMETRY_PG_DSN=dsn, PGW_PLUGINS="pgw-postgres")
-        await truncate(dsn)
-    client = GatewayClient.from_env(env=env)
-    counter = iter(range(10**9))
-    try:
-
-        async def call() -> None:
-            messages = [{"role": "user", "content": f"Say hello #{next(counter)}"}]
-            await client.chat(messages, stream=True)
-
-        rate, cpu, made = await run_calls(call, load)
-    finally:
-        await client.aclose()
-    note = ""
-    if telemetry == "postgres":
-        conn = await asyncpg.connect(dsn)
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "bench.db")
+        env = governed_env(url, default_engine(), telemetry=telemetry, cache="none", db=db)
+        if telemetry == "postgres":
+            env.update(PGW_TELEMETRY_PG_DSN=dsn, PGW_PLUGINS="pgw-postgres")
+            await truncate(dsn)
+        client = GatewayClient.from_env(env=env)
+        counter = iter(range(10**9))
         try:
-            stored = await conn.fetchval(f"SELECT count(*) FROM {SCHEMA.table}")
+
+            async def call() -> None:
+                messages = [{"role": "user", "content": f"Say hello #{next(counter)}"}]
+                await client.chat(messages, stream=True)
+
+            rate, cpu, made = await run_calls(call, load)
         finally:
-            await conn.close()
-        note = f"rows {stored}/{made}" + ("" if stored == made else " LOST")
-    return rate, cpu, note
+            await client.aclose()
+        if telemetry == "none":
+            return rate, cpu, ""
+        stored = await count_stored(telemetry, dsn, db)
+    return rate, cpu, f"rows {stored}/{made}" + ("" if stored == made else " LOST")
+
+
+async def count_stored(telemetry: str, dsn: str, db: str) -> int:
+    if telemetry == "sqlite":
+        with closing(sqlite3.connect(db)) as sqlite:
+            return int(sqlite.execute("SELECT count(*) FROM pgw_calls").fetchone()[0])
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(f"SELECT count(*) FROM {SCHEMA.table}"))
+    finally:
+        await conn.close()
+
+
+VARIANTS = ("none", "sqlite", "postgres")
+"""Telemetry off, the builtin SQLite recorder (for reference: what the telemetry layer itself
+costs), the PostgreSQL recorder."""
 
 
 async def bench_calls(dsn: str, args: argparse.Namespace) -> list[float]:
@@ -191,17 +208,18 @@ async def bench_calls(dsn: str, args: argparse.Namespace) -> list[float]:
     added: list[float] = []  # this process's CPU per call, postgres minus off
     try:
         for round_no in range(args.rounds):
-            order = ["none", "postgres"] if round_no % 2 == 0 else ["postgres", "none"]
+            shift = round_no % len(VARIANTS)
             got: dict[str, tuple[float, float, str]] = {}
-            for telemetry in order:
+            for telemetry in VARIANTS[shift:] + VARIANTS[:shift]:
                 got[telemetry] = await governed(url, dsn, telemetry, load)
-            ratio = got["postgres"][0] / got["none"][0]
-            ratios.append(ratio)
+            ratios.append(got["postgres"][0] / got["none"][0])
             added.append(got["postgres"][1] - got["none"][1])
+            shown = " | ".join(
+                f"{name} {rate:6.0f} calls/s {cpu:4.0f} us CPU/call {note}".rstrip()
+                for name, (rate, cpu, note) in got.items()
+            )
             print(
-                f"  round {round_no + 1}: telemetry off {got['none'][0]:7.0f} calls/s "
-                f"{got['none'][1]:5.0f} us CPU/call | postgres {got['postgres'][0]:7.0f} calls/s "
-                f"{got['postgres'][1]:5.0f} us CPU/call ({got['postgres'][2]}) | {ratio:.0%}, "
+                f"  round {round_no + 1}: {shown} | postgres/off {ratios[-1]:.0%}, "
                 f"{added[-1]:+.0f} us CPU/call",
                 flush=True,
             )
