@@ -39,8 +39,11 @@ def own_postgres() -> Iterator[PostgresServer]:
     """The suite's own PostgreSQL on a spare port, for the whole session."""
     server = PostgresServer()
     try:
-        server.init()
-        server.start()
+        try:
+            server.init()
+            server.start()
+        except (RuntimeError, OSError) as exc:  # no runuser, no postgres user, ...
+            missing(f"cannot run a PostgreSQL server of the suite's own: {exc}")
         yield server
     finally:
         server.destroy()
