@@ -4,10 +4,10 @@ A call only appends its record to a bounded in-memory queue (``record_nowait``: 
 I/O). One writer task on the same event loop drains it in batches: each batch is one
 transaction that COPYs the rows into a per-connection temporary table and moves them with
 ``INSERT ... SELECT ... ON CONFLICT (call_id) DO NOTHING`` (idempotent: a replayed row is
-skipped). Measured against ``executemany`` of the same ``INSERT ... ON CONFLICT`` in batches
-of 1000 on the test machine, COPY wrote about 1.25x the rows per second for about half the
-client CPU per row (1.7 against 3.0 us) and less server CPU (16 against 20 us), so it is the
-only write path (``tools/bench/telemetry.py`` measures both again).
+skipped). Measured against ``executemany`` of the same ``INSERT ... ON CONFLICT`` in the same
+batches of 1000 (``tools/bench/telemetry.py``, ``tools/bench/RESULTS.md``), this path wrote
+about 1.2x the rows per second for about a third less server CPU per row (14 against 22 us),
+so it is the only write path.
 
 Nothing here ever reaches the call. Degradation has exactly two levels (M2 §5):
 
