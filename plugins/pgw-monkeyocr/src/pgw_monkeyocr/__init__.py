@@ -2,7 +2,9 @@
 
 ``MonkeyOcrTransport(source)`` implements ``OcrTextPort`` (``POST /ocr/text``) and
 ``OcrLayoutPort`` (``POST /parse`` -> ZIP -> ``*_middle.json``) for one MonkeyOCR server, with
-``check_health()`` over ``GET /health``. ``pgw_monkeyocr.testing`` ships a faithful fake
+``check_health()`` over ``GET /health``; it is registered as the OCR transport ``monkeyocr``.
+``OcrClient`` runs those calls governed (``polygateway.governance.Governor``) over the sources
+of a scope (``OcrClient.from_env(scope="OCR")``). ``pgw_monkeyocr.testing`` ships a faithful fake
 MonkeyOCR server (also the pytest fixture ``fake_monkeyocr``).
 
 Heavy modules are imported on first use, so loading the plugin costs nothing for an
@@ -13,14 +15,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from polygateway.hookspecs import hookimpl
+from polygateway.ports import Register
+
 if TYPE_CHECKING:
+    from polygateway.settings import SourceConfig
+
+    from pgw_monkeyocr.client import OcrClient
     from pgw_monkeyocr.options import MonkeyOcrOptions
     from pgw_monkeyocr.transport import MonkeyOcrTransport
 
-__all__ = ["MonkeyOcrOptions", "MonkeyOcrTransport"]
+__all__ = ["MonkeyOcrOptions", "MonkeyOcrTransport", "OcrClient"]
+
+
+@hookimpl
+def pgw_register_ocr_transports(register: Register) -> None:
+    def monkeyocr(source: SourceConfig) -> MonkeyOcrTransport:
+        from pgw_monkeyocr.transport import MonkeyOcrTransport
+
+        return MonkeyOcrTransport(source)
+
+    register("monkeyocr", monkeyocr)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "OcrClient":
+        from pgw_monkeyocr.client import OcrClient
+
+        return OcrClient
     if name == "MonkeyOcrTransport":
         from pgw_monkeyocr.transport import MonkeyOcrTransport
 
