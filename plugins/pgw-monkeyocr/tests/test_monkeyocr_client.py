@@ -16,6 +16,7 @@ from pgw_monkeyocr.testing import FakeMonkeyOcr, Reply, make_pdf, make_png
 from pgw_monkeyocr.transport import MonkeyOcrTransport
 from polygateway.errors import (
     AllSourcesExhausted,
+    CircuitOpenError,
     ConfigError,
     RequestRejectedError,
     ResultInvalidError,
@@ -278,3 +279,32 @@ def test_an_unknown_ocr_transport_is_named_at_its_key(fake_monkeyocr: FakeMonkey
 def test_no_sources_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="OCR__"):
         OcrClient.from_env(env={"PGW_TELEMETRY_BACKEND": "none"})
+
+
+async def test_a_call_refused_before_any_attempt_still_leaves_a_row(
+    fake_monkeyocr: FakeMonkeyOcr, make_client: MakeClient, db: str
+) -> None:
+    client = make_client(OCR__BACKPRESSURE__QUOTA_FULL="fail_fast")
+    await client.breaker.force_open("monkey-1")
+    with pytest.raises(CircuitOpenError):
+        await client.recognize_text(make_png())
+    assert fake_monkeyocr.uploads() == []
+    (row,) = await _rows(client, db)
+    assert row["error"] == "CircuitOpenError" and row["source_name"] == ""
+    assert json.loads(row["messages"])["ocr"] == "text"
+
+
+def test_transport_options_for_an_unknown_source_are_a_config_error(
+    fake_monkeyocr: FakeMonkeyOcr,
+) -> None:
+    env = {
+        "OCR__MONKEY__1__BASE_URL": fake_monkeyocr.base_url("a"),
+        "OCR__MONKEY__2__MODE": "split",
+        "PGW_TELEMETRY_BACKEND": "none",
+    }
+    with pytest.raises(ConfigError) as caught:
+        OcrClient.from_env(env=env)
+    assert caught.value.problems == (
+        "OCR__MONKEY__2__MODE: sets an option of source monkey-2, which has no "
+        "OCR__MONKEY__2__BASE_URL",
+    )

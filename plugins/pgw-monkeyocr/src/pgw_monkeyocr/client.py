@@ -81,14 +81,19 @@ ENV_OPTIONS: Final[dict[str, str]] = {
 R = TypeVar("R", OcrTextResult, OcrLayoutResult)
 
 
-def _split_env(
-    scope: str, values: Mapping[str, str]
-) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-    """The env for the core loader (transport options taken out, ``MODEL`` defaulted) and the
-    transport options per source name."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _OcrEnv:
+    """The env split for the core loader: ``plain`` (transport options taken out, ``MODEL``
+    defaulted), the transport options per source name and the keys that set them."""
+
+    plain: dict[str, str]
+    options: dict[str, dict[str, str]]
+    keys: dict[str, list[str]]
+
+
+def _split_env(scope: str, values: Mapping[str, str]) -> _OcrEnv:
     prefix = f"{scope}__"
-    plain: dict[str, str] = {}
-    options: dict[str, dict[str, str]] = {}
+    split = _OcrEnv({}, {}, {})
     sources: set[tuple[str, str]] = set()
     models: set[tuple[str, str]] = set()
     for key, value in values.items():
@@ -98,15 +103,16 @@ def _split_env(
             if field in ENV_OPTIONS:
                 if value.strip():
                     name = f"{provider.lower()}-{number}"
-                    options.setdefault(name, {})[ENV_OPTIONS[field]] = value.strip()
+                    split.options.setdefault(name, {})[ENV_OPTIONS[field]] = value.strip()
+                    split.keys.setdefault(name, []).append(key)
                 continue
             sources.add((provider, number))
             if field == "MODEL":
                 models.add((provider, number))
-        plain[key] = value
+        split.plain[key] = value
     for provider, number in sources - models:
-        plain[f"{prefix}{provider}__{number}__MODEL"] = DEFAULT_MODEL
-    return plain, options
+        split.plain[f"{prefix}{provider}__{number}__MODEL"] = DEFAULT_MODEL
+    return split
 
 
 def _ocr_settings(settings: ScopeSettings, transports: Mapping[str, Any]) -> ScopeSettings:
@@ -276,11 +282,18 @@ class OcrClient:
 
         name = scope.upper()
         values = read_env(env, dotenv_path=dotenv_path)
-        plain, options = _split_env(name, values)
-        settings = load_scope(name, plain, pipeline_path=pipeline_path)
-        unknown = sorted(set(options) - {s.name for s in settings.sources})
-        if unknown:
-            raise ConfigError(f"{name}: transport options for unknown sources {unknown}")
+        split = _split_env(name, values)
+        settings = load_scope(name, split.plain, pipeline_path=pipeline_path)
+        known = {s.name for s in settings.sources}
+        orphans = [
+            f"{key}: sets an option of source {source}, which has no "
+            f"{key.rpartition('__')[0]}__BASE_URL"
+            for source in sorted(set(split.options) - known)
+            for key in sorted(split.keys[source])
+        ]
+        if orphans:
+            raise ConfigError(orphans)
+        options = split.options
         settings = dataclasses.replace(
             settings,
             sources=tuple(
