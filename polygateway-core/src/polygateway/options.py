@@ -45,13 +45,13 @@ from polygateway.validation import MAX_TOKENS
 
 __all__ = [
     "BOOL_WORDS",
+    "MAX_COUNT",
+    "MAX_DURATION_S",
     "Bool",
     "ComponentOptions",
     "Duration",
     "EnvKey",
     "Int",
-    "MAX_COUNT",
-    "MAX_DURATION_S",
     "NonNegativeDuration",
     "NonNegativeInt",
     "Number",
