@@ -249,7 +249,9 @@ class AiohttpEngine:
             session = self._new_session(loop)
         config = self._config
         try:
-            response = await session.post(url, data=body)
+            # Never follow a redirect: it means base_url is wrong (a 3xx is SourceDeadError),
+            # and following one would re-send the key and the body somewhere else.
+            response = await session.post(url, data=body, allow_redirects=False)
         except aiohttp.InvalidURL as exc:
             raise SourceDeadError(
                 sanitize_message(f"source {config.source_name!r}: invalid URL {url!r}"),

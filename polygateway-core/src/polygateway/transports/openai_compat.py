@@ -184,6 +184,53 @@ def _no_complete_answer(
     )
 
 
+# --------------------------------------------------------------------------- engine
+
+
+def source_base_url(source: SourceConfig) -> str:
+    """``source.base_url`` without surrounding blanks and trailing slashes; ``ConfigError``
+    when empty."""
+    base_url = source.base_url.strip().rstrip("/")
+    if not base_url:
+        raise ConfigError(f"source {source.name!r}: base_url is empty")
+    return base_url
+
+
+def engine_for_source(source: SourceConfig) -> HttpEngine:
+    """The HTTP engine every OpenAI-compatible transport of ``source`` posts through.
+
+    JSON content type, ``Authorization: Bearer <key>`` when a key is set (masked out of engine
+    errors), the source's connect timeout, and the source options ``engine``, ``headers``,
+    ``read_timeout_s``, ``max_connections``, ``keepalive_s`` and ``trust_env``.
+    """
+    options = source.options
+    engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
+    headers: dict[str, str] = {"Content-Type": "application/json"}
+    extra_headers = options.get("headers")
+    if extra_headers is not None:
+        if not isinstance(extra_headers, Mapping):
+            raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
+        headers.update({str(k): str(v) for k, v in extra_headers.items()})
+    key = source.api_key.reveal()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    max_connections = _option_float(options, "max_connections", 1024, source.name)
+    return make_engine(
+        engine_name,
+        EngineConfig(
+            source_name=source.name,
+            headers=headers,
+            connect_timeout_s=source.connect_timeout_s,
+            read_timeout_s=_option_float(options, "read_timeout_s", None, source.name),
+            max_connections=int(max_connections or 0),
+            keepalive_s=_option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+            trust_env=_option_bool(options, "trust_env", False, source.name),
+            secret=key or None,
+            plain_http=source_base_url(source).lower().startswith("http://"),
+        ),
+    )
+
+
 # --------------------------------------------------------------------------- transport
 
 
@@ -197,40 +244,12 @@ class OpenAICompatTransport:
     def __init__(
         self, source: SourceConfig, *, providers: Mapping[str, ProviderProfile] | None = None
     ) -> None:
-        base_url = source.base_url.strip().rstrip("/")
-        if not base_url:
-            raise ConfigError(f"source {source.name!r}: base_url is empty")
-        self._url = f"{base_url}/chat/completions"
+        self._url = f"{source_base_url(source)}/chat/completions"
         self._providers: Mapping[str, ProviderProfile] = (
             dict(providers) if providers is not None else builtin_profiles_by_name()
         )
-        options = source.options
-        engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
-        headers: dict[str, str] = {"Content-Type": "application/json"}
-        extra_headers = options.get("headers")
-        if extra_headers is not None:
-            if not isinstance(extra_headers, Mapping):
-                raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
-            headers.update({str(k): str(v) for k, v in extra_headers.items()})
-        key = source.api_key.reveal()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._secret = key or None
-        max_connections = _option_float(options, "max_connections", 1024, source.name)
-        self._engine: HttpEngine = make_engine(
-            engine_name,
-            EngineConfig(
-                source_name=source.name,
-                headers=headers,
-                connect_timeout_s=source.connect_timeout_s,
-                read_timeout_s=_option_float(options, "read_timeout_s", None, source.name),
-                max_connections=int(max_connections or 0),
-                keepalive_s=_option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
-                trust_env=_option_bool(options, "trust_env", False, source.name),
-                secret=self._secret,
-                plain_http=base_url.lower().startswith("http://"),
-            ),
-        )
+        self._secret = source.api_key.reveal() or None
+        self._engine: HttpEngine = engine_for_source(source)
         self._warned_thinking: set[str] = set()
         self._monitor: LivenessMonitor | None = None
 
@@ -542,9 +561,12 @@ class OpenAICompatTransport:
 
 
 __all__ = [
+    "ERROR_BODY_LIMIT",
     "OpenAICompatTransport",
     "build_request_body",
+    "engine_for_source",
     "estimate_completion_tokens",
     "estimate_prompt_tokens",
     "json_dumps",
+    "source_base_url",
 ]
