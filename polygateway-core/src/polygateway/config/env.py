@@ -79,7 +79,11 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
 }
 """``{SCOPE}__{GROUP}__{FIELD}`` -> (table, {FIELD: key})."""
 
-SCOPE_SCALARS: dict[str, str] = {"SELECTOR": "selector", "BATCH_SIZE": "batch_size"}
+SCOPE_SCALARS: dict[str, str] = {
+    "SELECTOR": "selector",
+    "BATCH_SIZE": "batch_size",
+    "BATCH_CONCURRENCY": "batch_concurrency",
+}
 """``{SCOPE}__{KEY}`` -> scope key."""
 
 RESERVED_SEGMENTS: frozenset[str] = frozenset(SCOPE_GROUPS) | frozenset(SCOPE_SCALARS)

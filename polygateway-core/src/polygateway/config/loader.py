@@ -635,6 +635,7 @@ def _build_scope_settings(
         middleware_options=middleware_options,
         redis_url=Secret(redis_url) if redis_url else None,
         batch_size=int(batch_size) if batch_size is not None else None,
+        batch_concurrency=int(values.get("batch_concurrency", 1)),
         **kwargs,
     )
     for layer in middleware_options:
