@@ -561,6 +561,7 @@ class OpenAICompatTransport:
 
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "ERROR_BODY_LIMIT",
     "OpenAICompatTransport",
     "build_request_body",
