@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +294,27 @@ async def test_aclose_flushes_every_row(
     from features_helpers import read_rows
 
     assert len(read_rows(rig.db)) == 40
+
+
+async def test_a_seeded_random_module_never_repeats_a_call_id(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    # A user seeding ``random`` (tests, simulations) must not make two attempts share an id:
+    # the recorder's INSERT OR IGNORE would silently drop the second row.
+    for _ in range(3):
+        fake_upstream.script("a", Reply.error(503), Reply.ok(content="ok"))
+    rig = make_rig(tmp_path, scope(fake_upstream, cache="none", retry=_retries(2)))
+    responses = []
+    async with rig.client as client:
+        for _ in range(3):
+            random.seed(42)
+            responses.append(await client.chat(MESSAGES))
+        rows = await rig.rows()
+    assert fake_upstream.requests("a") == 6
+    assert len(rows) == 6
+    assert [r["error"] for r in rows] == ["TransientError", None] * 3
+    assert len({r["call_id"] for r in rows}) == 6
+    assert {r.call_id for r in responses} <= {r["call_id"] for r in rows}
 
 
 # --------------------------------------------------------------------------- the layer alone

@@ -1,4 +1,4 @@
-"""Pure parsers: the SSE decoder, the think-tag splitter and the chat chunk interpreter."""
+"""Pure parsers: the SSE decoder, the think-tag splitter and the OpenAI chat chunk parser."""
 
 from __future__ import annotations
 
@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polygateway.errors import TransientError
-from polygateway.transports.sse import (
-    ChatStreamParser,
-    SSEDecoder,
-    SSEEvent,
-    SSEProtocolError,
-    ThinkTagSplitter,
-    parse_completion,
-    split_think,
-)
+from polygateway.transports.openai_chunks import ChatStreamParser, parse_completion
+from polygateway.transports.sse import SSEDecoder, SSEEvent, SSEProtocolError
+from polygateway.transports.think_tags import ThinkTagSplitter, split_think
 
 
 def decode_all(chunks: list[bytes]) -> list[SSEEvent]:

@@ -44,14 +44,13 @@ from polygateway.transports.engines import (
     make_engine,
 )
 from polygateway.transports.errors import error_for_status, sanitize_message
-from polygateway.transports.sse import (
+from polygateway.transports.openai_chunks import (
     ChatStreamParser,
     ParsedCompletion,
-    SSEDecoder,
-    SSEProtocolError,
     json_loads,
     parse_completion,
 )
+from polygateway.transports.sse import SSEDecoder, SSEProtocolError
 from polygateway.types import ChatRequest, Message, TransportResult
 
 try:

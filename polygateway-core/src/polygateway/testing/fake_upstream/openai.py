@@ -1,0 +1,391 @@
+"""The OpenAI protocol's answers: chat completions (JSON and SSE, every fault shape),
+embeddings, the model list, and OpenAI-style error bodies, byte for byte like the real API."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import struct
+from typing import Any, Final
+
+from polygateway.ports import Clock
+from polygateway.testing.fake_upstream.replies import Reply, estimate_tokens, split
+from polygateway.testing.fake_upstream.wire import (
+    CHUNKED_END,
+    DONE_FRAME,
+    Ask,
+    Step,
+    dumps,
+    frame,
+    json_head,
+    json_plan,
+    sse_head,
+)
+
+DEFAULT_MODEL: Final = "fake-model"
+DEFAULT_EMBEDDING_DIM: Final = 8
+
+ROUTES: Final[dict[tuple[str, str], str]] = {
+    ("POST", "/chat/completions"): "chat",
+    ("POST", "/embeddings"): "embeddings",
+    ("GET", "/models"): "models",
+}
+"""(method, path after ``/v1``) -> route name, for the routes these answers serve."""
+
+_EVENT_TAIL_CACHE_LIMIT: Final = 256
+
+_ERROR_DEFAULTS: Final[dict[int, tuple[str, str | None, str]]] = {
+    400: ("invalid_request_error", None, "Invalid request (scripted by the fake upstream)."),
+    401: (
+        "invalid_request_error",
+        "invalid_api_key",
+        "Incorrect API key provided: sk-fa***ke. You can find your API key in your account.",
+    ),
+    403: (
+        "request_forbidden",
+        "unsupported_country_region_territory",
+        "Country, region, or territory not supported",
+    ),
+    404: (
+        "invalid_request_error",
+        "model_not_found",
+        "The model `{model}` does not exist or you do not have access to it.",
+    ),
+    429: (
+        "requests",
+        "rate_limit_exceeded",
+        "Rate limit reached for {model} on requests per min (RPM): Limit 3, Used 3, "
+        "Requested 1. Please try again in 1s.",
+    ),
+    500: ("server_error", None, "The server had an error processing your request."),
+    502: ("server_error", None, "Bad gateway."),
+    503: ("server_error", None, "That model is currently overloaded with other requests."),
+    504: ("server_error", None, "Gateway timeout."),
+}
+_QUOTA_MESSAGE: Final = (
+    "You exceeded your current quota, please check your plan and billing details."
+)
+_MID_STREAM_ERROR: Final = {
+    "message": "Upstream provider disconnected",
+    "type": "server_error",
+    "param": None,
+    "code": "server_error",
+}
+
+
+def _event_tail(delta: str, finish_reason: str, include_usage: bool) -> bytes:
+    """A chunk event after ``..."delta":``: the delta, the finish reason and the usage key
+    (present as ``null`` only when the request asked for the usage chunk)."""
+    tail = ',"usage":null}\n\n' if include_usage else "}\n\n"
+    return f'{delta},"logprobs":null,"finish_reason":{finish_reason}}}]{tail}'.encode()
+
+
+def message_text(messages: Any) -> str:
+    if not isinstance(messages, list):
+        return ""
+    parts: list[str] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                part["text"]
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
+    return "".join(parts)
+
+
+def embedding_vector(text: str, dim: int) -> list[float]:
+    """A deterministic unit vector derived from ``text``, exactly representable in float32."""
+    seed = text.encode("utf-8")
+    raw = bytearray()
+    block = 0
+    while len(raw) < dim * 4:
+        raw += hashlib.blake2b(seed, digest_size=64, salt=block.to_bytes(8, "little")).digest()
+        block += 1
+    values = [(word / 0xFFFFFFFF) * 2.0 - 1.0 for word in struct.unpack(f"<{dim}I", raw[: dim * 4])]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return list(struct.unpack(f"<{dim}f", struct.pack(f"<{dim}f", *(v / norm for v in values))))
+
+
+class OpenAIAnswers:
+    """Plans of the OpenAI routes. Keeps a small cache of stream event bytes (only ``id``,
+    ``created`` and ``model`` vary between requests)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._event_tail_cache: dict[tuple[str, int | None, str | None, bool], list[bytes]] = {}
+
+    def plan(self, ask: Ask) -> list[Step]:
+        reply = ask.reply
+        if reply.kind == "error":
+            return self._scripted_error_plan(reply, ask.model, ask.close)
+        if ask.route == "chat":
+            if ask.body.get("stream"):
+                return self._chat_stream_plan(ask)
+            return self._chat_json_plan(ask)
+        if ask.route == "embeddings":
+            answer = self._embeddings_answer(ask)
+            if isinstance(answer, list):
+                return answer
+            return _json_answer(reply, answer, ask.close)
+        models = {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fake-upstream"}
+                for m in ask.models
+            ],
+        }
+        return _json_answer(reply, models, ask.close)
+
+    def error(
+        self,
+        status: int,
+        type_: str,
+        code: str | None,
+        message: str,
+        close: bool,
+        extra_headers: str = "",
+    ) -> list[Step]:
+        """An OpenAI-style error answer (also the server's own 400/404/500 answers)."""
+        payload = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        data = dumps(payload).encode()
+        return [json_head(len(data), close, status, extra_headers) + data]
+
+    def _scripted_error_plan(self, reply: Reply, model: str, close: bool) -> list[Step]:
+        status = reply.status
+        default_type, default_code, default_message = _ERROR_DEFAULTS.get(
+            status, ("server_error" if status >= 500 else "invalid_request_error", None, "Error.")
+        )
+        if reply.quota:
+            default_type = default_code = "insufficient_quota"
+            default_message = _QUOTA_MESSAGE
+        extra = ""
+        if reply.retry_after is not None:
+            value = reply.retry_after
+            text = value if isinstance(value, str) else f"{value:g}"
+            extra = f"Retry-After: {text}\r\n"
+        if reply.body is not None:
+            data = reply.body.encode() if isinstance(reply.body, str) else reply.body
+            steps: list[Step] = [json_head(len(data), close, status, extra) + data]
+        else:
+            steps = self.error(
+                status,
+                reply.error_type or default_type,
+                reply.error_code or default_code,
+                reply.error_message or default_message.format(model=model),
+                close,
+                extra,
+            )
+        if reply.headers_delay:
+            steps.insert(0, reply.headers_delay)
+        return steps
+
+    def _completion_parts(
+        self, reply: Reply, request_json: dict[str, Any]
+    ) -> tuple[str, str | None]:
+        content = reply.content
+        text = content(request_json) if callable(content) else content
+        if not isinstance(text, str):
+            raise TypeError(f"Reply content callable must return str, got {type(text).__name__}")
+        if reply.reasoning is not None and reply.think_inline:
+            return f"<think>{reply.reasoning}</think>{text}", None
+        return text, reply.reasoning
+
+    def _usage(
+        self,
+        reply: Reply,
+        request_json: dict[str, Any],
+        content: str,
+        reasoning: str | None,
+    ) -> dict[str, Any]:
+        prompt = reply.prompt_tokens
+        if prompt is None:
+            prompt = estimate_tokens(message_text(request_json.get("messages")))
+        reasoning_tokens = estimate_tokens(reasoning) if reasoning else 0
+        completion = reply.completion_tokens
+        if completion is None:
+            completion = estimate_tokens(content) + reasoning_tokens
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        if reasoning:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+        return usage
+
+    def _chat_json_plan(self, ask: Ask) -> list[Step]:
+        reply, request_json, model = ask.reply, ask.body, ask.model
+        content, reasoning = self._completion_parts(reply, request_json)
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        answer: dict[str, Any] = {
+            "id": f"chatcmpl-fake{ask.serial}",
+            "object": "chat.completion",
+            "created": int(self._clock.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": reply.finish_reason,
+                }
+            ],
+        }
+        if reply.include_usage is not False:
+            answer["usage"] = self._usage(reply, request_json, content, reasoning)
+        pieces = len(split(content, reply.chunks)) + len(split(reasoning or "", None))
+        return _json_answer(reply, answer, ask.close, pieces)
+
+    def _token_event_tails(
+        self, content: str, reply: Reply, reasoning: str | None, include_usage: bool
+    ) -> list[bytes]:
+        """Each token chunk's bytes after the per-request prefix (reasoning first), cached:
+        only ``id``, ``created`` and ``model`` vary between requests."""
+        key = (content, reply.chunks, reasoning, include_usage)
+        cached = self._event_tail_cache.get(key)
+        if cached is not None:
+            return cached
+        if reasoning is None:
+            deltas = [dumps({"content": piece}) for piece in split(content, reply.chunks)]
+        else:
+            deltas = [
+                dumps({"content": None, "reasoning_content": piece})
+                for piece in split(reasoning, None)
+            ]
+            deltas += [
+                dumps({"content": piece, "reasoning_content": None})
+                for piece in split(content, reply.chunks)
+            ]
+        tails = [_event_tail(delta, "null", include_usage) for delta in deltas]
+        if len(self._event_tail_cache) >= _EVENT_TAIL_CACHE_LIMIT:
+            self._event_tail_cache.clear()
+        self._event_tail_cache[key] = tails
+        return tails
+
+    def _chat_stream_plan(self, ask: Ask) -> list[Step]:
+        reply, request_json, model, close = ask.reply, ask.body, ask.model, ask.close
+        content, reasoning = self._completion_parts(reply, request_json)
+        include_usage = reply.include_usage
+        if include_usage is None:
+            options = request_json.get("stream_options")
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        base = (
+            f'{{"id":"chatcmpl-fake{ask.serial}","object":"chat.completion.chunk",'
+            f'"created":{int(self._clock.time())},"model":{dumps(model)},'
+        )
+        prefix = f'data: {base}"choices":[{{"index":0,"delta":'.encode()
+        prefix_length = len(prefix)
+
+        def event(tail: bytes) -> bytes:
+            return b"%x\r\n%b%b\r\n" % (prefix_length + len(tail), prefix, tail)
+
+        role = (
+            '{"role":"assistant","content":""}'
+            if reasoning is None
+            else '{"role":"assistant","content":null,"reasoning_content":""}'
+        )
+        kind = reply.kind
+        steps: list[Step] = []
+        if reply.headers_delay:
+            steps.append(reply.headers_delay)
+        if kind == "early_eof":
+            steps.append(sse_head(close) + CHUNKED_END)
+            return steps
+        pending = bytearray(sse_head(close))
+        pending += event(_event_tail(role, "null", include_usage))
+        tails = self._token_event_tails(content, reply, reasoning, include_usage)
+        faulty = kind in ("cut", "malformed", "mid_stream_error")
+        sent = tails[: reply.after_chunks] if faulty else tails
+        if reply.first_token_delay or reply.inter_token_delay:
+            for index, tail in enumerate(sent):
+                delay = reply.first_token_delay if index == 0 else reply.inter_token_delay
+                if delay:
+                    steps += [bytes(pending), delay]
+                    pending.clear()
+                pending += event(tail)
+        else:
+            pending += b"".join([event(tail) for tail in sent])
+        if kind == "cut":
+            pending += CHUNKED_END
+            steps.append(bytes(pending))
+            return steps
+        if kind == "mid_stream_error":
+            pending += frame(b"data: " + dumps({"error": _MID_STREAM_ERROR}).encode() + b"\n\n")
+            pending += CHUNKED_END
+            steps.append(bytes(pending))
+            return steps
+        if kind == "malformed":
+            pending += event(b'{"content":"unterminated\n\n')
+            for tail in tails[reply.after_chunks :]:
+                pending += event(tail)
+        pending += event(_event_tail("{}", dumps(reply.finish_reason), include_usage))
+        if include_usage:
+            usage = dumps(self._usage(reply, request_json, content, reasoning))
+            pending += frame(f'data: {base}"choices":[],"usage":{usage}}}\n\n'.encode())
+        pending += DONE_FRAME
+        steps.append(bytes(pending))
+        return steps
+
+    def _embeddings_answer(self, ask: Ask) -> dict[str, Any] | list[Step]:
+        """The embeddings answer, or an error plan for input the real API rejects."""
+        reply, request_json, model, close = ask.reply, ask.body, ask.model, ask.close
+        raw_input = request_json.get("input")
+        items: list[Any]
+        if isinstance(raw_input, str):
+            items = [raw_input]
+        elif isinstance(raw_input, list) and raw_input and isinstance(raw_input[0], int):
+            items = [raw_input]  # one token array
+        elif isinstance(raw_input, list):
+            items = raw_input
+        else:
+            items = []
+        if not items or any(not item or not isinstance(item, str | list) for item in items):
+            return self.error(
+                400,
+                "invalid_request_error",
+                None,
+                "'$.input' is invalid: it must be a non-empty string or array.",
+                close,
+            )
+        dimensions = request_json.get("dimensions")
+        dim = dimensions if isinstance(dimensions, int) and dimensions > 0 else ask.embedding_dim
+        as_base64 = request_json.get("encoding_format") == "base64"
+        data: list[dict[str, Any]] = []
+        prompt_tokens = 0
+        if reply.kind != "empty":
+            for index, item in enumerate(items):
+                if isinstance(item, str):
+                    text = item
+                    prompt_tokens += estimate_tokens(item)
+                else:
+                    text = dumps(item)
+                    prompt_tokens += len(item)
+                vector = embedding_vector(text, dim)
+                encoded: list[float] | str = (
+                    base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode("ascii")
+                    if as_base64
+                    else vector
+                )
+                data.append({"object": "embedding", "index": index, "embedding": encoded})
+        if reply.prompt_tokens is not None:
+            prompt_tokens = reply.prompt_tokens
+        return {
+            "object": "list",
+            "model": model,
+            "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+
+
+_MID_STREAM_ERROR_BODY: Final = dumps({"error": _MID_STREAM_ERROR}).encode()
+
+
+def _json_answer(reply: Reply, answer: dict[str, Any], close: bool, pieces: int = 1) -> list[Step]:
+    return json_plan(reply, dumps(answer).encode(), _MID_STREAM_ERROR_BODY, close, pieces)

@@ -1,0 +1,224 @@
+"""What the fake upstream answers: :class:`Reply` (scripted per request) and what it saw:
+:class:`ReceivedRequest`. Protocol-neutral: every protocol's answers read the same Reply."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+__all__ = ["DEFAULT_CONTENT", "ReceivedRequest", "Reply", "ReplyKind", "estimate_tokens", "split"]
+
+DEFAULT_CONTENT: Final = "Hello from the fake upstream."
+
+ReplyKind = Literal[
+    "ok",
+    "empty",
+    "error",
+    "cut",
+    "early_eof",
+    "malformed",
+    "mid_stream_error",
+    "reset",
+    "black_hole",
+]
+
+_MAX_DEFAULT_CHUNKS: Final = 20
+_CHARS_PER_DEFAULT_CHUNK: Final = 4
+
+
+def estimate_tokens(text: str) -> int:
+    """The fake's deterministic token estimate: ``len(text) // 4``, at least 1."""
+    return max(1, len(text) // 4)
+
+
+def _check_delay(name: str, value: float) -> None:
+    if not (value >= 0.0 and math.isfinite(value)):
+        raise ValueError(f"Reply.{name} must be a finite number of seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the fake upstream answers to one request. Build it with the class methods."""
+
+    kind: ReplyKind
+    content: str | Callable[[Any], str] = DEFAULT_CONTENT
+    chunks: int | None = None
+    reasoning: str | None = None
+    think_inline: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str = "stop"
+    include_usage: bool | None = None
+    headers_delay: float = 0.0
+    first_token_delay: float = 0.0
+    inter_token_delay: float = 0.0
+    model: str | None = None
+    status: int = 200
+    error_code: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    retry_after: float | str | None = None
+    quota: bool = False
+    body: str | bytes | None = None
+    after_chunks: int = 0
+    after_headers: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.content, str) or callable(self.content)):
+            raise TypeError(
+                f"Reply content must be a str or a callable, got {type(self.content).__name__}"
+            )
+        if self.chunks is not None and self.chunks < 1:
+            raise ValueError(f"Reply.chunks must be >= 1 or None, got {self.chunks!r}")
+        for name in ("headers_delay", "first_token_delay", "inter_token_delay"):
+            value = getattr(self, name)
+            _check_delay(name, value)
+            # Plans tell delays from bytes by type: store ints as floats.
+            object.__setattr__(self, name, float(value))
+        if self.kind == "error" and not 400 <= self.status <= 599:
+            raise ValueError(f"Reply.error status must be in 400..599, got {self.status!r}")
+        if self.after_chunks < 0:
+            raise ValueError(f"Reply after_chunks must be >= 0, got {self.after_chunks!r}")
+        for name in ("prompt_tokens", "completion_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"Reply.{name} must be >= 0 or None, got {value!r}")
+
+    @classmethod
+    def ok(
+        cls,
+        content: str | Callable[[Any], str] = DEFAULT_CONTENT,
+        *,
+        chunks: int | None = None,
+        reasoning: str | None = None,
+        think_inline: bool = False,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        finish_reason: str = "stop",
+        include_usage: bool | None = None,
+        headers_delay: float = 0.0,
+        first_token_delay: float = 0.0,
+        inter_token_delay: float = 0.0,
+        model: str | None = None,
+    ) -> Reply:
+        """A normal completion (JSON or SSE, as the request asks).
+
+        ``content`` may be a callable receiving the request JSON. Streaming splits content into
+        ``chunks`` pieces (default: one per 4 characters, at most 20); ``reasoning`` streams first
+        as ``reasoning_content`` deltas, or inline as ``<think>...</think>`` when
+        ``think_inline``. ``include_usage=None`` follows the request's
+        ``stream_options.include_usage``; True/False forces it (False also drops ``usage`` from
+        a JSON answer). A JSON answer waits ``headers_delay + first_token_delay +
+        inter_token_delay * (chunks - 1)`` before its status line (the generation time).
+        """
+        return cls(
+            kind="ok",
+            content=content,
+            chunks=chunks,
+            reasoning=reasoning,
+            think_inline=think_inline,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=finish_reason,
+            include_usage=include_usage,
+            headers_delay=headers_delay,
+            first_token_delay=first_token_delay,
+            inter_token_delay=inter_token_delay,
+            model=model,
+        )
+
+    @classmethod
+    def error(
+        cls,
+        status: int,
+        *,
+        code: str | None = None,
+        type: str | None = None,
+        message: str | None = None,
+        retry_after: float | str | None = None,
+        quota: bool = False,
+        body: str | bytes | None = None,
+        headers_delay: float = 0.0,
+    ) -> Reply:
+        """An HTTP error with an OpenAI-style body ``{"error":{message,type,param,code}}``.
+
+        Defaults per status follow the real API (429: ``requests``/``rate_limit_exceeded``;
+        ``quota=True``: ``insufficient_quota`` for both). ``retry_after`` adds a
+        ``Retry-After`` header (seconds; a string is sent verbatim). ``body`` replaces the body.
+        """
+        return cls(
+            kind="error",
+            status=status,
+            error_code=code,
+            error_type=type,
+            error_message=message,
+            retry_after=retry_after,
+            quota=quota,
+            body=body,
+            headers_delay=headers_delay,
+        )
+
+    @classmethod
+    def cut(cls, after_chunks: int = 3) -> Reply:
+        """Stream ``after_chunks`` content chunks, then end the body cleanly without the finish
+        chunk, the usage chunk and ``[DONE]``. A JSON answer is truncated mid-body instead (the
+        connection closes before ``Content-Length`` bytes were sent)."""
+        return cls(kind="cut", after_chunks=after_chunks)
+
+    @classmethod
+    def early_eof(cls) -> Reply:
+        """200 headers, then the body ends with zero events (JSON: an empty body)."""
+        return cls(kind="early_eof")
+
+    @classmethod
+    def malformed(cls, after_chunks: int = 1) -> Reply:
+        """After ``after_chunks`` content chunks, a ``data:`` frame that is not valid JSON; the
+        rest of the stream follows normally. A JSON answer is a 200 with an invalid JSON body."""
+        return cls(kind="malformed", after_chunks=after_chunks)
+
+    @classmethod
+    def empty(cls) -> Reply:
+        """A complete, well-formed answer whose content is empty (finish, usage, ``[DONE]``)."""
+        return cls(kind="empty", content="")
+
+    @classmethod
+    def mid_stream_error(cls, after_chunks: int = 1) -> Reply:
+        """After ``after_chunks`` content chunks, ``data: {"error":{...}}`` and the end of the
+        body (no ``[DONE]``). A JSON answer is a 200 whose body is the error object."""
+        return cls(kind="mid_stream_error", after_chunks=after_chunks)
+
+    @classmethod
+    def reset(cls, after_headers: bool = False) -> Reply:
+        """Reset the TCP connection (RST) before, or right after, the response headers."""
+        return cls(kind="reset", after_headers=after_headers)
+
+    @classmethod
+    def black_hole(cls) -> Reply:
+        """Read the request and never answer (until the client leaves or the server stops)."""
+        return cls(kind="black_hole")
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedRequest:
+    """One request as it reached the server."""
+
+    source: str
+    route: str
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    raw_body: bytes = field(repr=False)
+
+
+def split(text: str, pieces: int | None) -> list[str]:
+    """``text`` in ``pieces`` nearly equal pieces (default: one per 4 characters, at most 20)."""
+    if not text:
+        return []
+    if pieces is None:
+        pieces = min(_MAX_DEFAULT_CHUNKS, -(-len(text) // _CHARS_PER_DEFAULT_CHUNK))
+    pieces = min(pieces, len(text))
+    size = len(text)
+    return [text[i * size // pieces : (i + 1) * size // pieces] for i in range(pieces)]
