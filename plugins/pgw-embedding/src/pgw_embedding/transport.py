@@ -26,13 +26,13 @@ from polygateway.errors import TransientError
 from polygateway.settings import SourceConfig
 from polygateway.transports.engines import EngineResponse, HttpEngine
 from polygateway.transports.errors import describe_error_body, error_for_status, sanitize_message
+from polygateway.transports.openai_chunks import json_loads
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
     engine_for_source,
     json_dumps,
     source_base_url,
 )
-from polygateway.transports.sse import json_loads
 from polygateway.types import EmbeddingTransportResult, UsageSource
 
 from pgw_embedding.inputs import encoding_format, estimate_tokens, option_int

@@ -18,8 +18,9 @@ is written synchronously from ``data_received`` without creating a task.
 
 The package has one module per concern, so that a new protocol is one more module of answers:
 ``replies`` (:class:`Reply`, :class:`ReceivedRequest`), ``wire`` (HTTP framing, plan steps),
-``connection`` (the HTTP/1.1 server protocol), ``openai`` (the OpenAI routes' answers) and
-``server`` (:class:`FakeUpstream`: lifecycle, scripting, counters, routing).
+``connection`` (the HTTP/1.1 server protocol), ``openai`` (the OpenAI routes' answers),
+``embeddings`` (the vectors those answers carry) and ``server`` (:class:`FakeUpstream`:
+lifecycle, scripting, counters, routing).
 """
 
 from __future__ import annotations
