@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+from aiohttp import web
 from polygateway.settings import Secret, SourceConfig
 from polygateway.testing import FakeUpstream
 
@@ -42,3 +44,22 @@ async def wait_until(predicate: Callable[[], bool], *, timeout: float = 5.0) -> 
     async with asyncio.timeout(timeout):
         while not predicate():  # noqa: ASYNC110 (yields only; the condition lives in another thread)
             await asyncio.sleep(0)
+
+
+@asynccontextmanager
+async def http_server(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A loopback server answering every POST with ``handler``; yields ``http://.../v1``.
+
+    For answers the fake upstream is not meant to give (redirects, hand-made bodies)."""
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    finally:
+        await runner.cleanup()

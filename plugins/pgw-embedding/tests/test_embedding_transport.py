@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
 from pgw_embedding.transport import OpenAICompatEmbeddingTransport
-from pgw_embedding_test_helpers import API_KEY, embed_source, wait_until
+from pgw_embedding_test_helpers import API_KEY, b64_floats, embed_source, http_server, wait_until
 from polygateway.errors import (
     ConfigError,
     PolyGatewayError,
@@ -164,40 +164,51 @@ def test_empty_base_url_is_a_config_error() -> None:
 # --------------------------------------------------------------------------- redirects
 
 
-@pytest.fixture
-async def redirecting_server() -> AsyncIterator[tuple[str, list[str]]]:
-    """A server whose ``/v1/embeddings`` answers 307 to ``/elsewhere``; records every hit."""
+@pytest.mark.parametrize("engine", ["aiohttp", "httpx"])
+async def test_redirects_are_not_followed(engine: str) -> None:
     hits: list[str] = []
 
     async def redirect(request: web.Request) -> web.StreamResponse:
         hits.append(request.path)
         raise web.HTTPTemporaryRedirect("/elsewhere")
 
-    app = web.Application()
-    app.router.add_post("/v1/embeddings", redirect)
-    app.router.add_post("/elsewhere", redirect)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1", hits
-    finally:
-        await runner.cleanup()
-
-
-@pytest.mark.parametrize("engine", ["aiohttp", "httpx"])
-async def test_redirects_are_not_followed(
-    redirecting_server: tuple[str, list[str]], engine: str
-) -> None:
-    base_url, hits = redirecting_server
-    source = embed_source(None, "e1", base_url=base_url, options={"engine": engine})
-    transport = OpenAICompatEmbeddingTransport(source)
-    try:
+    async with http_server(redirect) as base_url:
         with pytest.raises(SourceDeadError) as excinfo:
-            await transport.embed(texts=TEXTS, source=source, call_id="c1")
-    finally:
-        await transport.aclose()
+            await embed_at(base_url, TEXTS, engine=engine)
     assert excinfo.value.status == 307
     assert hits == ["/v1/embeddings"]  # the key and the texts went nowhere else
+
+
+async def embed_at(base_url: str, texts: list[str], **options: object) -> EmbeddingTransportResult:
+    source = embed_source(None, "e1", base_url=base_url, options=options)
+    transport = OpenAICompatEmbeddingTransport(source)
+    try:
+        return await transport.embed(texts=texts, source=source, call_id="c1")
+    finally:
+        await transport.aclose()
+
+
+def answering(body: object) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body)
+
+    return handler
+
+
+async def test_vectors_of_mixed_length_over_http_are_result_invalid() -> None:
+    data = [
+        {"object": "embedding", "index": 1, "embedding": [0.5, 0.5]},
+        {"object": "embedding", "index": 0, "embedding": b64_floats([1.0, 0.0, 0.0])},
+    ]
+    async with http_server(answering({"object": "list", "data": data})) as base_url:
+        with pytest.raises(ResultInvalidError, match="mixed length"):
+            await embed_at(base_url, ["a", "b"])
+
+
+async def test_floats_answered_to_a_base64_request_are_accepted_and_usage_estimated() -> None:
+    data = [{"object": "embedding", "index": i, "embedding": [float(i), 1.0]} for i in (1, 0)]
+    async with http_server(answering({"data": data})) as base_url:
+        result = await embed_at(base_url, ["abcdefgh", "abcd"])
+    assert result.vectors == [[0.0, 1.0], [1.0, 1.0]]
+    assert (result.prompt_tokens, result.usage_source) == (3, "estimated")
+    assert result.model == "text-embedding-3-small"  # the source's, when the answer names none
