@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from polygateway.errors import ConfigError
@@ -21,7 +22,8 @@ BUILTIN_NAMES: dict[str, tuple[str, ...]] = {
 
 
 class FakeRegistry:
-    """What the loader needs of ``polygateway.plugins.Registry``: ``names(kind)``."""
+    """What the loader needs of ``polygateway.plugins.Registry``: names (no options models, no
+    failed plugins)."""
 
     def __init__(self, extra: Mapping[str, Sequence[str]] | None = None) -> None:
         self._names = {kind: list(names) for kind, names in BUILTIN_NAMES.items()}
@@ -30,6 +32,15 @@ class FakeRegistry:
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._names.get(kind, []))
+
+    def options_of(self, kind: str, name: str) -> None:
+        return None
+
+    def schemas(self) -> list[tuple[str, str, type]]:
+        return []
+
+    def unavailable(self) -> list[str]:
+        return []
 
 
 def source_env(
@@ -54,3 +65,36 @@ def one_problem_with(problems: Sequence[str], *needles: str) -> str:
     found = [p for p in problems if all(n in p for n in needles)]
     assert found, f"no problem contains {needles}; problems: {problems}"
     return found[0]
+
+
+# --------------------------------------------------------------------------- a plugin's options
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
+
+
+def _pg_dsn(value: Any) -> Any:
+    if not value.reveal().startswith(_PG_SCHEMES):
+        raise ValueError("must be a postgresql:// URL (value not shown: it may hold a password)")
+    return value
+
+
+def postgres_like_registry() -> Any:
+    """A registry whose ``postgres`` telemetry declares a ``dsn`` option the way a Postgres
+    plugin does (flat key ``PGW_TELEMETRY_PG_DSN``, scheme checked by the plugin's model)."""
+    from typing import Annotated
+
+    from polygateway import hookimpl
+    from polygateway.options import ComponentOptions, EnvKey, PositiveInt, SecretText
+    from polygateway.plugins import load_registry
+    from pydantic import AfterValidator
+
+    class PostgresLikeOptions(ComponentOptions):
+        dsn: Annotated[SecretText, EnvKey("PGW_TELEMETRY_PG_DSN"), AfterValidator(_pg_dsn)]
+        batch_size: PositiveInt = 100
+
+    class PostgresLike:
+        @hookimpl
+        def pgw_register_telemetry(self, register: Any) -> None:
+            register("postgres", lambda ctx: None, options=PostgresLikeOptions)
+
+    return load_registry(autoload=False, extra_plugins=[("pgw-postgres-like", PostgresLike())])

@@ -1,4 +1,5 @@
-"""Backend choices (state, Redis, cache, telemetry, pricing) and secrets never shown."""
+"""Backend choices (cache, telemetry, pricing), a plugin's options (a Postgres-like telemetry
+declaring its DSN) and secrets never shown. The Redis choices are pgw-redis's tests."""
 
 from __future__ import annotations
 
@@ -6,47 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from config_testlib import one_problem_with, problems_of, source_env
+from config_testlib import one_problem_with, postgres_like_registry, problems_of, source_env
 from polygateway.config import describe_settings, load_scope, load_settings
 from polygateway.errors import ConfigError
 
 SECRET = "s3cr3t-SENTINEL-9f2c"
-
-
-def test_state_backend_redis_requires_redis_url() -> None:
-    env = {
-        **source_env("LLM"),
-        "PGW_STATE_BACKEND": "redis",
-        "PGW_CACHE_NAMESPACE": "n",
-        "PGW_CACHE_TTL_S": "60",
-    }
-    with pytest.raises(ConfigError) as excinfo:
-        load_settings(env)
-    line = one_problem_with(problems_of(excinfo), "REDIS_URL: required", "PGW_STATE_BACKEND=redis")
-    assert "limiter, breaker, cache" in line
-    scope = load_scope("LLM", {**env, "REDIS_URL": f"redis://:{SECRET}@127.0.0.1:6379/3"})
-    assert scope.redis_url is not None
-    assert scope.redis_url.reveal() == f"redis://:{SECRET}@127.0.0.1:6379/3"
-    assert (scope.limiter.name, scope.breaker_backend.name, scope.cache.backend) == ("redis",) * 3
-    cluster = load_scope("LLM", {**env, "REDIS_URL": "redis+cluster://127.0.0.1:7000"})
-    assert cluster.redis_url is not None
-    assert cluster.redis_url.reveal() == "redis+cluster://127.0.0.1:7000"
-
-
-@pytest.mark.parametrize("key", ["PGW_LIMITER_BACKEND", "PGW_BREAKER_BACKEND", "PGW_CACHE_BACKEND"])
-def test_each_redis_choice_requires_redis_url(key: str) -> None:
-    env = {**source_env("LLM"), key: "redis", "PGW_CACHE_NAMESPACE": "n", "PGW_CACHE_TTL_S": "9"}
-    with pytest.raises(ConfigError) as excinfo:
-        load_settings(env)
-    assert one_problem_with(problems_of(excinfo), "REDIS_URL: required", f"{key}=redis")
-
-
-def test_bad_redis_url_never_shows_its_password() -> None:
-    env = {**source_env("LLM"), "REDIS_URL": f"http://:{SECRET}@127.0.0.1:6379"}
-    with pytest.raises(ConfigError) as excinfo:
-        load_settings(env)
-    line = one_problem_with(problems_of(excinfo), "REDIS_URL", "redis://")
-    assert SECRET not in str(excinfo.value) and SECRET not in line
 
 
 def test_cache_defaults_and_explicit_choices() -> None:
@@ -72,18 +37,21 @@ def test_cache_defaults_and_explicit_choices() -> None:
 def test_telemetry_backends() -> None:
     scope = load_scope("LLM", source_env("LLM"))
     assert (scope.telemetry.backend, scope.telemetry.sqlite_path) == ("sqlite", "pgw_telemetry.db")
-    assert scope.telemetry.pg_dsn is None
+    assert not hasattr(scope.telemetry, "pg_dsn")  # a plugin's option, not a core field
+    registry = postgres_like_registry()
     env = {**source_env("LLM"), "PGW_TELEMETRY_BACKEND": "postgres"}
     with pytest.raises(ConfigError) as excinfo:
-        load_settings(env)
+        load_settings(env, registry=registry)
     assert one_problem_with(
         problems_of(excinfo), "PGW_TELEMETRY_PG_DSN", "PGW_TELEMETRY_BACKEND=postgres"
     )
     dsn = f"postgresql://pgw:{SECRET}@127.0.0.1:5432/polygateway"
-    scope = load_scope("LLM", {**env, "PGW_TELEMETRY_PG_DSN": dsn})
-    assert scope.telemetry.pg_dsn is not None and scope.telemetry.pg_dsn.reveal() == dsn
+    scope = load_scope("LLM", {**env, "PGW_TELEMETRY_PG_DSN": dsn}, registry=registry)
+    assert scope.telemetry.options.dsn.reveal() == dsn
     with pytest.raises(ConfigError) as excinfo:
-        load_settings({**env, "PGW_TELEMETRY_PG_DSN": f"mysql://u:{SECRET}@h/db"})
+        load_settings(
+            {**env, "PGW_TELEMETRY_PG_DSN": f"mysql://u:{SECRET}@h/db"}, registry=registry
+        )
     assert one_problem_with(problems_of(excinfo), "PGW_TELEMETRY_PG_DSN", "postgresql://")
     assert SECRET not in str(excinfo.value)
     custom = load_scope(
@@ -100,15 +68,20 @@ def test_telemetry_backends() -> None:
 def test_pg_dsn_from_the_file_through_an_env_indirection(tmp_path: Path) -> None:
     path = tmp_path / "tel.toml"
     path.write_text(
-        '[defaults.telemetry]\nbackend = "postgres"\npg_dsn_env = "MY_DSN"\n', encoding="utf-8"
+        '[defaults.telemetry]\nbackend = "postgres"\n'
+        '[defaults.telemetry.options]\ndsn_env = "MY_DSN"\n',
+        encoding="utf-8",
     )
+    registry = postgres_like_registry()
     dsn = f"postgres://u:{SECRET}@h/db"
-    scope = load_scope("LLM", {**source_env("LLM"), "MY_DSN": dsn}, pipeline_path=path)
-    assert scope.telemetry.pg_dsn is not None and scope.telemetry.pg_dsn.reveal() == dsn
+    scope = load_scope(
+        "LLM", {**source_env("LLM"), "MY_DSN": dsn}, pipeline_path=path, registry=registry
+    )
+    assert scope.telemetry.options.dsn.reveal() == dsn
     with pytest.raises(ConfigError) as excinfo:
-        load_settings(source_env("LLM"), pipeline_path=path)
+        load_settings(source_env("LLM"), pipeline_path=path, registry=registry)
     assert one_problem_with(
-        problems_of(excinfo), f"{path}:[defaults.telemetry].pg_dsn_env", "env key MY_DSN"
+        problems_of(excinfo), f"{path}:[defaults.telemetry.options].dsn_env", "env key MY_DSN"
     )
 
 
@@ -128,8 +101,6 @@ def test_pricing_path_must_exist(tmp_path: Path) -> None:
 def secret_env() -> dict[str, str]:
     return {
         **source_env("LLM", API_KEY=SECRET),
-        "REDIS_URL": f"redis://user:{SECRET}@127.0.0.1:6379/3?password={SECRET}",
-        "PGW_STATE_BACKEND": "redis",
         "PGW_CACHE_NAMESPACE": "n",
         "PGW_CACHE_TTL_S": "60",
         "PGW_TELEMETRY_BACKEND": "postgres",
@@ -144,14 +115,17 @@ def test_secrets_never_appear_in_describe_or_reprs(tmp_path: Path) -> None:
         f'[scopes.LLM.middleware_options.telemetry]\napi_token = "{SECRET}"\n',
         encoding="utf-8",
     )
-    settings = load_settings(secret_env(), pipeline_path=path)
+    settings = load_settings(secret_env(), pipeline_path=path, registry=postgres_like_registry())
     described = describe_settings(settings)
     text = json.dumps(described)  # JSON-able
     assert SECRET not in text
     scope = described["scopes"]["LLM"]
     assert scope["sources"][0]["api_key"] == "***"
-    assert scope["redis_url"] == "redis://user:***@127.0.0.1:6379/3?***"
-    assert scope["telemetry"]["pg_dsn"] == "postgresql://pgw:***@127.0.0.1:5432/db"
+    # A plugin's secret option: masked, the host still visible (the Redis URL: pgw-redis tests).
+    assert scope["telemetry"]["options"] == {
+        "dsn": "postgresql://pgw:***@127.0.0.1:5432/db",
+        "batch_size": 100,
+    }
     assert scope["limiter"]["options"] == {"password": "***", "pool": 4}
     assert scope["effective"]["probe_ttl_s"] == settings.scope("LLM").probe_ttl_s
     for shown in (repr(settings), str(settings), repr(settings.scope("LLM").sources[0])):
@@ -164,13 +138,14 @@ def test_secrets_never_appear_in_describe_or_reprs(tmp_path: Path) -> None:
         {"LLM__QWEN__1__TIMEOUT_S": "x"},
         {"LLM__QWEN__1__BASE_URL": f"ftp://u:{SECRET}@h/v1"},
         {"LLM__BREAKER__PROBE_TTL_S": "1"},
-        {"REDIS_URL": f"tcp://u:{SECRET}@h"},
         {"PGW_TELEMETRY_PG_DSN": f"{SECRET}"},
+        {"LLM__TELEMETRY__DSN": f"{SECRET}"},
+        {"LLM__TELEMETRY__BATCH_SIZE": "0", "LLM__TELEMETRY__PASSWORD": f"{SECRET}"},
     ],
 )
 def test_secrets_never_appear_in_problems(bad: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as excinfo:
-        load_settings({**secret_env(), **bad})
+        load_settings({**secret_env(), **bad}, registry=postgres_like_registry())
     assert SECRET not in str(excinfo.value)
     # Pydantic's error (which carries inputs) is not chained into the traceback.
     assert excinfo.value.__cause__ is None and excinfo.value.__context__ is None
@@ -193,16 +168,19 @@ model = "m"
 api_key = ["{SECRET}"]
 
 [scopes.LLM.telemetry]
-pg_dsn = 12
+backend = "postgres"
+
+[scopes.LLM.telemetry.options]
+dsn = 12
 """,
         encoding="utf-8",
     )
     with pytest.raises(ConfigError) as excinfo:
-        load_settings({}, pipeline_path=path)
+        load_settings({}, pipeline_path=path, registry=postgres_like_registry())
     problems = problems_of(excinfo)
     assert one_problem_with(problems, "[scopes.LLM.sources[0]].apikey", "unknown key")
     assert one_problem_with(problems, "[scopes.LLM.sources[1]].api_key", "must be a string")
-    assert one_problem_with(problems, "[scopes.LLM.telemetry].pg_dsn", "must be a string")
+    assert one_problem_with(problems, "[scopes.LLM.telemetry.options].dsn", "must be a string")
     assert SECRET not in str(excinfo.value)
     assert not any(", got 12" in p for p in problems)
 

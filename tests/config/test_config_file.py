@@ -57,7 +57,7 @@ backend = "sqlite"
 sqlite_path = "calls.db"
 
 [scopes.LLM.telemetry.options]
-batch = 50
+batch_size = 50
 
 [scopes.LLM.structured]
 strategy = "auto"
@@ -142,10 +142,9 @@ def test_every_table_of_the_file_is_resolved(full_file: Path) -> None:
         "proj",
         600,
     )
-    assert (scope.telemetry.sqlite_path, dict(scope.telemetry.options)) == (
-        "calls.db",
-        {"batch": 50},
-    )
+    # The sqlite recorder declares its options: validated, defaults filled in.
+    assert (scope.telemetry.sqlite_path, scope.telemetry.options.batch_size) == ("calls.db", 50)
+    assert scope.telemetry.options.queue_max == 100_000
     assert (scope.structured_strategy, scope.max_structured_retries) == ("auto", 2)
     assert {k: dict(v) for k, v in scope.middleware_options.items()} == {
         "telemetry": {"sample": 1.0}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 from config_testlib import FakeRegistry, one_problem_with, problems_of, source_env
+from polygateway import hookimpl
 from polygateway.config import (
     check_guards,
     load_scope,
@@ -14,6 +16,7 @@ from polygateway.config import (
     validate_against_registry,
 )
 from polygateway.errors import ConfigError
+from polygateway.plugins import Registry, load_registry
 from polygateway.settings import (
     BackpressureSettings,
     BreakerSettings,
@@ -219,6 +222,21 @@ def test_disabled_backends_are_not_looked_up() -> None:
     assert load_scope("LLM", env, registry=registry).cache.backend == "none"
 
 
+class _MissingDependency:
+    """A plugin whose import of its client library fails (as ``pip install`` would fix)."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    @hookimpl
+    def pgw_register_limiters(self, register: Any) -> None:
+        raise ModuleNotFoundError(f"No module named {self.module!r}")
+
+
+def _registry_with_failed(dist: str, module: str) -> Registry:
+    return load_registry(autoload=False, extra_plugins=[(dist, _MissingDependency(module))])
+
+
 def test_plugin_backend_without_the_plugin_gets_an_install_hint() -> None:
     env = {
         **source_env("LLM"),
@@ -228,10 +246,12 @@ def test_plugin_backend_without_the_plugin_gets_an_install_hint() -> None:
         "PGW_CACHE_TTL_S": "60",
     }
     with pytest.raises(ConfigError) as excinfo:
-        load_settings(env, registry=FakeRegistry())
-    # The loader names the key that made the choice: here the shorthand.
+        load_settings(env, registry=_registry_with_failed("pgw-redis", "redis"))
+    # The loader names the key that made the choice: here the shorthand. The hint comes from
+    # the registry's record of the plugin that failed, not from a table of plugin names.
     line = one_problem_with(problems_of(excinfo), "PGW_STATE_BACKEND", "limiter 'redis'")
     assert "pip install pgw-redis" in line
+    assert "No module named 'redis'" in line
     assert one_problem_with(problems_of(excinfo), "PGW_STATE_BACKEND", "cache 'redis'")
     with_redis = FakeRegistry({"limiter": ["redis"], "breaker": ["redis"], "cache": ["redis"]})
     assert load_scope("LLM", env, registry=with_redis).limiter.name == "redis"
@@ -241,7 +261,12 @@ def test_validate_against_registry_covers_every_scope() -> None:
     env = {**source_env("LLM"), **source_env("OCR", "MONKEY", 1, TRANSPORT="monkeyocr")}
     settings = load_settings(env)
     problems = validate_against_registry(settings, FakeRegistry())
-    assert one_problem_with(problems, "OCR__MONKEY__1__TRANSPORT", "pip install pgw-monkeyocr")
+    assert one_problem_with(problems, "OCR__MONKEY__1__TRANSPORT", "transport 'monkeyocr'")
+    failed = _registry_with_failed("pgw-monkeyocr", "monkeyocr_sdk")
+    problems_with_hint = validate_against_registry(settings, failed)
+    assert one_problem_with(
+        problems_with_hint, "OCR__MONKEY__1__TRANSPORT", "pip install pgw-monkeyocr"
+    )
     assert one_problem_with(problems, "OCR__MONKEY__1__*", "'monkey'")
     assert not any("LLM" in p for p in problems)
     assert validate_against_registry(GatewaySettings(scopes={}), FakeRegistry()) == []

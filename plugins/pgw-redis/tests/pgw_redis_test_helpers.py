@@ -182,12 +182,11 @@ def gateway_settings(
             ),
         ),
         "global_limits": global_limits if global_limits is not None else Limits(),
-        "limiter": ComponentChoice("redis"),
-        "breaker_backend": ComponentChoice("redis"),
+        "limiter": ComponentChoice("redis", {"url": redis_url}),
+        "breaker_backend": ComponentChoice("redis", {"url": redis_url}),
         "breaker": BreakerSettings(fail_threshold=3, cooldown_s=30.0),
         "cache": CacheSettings(backend="none"),
         "telemetry": TelemetrySettings(backend="none"),
-        "redis_url": Secret(redis_url),
     }
     values.update(overrides)
     return ScopeSettings(**values)

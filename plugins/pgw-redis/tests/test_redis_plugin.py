@@ -3,6 +3,7 @@ client on Redis (round trips per call), and the response cache on Redis."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -27,26 +28,30 @@ pytestmark = pytest.mark.redis
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-def _context(settings: ScopeSettings, **options: Any) -> BuildContext:
+def _context(redis_url: str | None, **options: Any) -> BuildContext:
+    """A factory's context with raw options (``url`` from ``redis_url`` unless ``None``)."""
     from polygateway.clock import SystemClock
 
-    return BuildContext(settings=settings, options=options, clock=SystemClock())
+    if redis_url is not None:
+        options = {"url": redis_url, **options}
+    return BuildContext(settings=_settings(), options=options, clock=SystemClock())
 
 
-def _settings(redis_url: str | None, scope: str = "S") -> ScopeSettings:
-    settings: ScopeSettings = gateway_settings("http://127.0.0.1:1/v1", redis_url or "x", scope)
-    if redis_url is None:
-        import dataclasses
-
-        settings = dataclasses.replace(settings, redis_url=None)
+def _settings(scope: str = "S") -> ScopeSettings:
+    settings: ScopeSettings = gateway_settings("http://127.0.0.1:1/v1", "redis://x:1/0", scope)
     return settings
 
 
 def _factories() -> dict[str, Any]:
+    """Each kind's ``redis`` factory as assembly calls it: options validated by the plugin's
+    model, the product checked against the kind's Protocol."""
     from polygateway.plugins import load_registry
 
     registry = load_registry()
-    return {kind: registry.get(kind, "redis") for kind in ("limiter", "breaker", "cache")}
+    return {
+        kind: lambda ctx, kind=kind: registry.build(kind, "redis", ctx)
+        for kind in ("limiter", "breaker", "cache")
+    }
 
 
 # --------------------------------------------------------------------------- registration
@@ -66,7 +71,7 @@ def test_the_entry_point_registers_redis_for_the_three_kinds() -> None:
 
 async def test_factories_build_the_redis_components(redis_url: str) -> None:
     factories = _factories()
-    ctx = _context(_settings(redis_url))
+    ctx = _context(redis_url)
     limiter = factories["limiter"](ctx)
     breaker = factories["breaker"](ctx)
     cache = factories["cache"](ctx)
@@ -83,20 +88,22 @@ async def test_factories_build_the_redis_components(redis_url: str) -> None:
 @pytest.mark.parametrize("kind", ["limiter", "breaker", "cache"])
 def test_a_missing_redis_url_is_a_config_error_naming_it(kind: str) -> None:
     with pytest.raises(
-        ConfigError, match=f"REDIS_URL is required when the {kind} backend is redis"
+        ConfigError, match=rf"{kind} 'redis' option url: required \(env REDIS_URL\)"
     ):
-        _factories()[kind](_context(_settings(None)))
+        _factories()[kind](_context(None))
 
 
 def test_unknown_and_bad_options_are_config_errors() -> None:
     factories = _factories()
-    settings = _settings("redis://127.0.0.1:6379/3")
-    with pytest.raises(ConfigError, match=r"unknown option.*sockettimeout.*allowed: socket_"):
-        factories["limiter"](_context(settings, sockettimeout=1))
-    with pytest.raises(ConfigError, match="socket_timeout_s must be"):
-        factories["breaker"](_context(settings, socket_timeout_s=0))
-    with pytest.raises(ConfigError, match=r"unknown option.*prefix"):
-        factories["limiter"](_context(settings, prefix="x"))
+    url = "redis://127.0.0.1:6379/3"
+    with pytest.raises(
+        ConfigError, match=r"option sockettimeout: unknown key; allowed: .*socket_timeout_s"
+    ):
+        factories["limiter"](_context(url, sockettimeout=1))
+    with pytest.raises(ConfigError, match="socket_timeout_s: must be > 0"):
+        factories["breaker"](_context(url, socket_timeout_s=0))
+    with pytest.raises(ConfigError, match=r"option prefix: unknown key"):
+        factories["limiter"](_context(url, prefix="x"))
 
 
 @pytest.mark.parametrize(
@@ -110,7 +117,9 @@ async def test_elide_clean_success_is_read_by_meaning_not_truthiness(
     redis_url: str, unique_scope: str, value: Any, elide: bool
 ) -> None:
     gate = _factories()["breaker"](
-        _context(_settings(redis_url, unique_scope), elide_clean_success=value)
+        dataclasses.replace(
+            _context(redis_url, elide_clean_success=value), settings=_settings(unique_scope)
+        )
     )
     other = RedisGate(
         connect(redis_url), scope=unique_scope, fail_threshold=3, cooldown_s=30.0,
@@ -131,10 +140,10 @@ async def test_elide_clean_success_is_read_by_meaning_not_truthiness(
 @pytest.mark.parametrize(
     ("kind", "option", "value", "expected"),
     [
-        ("breaker", "elide_clean_success", "maybe", "a boolean"),
-        ("breaker", "elide_clean_success", "", "a boolean"),
-        ("breaker", "elide_clean_success", 2, "a boolean"),
-        ("breaker", "elide_clean_success", None, "a boolean"),
+        ("breaker", "elide_clean_success", "maybe", "true or false"),
+        ("breaker", "elide_clean_success", "", "true or false"),
+        ("breaker", "elide_clean_success", 2, "true or false"),
+        ("breaker", "elide_clean_success", None, "true or false"),
         ("limiter", "socket_timeout_s", "soon", "a number"),
         ("limiter", "socket_timeout_s", True, "a number"),
         ("cache", "connect_timeout_s", [1], "a number"),
@@ -146,16 +155,16 @@ async def test_elide_clean_success_is_read_by_meaning_not_truthiness(
 def test_options_of_the_wrong_type_are_config_errors_naming_them(
     kind: str, option: str, value: Any, expected: str
 ) -> None:
-    context = _context(_settings("redis://127.0.0.1:6379/3"), **{option: value})
-    message = f"{kind} backend redis: option {option} must be {expected}"
+    context = _context("redis://127.0.0.1:6379/3", **{option: value})
+    message = f"{kind} 'redis' option {option}: must be {expected}"
     with pytest.raises(ConfigError, match=message):
         _factories()[kind](context)
 
 
 async def test_numeric_options_may_be_strings() -> None:
     context = _context(
-        _settings("redis://127.0.0.1:6379/3"),
-        socket_timeout_s=" 0.5", connect_timeout_s="1", max_connections="3",
+        "redis://127.0.0.1:6379/3", socket_timeout_s=" 0.5", connect_timeout_s="1",
+        max_connections="3",
     )  # fmt: skip
     limiter = _factories()["limiter"](context)
     try:
@@ -165,17 +174,22 @@ async def test_numeric_options_may_be_strings() -> None:
         assert pool.connection_kwargs["socket_connect_timeout"] == 1.0
     finally:
         await limiter.aclose()
-    with pytest.raises(ConfigError, match="socket_timeout_s must be a finite number > 0"):
-        _factories()["limiter"](_context(_settings("redis://x:1/0"), socket_timeout_s="nan"))
+    with pytest.raises(ConfigError, match="socket_timeout_s: must be a finite number"):
+        _factories()["limiter"](_context("redis://x:1/0", socket_timeout_s="nan"))
 
 
 def test_the_url_never_shows_in_errors_or_reprs() -> None:
     factories = _factories()
-    settings = _settings("ftp://user:s3cret@example.invalid/0")
+    context = _context("ftp://user:s3cret@example.invalid/0")
     with pytest.raises(ConfigError) as caught:
-        factories["limiter"](_context(settings))
+        factories["limiter"](context)
+    assert "must start with redis://" in str(caught.value)
     assert "s3cret" not in str(caught.value)
-    assert "s3cret" not in repr(settings)
+    assert "s3cret" not in repr(context.settings)
+    from polygateway.plugins import load_registry
+
+    validated = load_registry().resolve_options("limiter", "redis", {"url": "redis://:s3cret@h/0"})
+    assert "s3cret" not in repr(validated) and "s3cret" not in str(validated)
 
 
 async def test_a_password_is_never_in_a_backend_error() -> None:
@@ -211,7 +225,7 @@ def test_the_package_root_holds_only_hook_implementations() -> None:
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public <= {
-        "annotations", "Any", "BuildContext", "Register", "hookimpl",
+        "annotations", "Any", "TYPE_CHECKING", "ComponentContext", "Register", "hookimpl",
         "pgw_register_limiters", "pgw_register_breakers", "pgw_register_caches",
     }  # fmt: skip
 
@@ -299,7 +313,7 @@ async def test_the_response_cache_on_redis_keys_by_namespace_with_a_ttl(
     settings = dataclasses.replace(
         gateway_settings(fake_upstream.base_url("a"), redis_url, unique_scope),
         cache=CacheSettings(backend="redis", namespace="tenant-a", ttl_s=60.0,
-                            options={"prefix": prefix}),
+                            options={"prefix": prefix, "url": redis_url}),
     )  # fmt: skip
     try:
         async with GatewayClient(settings) as client:

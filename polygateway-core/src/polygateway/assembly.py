@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from polygateway.errors import ConfigError
 from polygateway.middleware import PassThroughMiddleware, cache_problems
 from polygateway.ports import (
-    BuildContext,
     CacheBackend,
     Clock,
+    ComponentContext,
     Components,
     Handler,
     Middleware,
@@ -31,7 +32,10 @@ from polygateway.ports import (
 from polygateway.settings import ScopeSettings
 from polygateway.types import ChatRequest, LLMResponse
 
-__all__ = ["OFF", "build_pipeline", "unknown_middleware"]
+if TYPE_CHECKING:
+    from polygateway.plugins import Registry
+
+__all__ = ["OFF", "GovernanceParts", "build_governance", "build_pipeline", "unknown_middleware"]
 
 OFF = "none"
 """The backend name that switches the cache or telemetry off."""
@@ -73,9 +77,80 @@ class Pipeline:
     """The active layers, outer first (switched-off ones are already dropped)."""
 
 
+@dataclass(frozen=True, slots=True)
+class GovernanceParts:
+    """What a governed call of any kind runs on, for one scope (chat adds its layers)."""
+
+    limiter: RateLimiter
+    breaker: ProviderGate
+    selector: SourceSelector
+    telemetry: TelemetryRecorder | None
+    pricing: Pricing | None
+    built: frozenset[str]
+    """The parts built here (``"limiter"``, ``"telemetry"``...): the caller closes those;
+    injected ones stay their owner's."""
+
+
+def _context(
+    settings: ScopeSettings, clock: Clock, options: Any = MappingProxyType({})
+) -> ComponentContext[Any]:
+    return ComponentContext(settings=settings, options=options, clock=clock)
+
+
+def build_governance(
+    settings: ScopeSettings,
+    registry: Registry,
+    *,
+    clock: Clock,
+    limiter: RateLimiter | None = None,
+    breaker: ProviderGate | None = None,
+    selector: SourceSelector | None = None,
+    telemetry: TelemetryRecorder | None = None,
+    pricing: Pricing | None = None,
+    with_telemetry: bool | None = None,
+) -> GovernanceParts:
+    """The limiter, breaker, selector, telemetry recorder and pricing of one scope, each the
+    injected one or built by its registered name (``registry.build``: options validated with
+    the model its plugin registered, the product checked against the kind's Protocol, so a bad
+    factory fails here with a ``PluginError`` naming the plugin, before any call).
+
+    Chat assembly and any other call kind's client share it. ``with_telemetry=None`` builds the
+    recorder unless its backend is ``none``.
+    """
+    built: set[str] = set()
+    if limiter is None:
+        limiter = registry.build(
+            "limiter", settings.limiter.name, _context(settings, clock, settings.limiter.options)
+        )
+        built.add("limiter")
+    if breaker is None:
+        options = settings.breaker_backend.options
+        breaker = registry.build(
+            "breaker", settings.breaker_backend.name, _context(settings, clock, options)
+        )
+        built.add("breaker")
+    if selector is None:
+        selector = registry.build("selector", settings.selector, _context(settings, clock))
+        built.add("selector")
+    if with_telemetry is None:
+        with_telemetry = settings.telemetry.backend != OFF
+    if telemetry is None and with_telemetry:
+        options = settings.telemetry.options
+        telemetry = registry.build(
+            "telemetry", settings.telemetry.backend, _context(settings, clock, options)
+        )
+        built.add("telemetry")
+    if pricing is None:
+        # The table factory returns None when no pricing file is configured; a broken file
+        # fails here, at startup.
+        pricing = registry.build("pricing", "table", _context(settings, clock))
+        built.add("pricing")
+    return GovernanceParts(limiter, breaker, selector, telemetry, pricing, frozenset(built))
+
+
 def build_pipeline(
     settings: ScopeSettings,
-    registry: Any,
+    registry: Registry,
     *,
     clock: Clock,
     limiter: RateLimiter | None = None,
@@ -117,30 +192,27 @@ def build_pipeline(
     if problems:
         raise ConfigError(problems)
 
-    def context(options: Mapping[str, Any]) -> BuildContext:
-        return BuildContext(settings=settings, options=options, clock=clock)
-
-    plain = context({})
-    if limiter is None:
-        factory = registry.get("limiter", settings.limiter.name)
-        limiter = factory(context(settings.limiter.options))
-    if breaker is None:
-        factory = registry.get("breaker", settings.breaker_backend.name)
-        breaker = factory(context(settings.breaker_backend.options))
-    if selector is None:
-        selector = registry.get("selector", settings.selector)(plain)
-    strategy = registry.get("structured", settings.structured_strategy)(plain)
+    governance = build_governance(
+        settings,
+        registry,
+        clock=clock,
+        limiter=limiter,
+        breaker=breaker,
+        selector=selector,
+        telemetry=telemetry,
+        pricing=pricing,
+        with_telemetry=_enabled("telemetry", settings.telemetry.backend, settings, telemetry),
+    )
+    limiter, breaker, selector = governance.limiter, governance.breaker, governance.selector
+    telemetry, pricing = governance.telemetry, governance.pricing
+    strategy = registry.build("structured", settings.structured_strategy, _context(settings, clock))
     if cache is None and cache_on:
-        cache = registry.get("cache", settings.cache.backend)(context(settings.cache.options))
-    if telemetry is None and _enabled("telemetry", settings.telemetry.backend, settings, telemetry):
-        factory = registry.get("telemetry", settings.telemetry.backend)
-        telemetry = factory(context(settings.telemetry.options))
-    if pricing is None:
-        # The table factory returns None when no pricing file is configured; a broken file
-        # fails here, at startup.
-        pricing = registry.get("pricing", "table")(plain)
+        cache = registry.build(
+            "cache", settings.cache.backend, _context(settings, clock, settings.cache.options)
+        )
     providers: dict[str, ProviderProfile] = {
-        name: registry.get("provider", name) for name in registry.names("provider")
+        name: registry.check("provider", name, registry.get("provider", name))
+        for name in registry.names("provider")
     }
     built: dict[str, Transport] = {}
     for source in settings.sources:
@@ -148,7 +220,7 @@ def build_pipeline(
         built[source.name] = (
             given
             if given is not None
-            else registry.get("transport", source.transport)(source, providers)
+            else registry.build_transport(source.transport, source, providers)
         )
 
     components = Components(
@@ -166,8 +238,10 @@ def build_pipeline(
     layers: list[Middleware] = []
     for name in settings.middleware:
         options = settings.middleware_options.get(name, {})
-        ctx = BuildContext(settings=settings, options=options, clock=clock, components=components)
-        layer = registry.get("middleware", name)(ctx)
+        ctx = ComponentContext(
+            settings=settings, options=options, clock=clock, components=components
+        )
+        layer = registry.build("middleware", name, ctx)
         if not isinstance(layer, PassThroughMiddleware):
             layers.append(layer)
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polygateway.hookspecs import hookimpl
-from polygateway.ports import BuildContext, ProviderProfile, Register
+from polygateway.ports import BuildContext, ComponentContext, ProviderProfile, Register
 from polygateway.settings import SourceConfig
+
+if TYPE_CHECKING:
+    from polygateway.builtin_options import MemoryCacheOptions, SQLiteTelemetryOptions
 
 
 @hookimpl
@@ -64,12 +67,14 @@ def pgw_register_breakers(register: Register) -> None:
 
 @hookimpl
 def pgw_register_caches(register: Register) -> None:
-    def memory(ctx: BuildContext) -> Any:
+    from polygateway.builtin_options import MemoryCacheOptions
+
+    def memory(ctx: ComponentContext[MemoryCacheOptions]) -> Any:
         from polygateway.backends.memory.cache import MemoryCache
 
-        return MemoryCache(clock=ctx.clock, max_entries=int(ctx.options.get("max_entries", 10000)))
+        return MemoryCache(clock=ctx.clock, max_entries=ctx.options.max_entries)
 
-    register("memory", memory)
+    register("memory", memory, options=MemoryCacheOptions)
 
 
 @hookimpl
@@ -118,12 +123,20 @@ def pgw_register_pricing(register: Register) -> None:
 
 @hookimpl
 def pgw_register_telemetry(register: Register) -> None:
-    def sqlite(ctx: BuildContext) -> Any:
+    from polygateway.builtin_options import SQLiteTelemetryOptions
+
+    def sqlite(ctx: ComponentContext[SQLiteTelemetryOptions]) -> Any:
         from polygateway.telemetry.sqlite import SQLiteRecorder
 
-        return SQLiteRecorder(ctx.settings.telemetry.sqlite_path, **dict(ctx.options))
+        options = ctx.options
+        return SQLiteRecorder(
+            ctx.settings.telemetry.sqlite_path,
+            batch_size=options.batch_size,
+            flush_interval_s=options.flush_interval_s,
+            queue_max=options.queue_max,
+        )
 
-    register("sqlite", sqlite)
+    register("sqlite", sqlite, options=SQLiteTelemetryOptions)
 
 
 @hookimpl

@@ -1,7 +1,10 @@
 """Plugin hook specifications (pluggy project ``polygateway``, entry-point group ``polygateway``).
 
 Every capability kind has one registration hook. Each hook receives a ``register(name, obj)``
-callback; call it once per thing the plugin provides. Hooks run once per assembly, at startup;
+callback (``polygateway.ports.Register``); call it once per thing the plugin provides. A
+factory that takes options passes their model too, ``register(name, factory,
+options=Model)`` (``polygateway.options``): the loader then validates the component's options
+with it and the factory's ``ctx.options`` is the instance. Hooks run once per assembly, at startup;
 requests never pass through pluggy. The core's own implementations register through these same
 hooks (``polygateway.builtin``).
 

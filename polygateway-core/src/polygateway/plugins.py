@@ -3,12 +3,16 @@
 ``load_registry()`` builds a fresh pluggy ``PluginManager`` on every call (no module global),
 registers the core's builtin plugin, loads the entry points of group ``polygateway`` one by
 one (a plugin that fails to import is recorded as failed and never stops the others), then
-calls every ``pgw_register_*`` hook with a ``register(name, obj)`` callback. The result is a
-``Registry``: a plain lookup table used at assembly time; requests never touch pluggy.
+calls every ``pgw_register_*`` hook with a ``register(name, obj, *, options=None)`` callback.
+The result is a ``Registry``: a plain lookup table used at assembly time; requests never touch
+pluggy. ``Registry.get`` is typed by kind; ``Registry.build`` validates a component's options with
+the model its plugin registered and checks what the factory returned against the kind's Protocol,
+so a bad factory fails at startup with a ``PluginError`` naming the plugin.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.metadata
 import inspect
@@ -17,13 +21,37 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import pluggy
 
-from polygateway import __version__, builtin, hookspecs
-from polygateway.errors import PluginError
+from polygateway import __version__, builtin, hookspecs, ports
+from polygateway.errors import ConfigError, PluginError
 from polygateway.hookspecs import HOOK_KINDS, PROJECT_NAME
+from polygateway.ports import ComponentContext
+
+if TYPE_CHECKING:
+    import argparse
+
+    from pydantic import BaseModel
+
+    from polygateway.ports import (
+        CacheBackend,
+        EmbeddingTransport,
+        Middleware,
+        OcrLayoutPort,
+        OcrTextPort,
+        Pricing,
+        ProviderGate,
+        ProviderProfile,
+        RateLimiter,
+        SourceSelector,
+        StructuredOutputStrategy,
+        TelemetryRecorder,
+        Transport,
+        TransportFactory,
+    )
+    from polygateway.settings import SourceConfig
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +60,44 @@ BUILTIN_DISTRIBUTION = "polygateway-core"
 KINDS: tuple[str, ...] = tuple(HOOK_KINDS.values())
 
 PluginStatus = Literal["loaded", "failed"]
+
+LimiterFactory: TypeAlias = "Callable[[ComponentContext[Any]], RateLimiter]"
+BreakerFactory: TypeAlias = "Callable[[ComponentContext[Any]], ProviderGate]"
+CacheFactory: TypeAlias = "Callable[[ComponentContext[Any]], CacheBackend]"
+SelectorFactory: TypeAlias = "Callable[[ComponentContext[Any]], SourceSelector]"
+StructuredFactory: TypeAlias = "Callable[[ComponentContext[Any]], StructuredOutputStrategy]"
+PricingFactory: TypeAlias = "Callable[[ComponentContext[Any]], Pricing | None]"
+TelemetryFactory: TypeAlias = "Callable[[ComponentContext[Any]], TelemetryRecorder]"
+MiddlewareFactory: TypeAlias = "Callable[[ComponentContext[Any]], Middleware]"
+CommandFactory: TypeAlias = (
+    "Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]"
+)
+
+# Kind -> the Protocols what its factory returns must satisfy, one of them (checked once, at
+# build time); for ``provider``, the class the registered profile must be.
+_PROTOCOLS: dict[str, tuple[type, ...]] = {
+    "transport": (ports.Transport,),
+    "embedding_transport": (ports.EmbeddingTransport,),
+    "ocr_transport": (ports.OcrTextPort, ports.OcrLayoutPort),
+    "limiter": (ports.RateLimiter,),
+    "breaker": (ports.ProviderGate,),
+    "cache": (ports.CacheBackend,),
+    "selector": (ports.SourceSelector,),
+    "structured": (ports.StructuredOutputStrategy,),
+    "pricing": (ports.Pricing,),
+    "telemetry": (ports.TelemetryRecorder,),
+    "middleware": (ports.Middleware,),
+    "provider": (ports.ProviderProfile,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One registered thing: the object, the distribution that registered it, its options model."""
+
+    obj: Any
+    provider: str
+    options: type[BaseModel] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,11 +152,11 @@ class Registry:
 
     def __init__(
         self,
-        entries: Mapping[tuple[str, str], tuple[Any, str]],
+        entries: Mapping[tuple[str, str], Registration],
         plugins: Sequence[PluginInfo],
         excluded: Sequence[tuple[str, str]] = (),
     ) -> None:
-        self._entries: dict[tuple[str, str], tuple[Any, str]] = dict(entries)
+        self._entries: dict[tuple[str, str], Registration] = dict(entries)
         self._plugins = tuple(plugins)
         # (distribution, entry-point name) of installed plugins that PGW_PLUGINS left out.
         self._excluded = tuple(excluded)
@@ -104,13 +170,186 @@ class Registry:
         self._check_kind(kind)
         return sorted(name for k, name in self._entries if k == kind)
 
-    def get(self, kind: str, name: str) -> Any:
-        """The registered object (a factory, or a ``ProviderProfile`` for ``provider``)."""
-        return self._entry(kind, name)[0]
+    @overload
+    def get(self, kind: Literal["transport"], name: str) -> TransportFactory: ...
+    @overload
+    def get(
+        self, kind: Literal["embedding_transport"], name: str
+    ) -> Callable[[SourceConfig], EmbeddingTransport]: ...
+    @overload
+    def get(
+        self, kind: Literal["ocr_transport"], name: str
+    ) -> Callable[[SourceConfig], OcrTextPort | OcrLayoutPort]: ...
+    @overload
+    def get(self, kind: Literal["provider"], name: str) -> ProviderProfile: ...
+    @overload
+    def get(self, kind: Literal["limiter"], name: str) -> LimiterFactory: ...
+    @overload
+    def get(self, kind: Literal["breaker"], name: str) -> BreakerFactory: ...
+    @overload
+    def get(self, kind: Literal["cache"], name: str) -> CacheFactory: ...
+    @overload
+    def get(self, kind: Literal["selector"], name: str) -> SelectorFactory: ...
+    @overload
+    def get(self, kind: Literal["structured"], name: str) -> StructuredFactory: ...
+    @overload
+    def get(self, kind: Literal["pricing"], name: str) -> PricingFactory: ...
+    @overload
+    def get(self, kind: Literal["telemetry"], name: str) -> TelemetryFactory: ...
+    @overload
+    def get(self, kind: Literal["middleware"], name: str) -> MiddlewareFactory: ...
+    @overload
+    def get(self, kind: Literal["command"], name: str) -> CommandFactory: ...
+    @overload
+    def get(self, kind: str, name: str) -> object: ...
+    def get(self, kind: str, name: str) -> object:
+        """The registered object (a factory, or a ``ProviderProfile`` for ``provider``).
+
+        Typed by kind; the object is returned as registered (nothing checks it here: ``build``
+        and ``check`` do, at assembly).
+        """
+        return self._entry(kind, name).obj
 
     def provider_of(self, kind: str, name: str) -> str:
         """The distribution that registered ``name`` for ``kind``."""
-        return self._entry(kind, name)[1]
+        return self._entry(kind, name).provider
+
+    def options_of(self, kind: str, name: str) -> type[BaseModel] | None:
+        """The options model ``name`` was registered with, or ``None`` (options stay a mapping)."""
+        return self._entry(kind, name).options
+
+    def schemas(self) -> list[tuple[str, str, type[BaseModel]]]:
+        """``(kind, name, options model)`` of every component registered with one."""
+        found = [
+            (kind, name, entry.options)
+            for (kind, name), entry in sorted(self._entries.items())
+            if entry.options is not None
+        ]
+        return found
+
+    def resolve_options(self, kind: str, name: str, options: object) -> Any:
+        """``options`` validated with the component's model (a mapping as given otherwise).
+
+        An instance of the model passes as is (the loader already validated it).
+
+        :raises ConfigError: one line per problem, ``limiter 'redis' option url: ...``.
+        """
+        model = self.options_of(kind, name)
+        if model is None or isinstance(options, model):
+            return options
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                f"{kind} {name!r}: options must be a mapping or a {model.__name__}, "
+                f"got {type(options).__name__}"
+            )
+        from polygateway.config.models import validate_options
+
+        def label(loc: tuple[str | int, ...]) -> str:
+            return f"{kind} {name!r} option " + ".".join(map(str, loc))
+
+        validated, problems = validate_options(dict(options), model, label)
+        if problems or validated is None:
+            raise ConfigError(problems)
+        return validated
+
+    @overload
+    def build(
+        self, kind: Literal["limiter"], name: str, ctx: ComponentContext[Any]
+    ) -> RateLimiter: ...
+    @overload
+    def build(
+        self, kind: Literal["breaker"], name: str, ctx: ComponentContext[Any]
+    ) -> ProviderGate: ...
+    @overload
+    def build(
+        self, kind: Literal["cache"], name: str, ctx: ComponentContext[Any]
+    ) -> CacheBackend: ...
+    @overload
+    def build(
+        self, kind: Literal["selector"], name: str, ctx: ComponentContext[Any]
+    ) -> SourceSelector: ...
+    @overload
+    def build(
+        self, kind: Literal["structured"], name: str, ctx: ComponentContext[Any]
+    ) -> StructuredOutputStrategy: ...
+    @overload
+    def build(
+        self, kind: Literal["pricing"], name: str, ctx: ComponentContext[Any]
+    ) -> Pricing | None: ...
+    @overload
+    def build(
+        self, kind: Literal["telemetry"], name: str, ctx: ComponentContext[Any]
+    ) -> TelemetryRecorder: ...
+    @overload
+    def build(
+        self, kind: Literal["middleware"], name: str, ctx: ComponentContext[Any]
+    ) -> Middleware: ...
+    @overload
+    def build(self, kind: str, name: str, ctx: ComponentContext[Any]) -> object: ...
+    def build(self, kind: str, name: str, ctx: ComponentContext[Any]) -> object:
+        """Build one component: options validated (``resolve_options``), factory called, the
+        result checked against the kind's Protocol (``check``).
+
+        :raises ConfigError: invalid options. :raises PluginError: an unknown name, or the
+            factory returned something that does not satisfy the kind's Protocol.
+        """
+        factory = self._entry(kind, name).obj
+        options = self.resolve_options(kind, name, ctx.options)
+        if options is not ctx.options:
+            ctx = dataclasses.replace(ctx, options=options)
+        if not callable(factory):
+            raise PluginError(self._blame(kind, name, "registered a non-callable"))
+        return self.check(kind, name, factory(ctx))
+
+    def build_transport(
+        self,
+        name: str,
+        source: SourceConfig,
+        providers: Mapping[str, ProviderProfile],
+    ) -> Transport:
+        """The transport ``name`` for ``source``, checked like ``build`` checks components."""
+        factory = self.get("transport", name)
+        if not callable(factory):
+            raise PluginError(self._blame("transport", name, "registered a non-callable"))
+        transport: Transport = self.check("transport", name, factory(source, providers))
+        return transport
+
+    def check(self, kind: str, name: str, obj: Any) -> Any:
+        """``obj`` if it satisfies the Protocol of ``kind`` (methods present, the async ones
+        ``async def``); else ``PluginError`` naming the plugin and what is missing. A kind with
+        several Protocols (``ocr_transport``) needs one of them."""
+        protocols = _PROTOCOLS.get(kind)
+        if protocols is None or (kind == "pricing" and obj is None):
+            return obj
+        verdicts = [_verdict(protocol, obj) for protocol in protocols]
+        if any(not problem for problem in verdicts):
+            return obj
+        # Name the closest Protocol's gaps.
+        problem = min(verdicts, key=len)
+        raise PluginError(
+            self._blame(kind, name, f"its factory returned {type(obj).__qualname__}, {problem}")
+        )
+
+    def build_source_port(
+        self, kind: Literal["embedding_transport", "ocr_transport"], name: str, source: SourceConfig
+    ) -> Any:
+        """The ``kind`` transport ``name`` for ``source`` (``factory(source)``), checked like
+        ``build`` checks components."""
+        factory: Any = self.get(kind, name)
+        if not callable(factory):
+            raise PluginError(self._blame(kind, name, "registered a non-callable"))
+        return self.check(kind, name, factory(source))
+
+    def unavailable(self) -> list[str]:
+        """Lines for plugins that could have provided a missing name: failed ones (with an
+        install hint) and installed ones that ``PGW_PLUGINS`` left out."""
+        lines = [_failure_line(p) for p in self._plugins if p.status == "failed"]
+        if self._excluded:
+            lines.append(
+                "plugins installed but not loaded (not in PGW_PLUGINS): "
+                + ", ".join(sorted({dist for dist, _ in self._excluded}))
+            )
+        return lines
 
     def require_plugin(self, dist_name: str) -> None:
         """Raise ``PluginError`` unless the plugin ``dist_name`` (or entry-point name) loaded."""
@@ -127,19 +366,17 @@ class Registry:
             )
         raise PluginError(f"plugin {dist_name} is not installed; try: pip install {dist_name}")
 
-    def _entry(self, kind: str, name: str) -> tuple[Any, str]:
+    def _blame(self, kind: str, name: str, what: str) -> str:
+        return f"{kind} {name!r} (plugin {self.provider_of(kind, name)}): {what}"
+
+    def _entry(self, kind: str, name: str) -> Registration:
         self._check_kind(kind)
         found = self._entries.get((kind, name))
         if found is not None:
             return found
         registered = ", ".join(self.names(kind)) or "none"
         problems = [f"unknown {kind} {name!r}; registered {kind} names: {registered}"]
-        problems.extend(_failure_line(p) for p in self._plugins if p.status == "failed")
-        if self._excluded:
-            problems.append(
-                "plugins installed but not loaded (not in PGW_PLUGINS): "
-                + ", ".join(sorted({dist for dist, _ in self._excluded}))
-            )
+        problems.extend(self.unavailable())
         raise PluginError(problems)
 
     @staticmethod
@@ -150,6 +387,39 @@ class Registry:
     def __repr__(self) -> str:
         loaded = sum(p.status == "loaded" for p in self._plugins)
         return f"<Registry {loaded}/{len(self._plugins)} plugins, {len(self._entries)} entries>"
+
+
+def _protocol_members(protocol: type) -> list[tuple[str, bool]]:
+    """``(name, is async)`` of the methods a Protocol declares (its own and its bases')."""
+    members: dict[str, bool] = {}
+    for klass in reversed(protocol.__mro__):
+        if klass is object or not getattr(klass, "_is_protocol", False):
+            continue
+        for member, value in vars(klass).items():
+            if member.startswith("_") and member != "__call__":
+                continue
+            if callable(value) or isinstance(value, property):
+                members[member] = inspect.iscoroutinefunction(value)
+    return sorted(members.items())
+
+
+def _verdict(protocol: type, obj: object) -> str:
+    """What keeps ``obj`` from being a ``protocol`` ("" when nothing does)."""
+    members = _protocol_members(protocol)
+    missing = [member for member, _ in members if not hasattr(obj, member)]
+    if missing or not isinstance(obj, protocol):
+        detail = f" (missing: {', '.join(missing)})" if missing else ""
+        return f"which is not a {protocol.__name__}{detail}"
+    not_async = [member for member, is_async in members if is_async and not _is_async(obj, member)]
+    if not_async:
+        return f"whose {', '.join(not_async)} must be async def ({protocol.__name__})"
+    return ""
+
+
+def _is_async(obj: object, member: str) -> bool:
+    if member == "__call__" and inspect.iscoroutinefunction(obj):
+        return True  # a plain ``async def`` function used as the callable
+    return inspect.iscoroutinefunction(getattr(obj, member, None))
 
 
 @dataclass
@@ -245,7 +515,7 @@ def _add_to_manager(pm: pluggy.PluginManager, candidate: _Candidate, plugin: obj
 def _collect(
     pm: pluggy.PluginManager,
     candidate: _Candidate,
-    entries: dict[tuple[str, str], tuple[Any, str]],
+    entries: dict[tuple[str, str], Registration],
     conflicts: list[str],
 ) -> None:
     """Call every registration hook the plugin implements, one hook at a time.
@@ -264,37 +534,45 @@ def _collect(
             registered = _call_registration_hook(impl, caller.name, kind, candidate)
             if registered is None:
                 continue
-            for name, obj in registered:
+            for name, obj, options in registered:
                 previous = entries.get((kind, name))
                 if previous is not None:
                     conflicts.append(
-                        f"{kind} {name!r} is registered by both {previous[1]} and "
+                        f"{kind} {name!r} is registered by both {previous.provider} and "
                         f"{candidate.dist}; uninstall one or leave one out of PGW_PLUGINS"
                     )
                     continue
-                entries[(kind, name)] = (obj, candidate.dist)
+                entries[(kind, name)] = Registration(obj, candidate.dist, options)
                 candidate.provides.setdefault(kind, []).append(name)
 
 
 def _call_registration_hook(
     impl: pluggy.HookImpl, hook_name: str, kind: str, candidate: _Candidate
-) -> list[tuple[str, Any]] | None:
+) -> list[tuple[str, Any, type[BaseModel] | None]] | None:
     """Run one hook implementation; its registrations, or ``None`` (and an error) if it failed."""
     if impl.hookwrapper or impl.wrapper:
         candidate.errors.append(f"{hook_name}: registration hooks cannot be wrappers")
         return None
-    registered: list[tuple[str, Any]] = []
+    registered: list[tuple[str, Any, type[BaseModel] | None]] = []
     seen: set[str] = set()
 
-    def register(name: str, obj: Any) -> None:
+    def register(name: str, obj: Any, /, *, options: type[Any] | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise PluginError(f"register() needs a non-empty string name, got {name!r}")
         if name in seen:
             raise PluginError(f"{kind} {name!r} registered twice by the same plugin")
-        seen.add(name)
-        registered.append((name, obj))
+        if options is not None:
+            from pydantic import BaseModel
 
-    arguments: dict[str, Callable[[str, Any], None]] = {"register": register}
+            if not (isinstance(options, type) and issubclass(options, BaseModel)):
+                raise PluginError(
+                    f"{kind} {name!r}: options= must be a pydantic model class "
+                    f"(a polygateway.options.ComponentOptions subclass), got {options!r}"
+                )
+        seen.add(name)
+        registered.append((name, obj, options))
+
+    arguments: dict[str, ports.Register] = {"register": register}
     try:
         result = impl.function(*(arguments[arg] for arg in impl.argnames))
     # A plugin is third-party code: whatever it raises must not stop the other plugins.
@@ -358,7 +636,7 @@ def load_registry(
             _add_to_manager(pm, candidate, plugin)
     pm.check_pending()  # safety net: unknown hooks were already refused plugin by plugin
 
-    entries: dict[tuple[str, str], tuple[Any, str]] = {}
+    entries: dict[tuple[str, str], Registration] = {}
     conflicts: list[str] = []
     for candidate, _ in staged:
         if candidate.plugin is not None:

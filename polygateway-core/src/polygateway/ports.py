@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from polygateway.settings import Limits, ScopeSettings, SourceConfig
 from polygateway.types import (
@@ -368,19 +368,39 @@ class Components:
     pricing: Pricing | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class BuildContext:
+OptionsT = TypeVar("OptionsT", covariant=True)
+
+
+# No slots: ``BuildContext(...)`` instantiates through the generic alias, which records
+# ``__orig_class__`` on the instance (refused quietly by a frozen dataclass, not by slots).
+@dataclass(frozen=True)
+class ComponentContext(Generic[OptionsT]):
     """What a component factory gets: the resolved scope, its own options, the clock.
 
-    ``components`` is set only for middleware factories (built after every other part).
+    ``options`` is the validated options model instance when the factory was registered with
+    ``register(name, factory, options=Model)`` (type the factory's argument
+    ``ComponentContext[Model]``), else the raw mapping (``BuildContext``). ``components`` is
+    set only for middleware factories (built after every other part).
     """
 
     settings: ScopeSettings
-    options: Mapping[str, Any]
+    options: OptionsT
     clock: Clock
     components: Components | None = None
 
 
-ComponentFactory: TypeAlias = Callable[[BuildContext], Any]
-Register: TypeAlias = Callable[[str, Any], None]
-"""The callback every registration hook receives: ``register(name, factory_or_profile)``."""
+BuildContext: TypeAlias = ComponentContext[Mapping[str, Any]]
+"""The context of a factory registered without an options model: options as a mapping."""
+
+ComponentFactory: TypeAlias = Callable[[ComponentContext[Any]], Any]
+
+
+class Register(Protocol):
+    """The callback every registration hook receives.
+
+    ``register(name, factory_or_profile)``, or ``register(name, factory, options=Model)`` with
+    ``Model`` a ``polygateway.options.ComponentOptions`` subclass: the loader then validates the
+    component's options with it and the factory gets the instance as ``ctx.options``.
+    """
+
+    def __call__(self, name: str, obj: Any, /, *, options: type[Any] | None = None) -> None: ...

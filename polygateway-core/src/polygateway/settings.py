@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeAlias
 
 
 class Secret:
@@ -125,12 +125,25 @@ class BackpressureSettings:
     """Limiter lease TTL; ``None`` derives ``max timeout + 30``."""
 
 
+class OptionsModel(Protocol):
+    """A validated options model instance (a ``polygateway.options.ComponentOptions``, i.e. a
+    pydantic model), described structurally so that settings need not import pydantic."""
+
+    def model_dump(self) -> dict[str, Any]: ...
+
+
+ComponentOptionsValue: TypeAlias = "Mapping[str, Any] | OptionsModel"
+"""A component's options: the instance of the options model its plugin registered (what the
+loader produces), or a plain mapping (hand-built settings, or a factory registered without a
+model; assembly validates a mapping with the model when there is one)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ComponentChoice:
-    """A registered implementation picked by name, with its options from the pipeline file."""
+    """A registered implementation picked by name, with its options."""
 
     name: str
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: ComponentOptionsValue = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +152,7 @@ class CacheSettings:
     """Registered cache name, or ``none``."""
     namespace: str | None = None
     ttl_s: float | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: ComponentOptionsValue = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +160,7 @@ class TelemetrySettings:
     backend: str = "sqlite"
     """Registered telemetry recorder name, or ``none``."""
     sqlite_path: str = "pgw_telemetry.db"
-    pg_dsn: Secret | None = field(default=None, repr=False)
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: ComponentOptionsValue = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +183,8 @@ class ScopeSettings:
     max_structured_retries: int = 1
     middleware: tuple[str, ...] = ("telemetry", "cache", "structured", "retry")
     """Outer -> inner; the transport is always innermost and ``retry`` always last."""
-    middleware_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    redis_url: Secret | None = field(default=None, repr=False)
+    middleware_options: Mapping[str, ComponentOptionsValue] = field(default_factory=dict)
+    """Layer -> its options (see ``ComponentOptionsValue``)."""
     batch_size: int | None = None
     """Embedding scopes only: texts per request."""
     batch_concurrency: int = 1

@@ -3,28 +3,33 @@
 Only hook implementations live here; the implementations are imported when a factory runs, so
 loading the plugin costs nothing for a scope that does not select Redis.
 
-Factory options (pipeline file ``[scope.limiter]`` / ``[scope.breaker]`` / ``[scope.cache]``
-``options``): ``socket_timeout_s``, ``connect_timeout_s``, ``max_connections`` for all three;
-``prefix`` for the cache; ``elide_clean_success`` for the breaker (a boolean: ``true``/
-``false``, ``yes``/``no``, ``1``/``0`` as strings too). ``REDIS_URL`` (a ``redis+cluster://``
-URL selects Redis Cluster) is required.
+Options (``pgw_redis.options``, validated by the core's loader like any component's): ``url``
+(env ``REDIS_URL``, required; a ``redis+cluster://`` URL selects Redis Cluster),
+``socket_timeout_s``, ``connect_timeout_s``, ``max_connections`` for all three;
+``elide_clean_success`` for the breaker; ``prefix`` for the cache. Set them in
+``[scopes.X.limiter.options]`` (``breaker``, ``cache``) or ``{SCOPE}__LIMITER__{OPTION}``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polygateway.hookspecs import hookimpl
-from polygateway.ports import BuildContext, Register
+from polygateway.ports import ComponentContext, Register
+
+if TYPE_CHECKING:
+    from pgw_redis.options import RedisBreakerOptions, RedisCacheOptions, RedisOptions
 
 
 @hookimpl
 def pgw_register_limiters(register: Register) -> None:
-    def redis(ctx: BuildContext) -> Any:
+    from pgw_redis.options import RedisOptions
+
+    def redis(ctx: ComponentContext[RedisOptions]) -> Any:
         from pgw_redis.connection import connect_for
         from pgw_redis.limiter import RedisLimiter
 
-        client = connect_for(ctx, "limiter")
+        client = connect_for(ctx.options, "limiter")
         return RedisLimiter(
             client,
             scope=ctx.settings.scope,
@@ -34,20 +39,18 @@ def pgw_register_limiters(register: Register) -> None:
             owns_client=True,
         )
 
-    register("redis", redis)
+    register("redis", redis, options=RedisOptions)
 
 
 @hookimpl
 def pgw_register_breakers(register: Register) -> None:
-    def redis(ctx: BuildContext) -> Any:
-        from pgw_redis._options import parse_bool
+    from pgw_redis.options import RedisBreakerOptions
+
+    def redis(ctx: ComponentContext[RedisBreakerOptions]) -> Any:
         from pgw_redis.breaker import RedisGate
         from pgw_redis.connection import connect_for
 
-        elide = parse_bool(
-            ctx.options.get("elide_clean_success", True), "elide_clean_success", "breaker"
-        )
-        client = connect_for(ctx, "breaker", ("elide_clean_success",))
+        client = connect_for(ctx.options, "breaker")
         breaker = ctx.settings.breaker
         return RedisGate(
             client,
@@ -55,22 +58,22 @@ def pgw_register_breakers(register: Register) -> None:
             fail_threshold=breaker.fail_threshold,
             cooldown_s=breaker.cooldown_s,
             probe_ttl_s=ctx.settings.probe_ttl_s,
-            elide_clean_success=elide,
+            elide_clean_success=ctx.options.elide_clean_success,
             owns_client=True,
         )
 
-    register("redis", redis)
+    register("redis", redis, options=RedisBreakerOptions)
 
 
 @hookimpl
 def pgw_register_caches(register: Register) -> None:
-    def redis(ctx: BuildContext) -> Any:
-        from pgw_redis._options import parse_str
-        from pgw_redis.cache import DEFAULT_PREFIX, RedisCache
+    from pgw_redis.options import RedisCacheOptions
+
+    def redis(ctx: ComponentContext[RedisCacheOptions]) -> Any:
+        from pgw_redis.cache import RedisCache
         from pgw_redis.connection import connect_for
 
-        prefix = parse_str(ctx.options.get("prefix", DEFAULT_PREFIX), "prefix", "cache")
-        client = connect_for(ctx, "cache", ("prefix",))
-        return RedisCache(client, prefix=prefix, owns_client=True)
+        client = connect_for(ctx.options, "cache")
+        return RedisCache(client, prefix=ctx.options.prefix, owns_client=True)
 
-    register("redis", redis)
+    register("redis", redis, options=RedisCacheOptions)

@@ -20,13 +20,12 @@ own ``register_script`` would add a ``SCRIPT EXISTS`` round trip before every pi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 from polygateway.errors import ConfigError
-from polygateway.ports import BuildContext
 from polygateway.settings import Secret
 from polygateway.validation import check_ttl
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -36,7 +35,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
-from pgw_redis._options import parse_int, parse_number
+from pgw_redis.options import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_SOCKET_TIMEOUT_S, RedisOptions
 from pgw_redis.scripts import ALL_SCRIPTS, LuaScript
 
 RedisClient: TypeAlias = "Redis | RedisCluster"
@@ -47,13 +46,8 @@ errors (OOM, READONLY, CLUSTERDOWN), and plain socket errors."""
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
-DEFAULT_SOCKET_TIMEOUT_S = 2.0
-DEFAULT_CONNECT_TIMEOUT_S = 2.0
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_CLUSTER_MAX_CONNECTIONS = 512
-
-CONNECTION_OPTIONS = ("socket_timeout_s", "connect_timeout_s", "max_connections")
-"""Component options (pipeline file) every Redis-backed factory accepts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,42 +112,20 @@ def connect(
     return Redis.from_pool(pool)
 
 
-def connect_for(ctx: BuildContext, component: str, own_options: Sequence[str] = ()) -> RedisClient:
-    """The client of one Redis-backed component, from ``REDIS_URL`` and its options.
+def connect_for(options: RedisOptions, component: str) -> RedisClient:
+    """The client of one Redis-backed component, from its validated options.
 
-    ``own_options`` are the component's other accepted option names (checked here too, so a
-    misspelled option fails at assembly). ``ConfigError`` when ``REDIS_URL`` is missing or an
-    option is unknown or invalid.
+    ``ConfigError`` naming the component when the URL cannot make a client.
     """
-    url = ctx.settings.redis_url
-    if url is None or not url:
-        raise ConfigError(
-            f"REDIS_URL is required when the {component} backend is redis "
-            f"(scope {ctx.settings.scope!r})"
-        )
-    options = ctx.options
-    check_options(options, component, (*CONNECTION_OPTIONS, *own_options))
-    # Types here (strings included), ranges in connect().
-    kwargs: dict[str, Any] = {}
-    for name in ("socket_timeout_s", "connect_timeout_s"):
-        if name in options:
-            kwargs[name] = parse_number(options[name], name, component)
-    if "max_connections" in options:
-        name = "max_connections"
-        kwargs[name] = parse_int(options[name], name, component)
     try:
-        return connect(url, **kwargs)
-    except ValueError as exc:
-        raise ConfigError(f"{component} backend redis: {exc}") from None
-
-
-def check_options(options: Mapping[str, Any], component: str, allowed: Sequence[str]) -> None:
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ConfigError(
-            f"{component} backend redis: unknown option(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(allowed)}"
+        return connect(
+            options.url,
+            socket_timeout_s=options.socket_timeout_s,
+            connect_timeout_s=options.connect_timeout_s,
+            max_connections=options.max_connections,
         )
+    except ValueError as exc:
+        raise ConfigError(f"{component} 'redis': {exc}") from None
 
 
 async def initialize_cluster(client: RedisClient) -> None:

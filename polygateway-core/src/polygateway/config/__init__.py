@@ -8,7 +8,8 @@ The only place in the library that reads the environment. Typical use::
 Every problem becomes one line of ``ConfigError.problems`` naming the key (``LLM__QWEN__1__
 TIMEOUT_S`` or ``pgw.toml:[scopes.LLM.retry].max_attempts``), the rejected value unless it may be
 a secret, and the allowed values or registered names. Key families, precedence and the file
-format are documented in ``loader.py``, ``env.py`` and ``pgw.example.toml``.
+format are documented in ``env.py``, ``merge.py`` and ``pgw.example.toml``; components' options
+(declared by whoever registers the component) in ``components.py`` and ``polygateway.options``.
 """
 
 from __future__ import annotations

@@ -6,27 +6,36 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel, SecretStr
+
 from polygateway.config.models import is_secret_key, mask_url
+from polygateway.options import dump_options
 from polygateway.settings import GatewaySettings, ScopeSettings, Secret
 
 MASK = "***"
-_URL_FIELDS = frozenset({"base_url", "redis_url", "pg_dsn"})
 
 
 def _plain(value: Any, name: str = "") -> Any:
-    """Dataclasses, mappings and sequences as JSON types; secrets masked."""
-    if isinstance(value, Secret):
-        if not value:
+    """Dataclasses, options models, mappings and sequences as JSON types; secrets masked."""
+    if isinstance(value, Secret | SecretStr):
+        raw = value.reveal() if isinstance(value, Secret) else value.get_secret_value()
+        if not raw:
             return None
         # A URL keeps its host visible (useful to check); its password and query never show.
-        return mask_url(value.reveal()) if name in _URL_FIELDS else MASK
+        return mask_url(raw) if "://" in raw else MASK
+    if isinstance(value, BaseModel):  # a component's validated options, defaults included
+        value = dump_options(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name), f.name) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         if name == "headers":  # any header may carry a credential (Cookie, X-Api-Key, ...)
             return {str(key): MASK for key in value}
+        # A typed secret masks itself (keeping a URL's host); a plain value under a
+        # credential-looking name is masked whole.
         return {
-            str(key): MASK if is_secret_key(str(key)) else _plain(item, str(key))
+            str(key): _plain(item, str(key))
+            if isinstance(item, Secret | SecretStr) or not is_secret_key(str(key))
+            else MASK
             for key, item in value.items()
         }
     if isinstance(value, list | tuple):

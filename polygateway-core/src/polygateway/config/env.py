@@ -6,8 +6,12 @@ Families (the seeds' names, ARCHITECTURE §9, M2 §1):
   named ``{provider}-{N}`` (``qwen-1``);
 - scope settings: ``{SCOPE}__RETRY__MAX_ATTEMPTS``, ``{SCOPE}__GLOBAL__RPM``,
   ``{SCOPE}__SELECTOR``... (the second segment is one of ``RESERVED_SEGMENTS``, never a provider);
+- component options: ``{SCOPE}__{KIND}__{OPTION}`` for the kinds of ``OPTION_GROUPS``
+  (``LLM__LIMITER__SOCKET_TIMEOUT_S``): any field that is not one of the group's own is option
+  ``option`` of the component the scope picks for that kind, validated by its options model;
 - flat keys: ``LLM_TIMEOUT``, ``LLM_MAX_RETRIES``... (single-scope shorthand, apply to every
-  scope) and the ``PGW_*`` backend choices.
+  scope) and the ``PGW_*`` backend choices. Plugins declare flat keys of their own for their
+  options (``polygateway.options.EnvKey``); those are read by the loader, not here.
 
 This module only sorts raw strings into layer-shaped dicts and remembers which key each value
 came from; typing and constraints are ``models.py``'s job.
@@ -72,12 +76,16 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
             "LEASE_TTL_S": "lease_ttl_s",
         },
     ),
+    "LIMITER": ("limiter", {}),
     "GLOBAL": ("global", {"MAX_CONCURRENCY": "max_concurrency", "RPM": "rpm", "TPM": "tpm"}),
     "STRUCTURED": ("structured", {"MAX_RETRIES": "max_retries", "STRATEGY": "strategy"}),
     "CACHE": ("cache", {"BACKEND": "backend", "NAMESPACE": "namespace", "TTL_S": "ttl_s"}),
     "TELEMETRY": ("telemetry", {"BACKEND": "backend", "SQLITE_PATH": "sqlite_path"}),
 }
 """``{SCOPE}__{GROUP}__{FIELD}`` -> (table, {FIELD: key})."""
+
+OPTION_GROUPS: frozenset[str] = frozenset({"LIMITER", "BREAKER", "CACHE", "TELEMETRY"})
+"""Groups whose other fields are options of the picked component (``table.options.field``)."""
 
 SCOPE_SCALARS: dict[str, str] = {
     "SELECTOR": "selector",
@@ -107,12 +115,10 @@ FLAT_KEYS: dict[str, Loc] = {
     "PGW_CACHE_TTL_S": ("cache", "ttl_s"),
     "PGW_TELEMETRY_BACKEND": ("telemetry", "backend"),
     "PGW_TELEMETRY_SQLITE_PATH": ("telemetry", "sqlite_path"),
-    "PGW_TELEMETRY_PG_DSN": ("telemetry", "pg_dsn"),
     "PGW_PRICING_PATH": ("pricing_path",),
 }
 """Flat keys (every scope) -> layer path. Scope keys and the pipeline file's scope tables win."""
 
-REDIS_URL_KEY = "REDIS_URL"
 CONFIG_PATH_KEY = "PGW_CONFIG"
 PLUGINS_KEY = "PGW_PLUGINS"
 
@@ -198,7 +204,6 @@ class EnvConfig:
     flat_keys: dict[Loc, str] = field(default_factory=dict)
     scopes: dict[str, EnvScope] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    redis_url: str | None = None
 
 
 def _set_path(target: dict[str, Any], path: Loc, value: Any) -> None:
@@ -226,8 +231,6 @@ def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> En
         if key in FLAT_KEYS:
             _set_path(config.flat, FLAT_KEYS[key], value)
             config.flat_keys[FLAT_KEYS[key]] = key
-        elif key == REDIS_URL_KEY:
-            config.redis_url = value
 
     family: list[tuple[str, list[str], str]] = []
     scopes_seen = {name.upper() for name in known_scopes}
@@ -264,8 +267,12 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
             scope.keys[path] = key
         elif second in SCOPE_GROUPS:
             fields = SCOPE_GROUPS[second][1]
+            choices = [_allowed(fields)] if fields else []
+            if second in OPTION_GROUPS:
+                choices.append(f"an option of the {second.lower()} the scope picks")
             scope.problems.append(
-                f"{key}: missing the field; use {key}__<FIELD> with FIELD one of {_allowed(fields)}"
+                f"{key}: missing the field; use {key}__<FIELD> with FIELD one of "
+                + " or ".join(choices)
             )
         else:
             scope.problems.append(f"{key}: not a PolyGateway key; {shapes}")
@@ -273,6 +280,12 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
     if len(parts) == 3:
         if second in SCOPE_GROUPS:
             table, fields = SCOPE_GROUPS[second]
+            if parts[2] not in fields and second in OPTION_GROUPS:
+                # An option of the picked component: its options model judges the name.
+                path = (table, "options", parts[2].lower())
+                _set_path(scope.settings, path, value)
+                scope.keys[path] = key
+                return
             if parts[2] not in fields:
                 scope.problems.append(
                     f"{key}: unknown {second} field {parts[2]}; allowed: {_allowed(fields)}"

@@ -24,17 +24,6 @@ from typing import Protocol
 
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 
-# Names that a known plugin distribution provides: an unknown name gets an install hint.
-_PLUGIN_HINTS: dict[tuple[str, str], str] = {
-    ("limiter", "redis"): "pgw-redis",
-    ("breaker", "redis"): "pgw-redis",
-    ("cache", "redis"): "pgw-redis",
-    ("telemetry", "postgres"): "pgw-postgres",
-    ("transport", "openai-sdk"): "pgw-openai-sdk",
-    ("transport", "monkeyocr"): "pgw-monkeyocr",
-    ("transport", "embedding"): "pgw-embedding",
-}
-
 NO_BACKEND = "none"
 _NUMBERED = re.compile(r"^([a-z0-9]+(?:_[a-z0-9]+)*)-([0-9]+)$")
 
@@ -43,6 +32,11 @@ class NameRegistry(Protocol):
     """What the guards need of ``polygateway.plugins.Registry``."""
 
     def names(self, kind: str) -> Sequence[str]: ...
+
+    def unavailable(self) -> Sequence[str]:
+        """Plugins that could have provided a missing name (failed to load, or left out by
+        ``PGW_PLUGINS``), one line each with its hint."""
+        ...
 
 
 # --------------------------------------------------------------------------- key names
@@ -215,6 +209,7 @@ def scope_registry_problems(
     wanted.extend(("middleware", layer, middleware_key(name)) for layer in scope.middleware)
 
     problems: list[str] = []
+    hints: list[str] | None = None
     for kind, chosen, generic_key in wanted:
         key = generic_key
         if chosen_by and kind in chosen_by and kind not in ("transport", "provider"):
@@ -227,9 +222,11 @@ def scope_registry_problems(
             f"{key}: {what} {chosen!r} is not registered; registered {kind} names: "
             f"{', '.join(names) or 'none'}"
         )
-        hint = _PLUGIN_HINTS.get((kind, chosen))
-        if hint:
-            line += f" (provided by the {hint} plugin: pip install {hint})"
+        if hints is None:
+            hints = list(registry.unavailable())
+        if hints:
+            # The registry knows no plugin by name; it knows which ones failed or were left out.
+            line += " (" + "; ".join(hints) + ")"
         problems.append(line)
     return problems
 

@@ -14,7 +14,6 @@ used: it spans lines and echoes inputs, which may be secrets.
 from __future__ import annotations
 
 import copy
-import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +27,18 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+)
+
+from polygateway.options import (
+    BOOL_WORDS,
+    Bool,
+    NonNegativeDuration,
+    NonNegativeInt,
+    PositiveDuration,
+    PositiveInt,
+    env_keys,
+    is_secret_field,
+    is_secret_name,
 )
 
 Loc: TypeAlias = tuple[str | int, ...]
@@ -45,10 +56,10 @@ def _http_url(value: str) -> str:
     return value
 
 
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+# The vocabulary every option shares (``polygateway.options``): ``2.5s``/``yes`` mean the same in
+# a core key and in a plugin's option.
+PositiveFloat = PositiveDuration
+NonNegativeFloat = NonNegativeDuration
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 ProviderName = Annotated[
     str,
@@ -81,11 +92,11 @@ class SourceDefaultsLayer(LayerModel):
     rpm: NonNegativeInt | None = None
     tpm: NonNegativeInt | None = None
     est_tokens: PositiveInt | None = None
-    enable_thinking: bool | None = None
+    enable_thinking: Bool | None = None
     missing_done: Literal["retry", "salvage"] | None = None
     transport: Name | None = None
     engine: Engine | None = None
-    trust_env: bool | None = None
+    trust_env: Bool | None = None
     options: Options | None = None
 
 
@@ -142,8 +153,6 @@ class CacheLayer(LayerModel):
 class TelemetryLayer(LayerModel):
     backend: Name | None = None
     sqlite_path: Name | None = None
-    pg_dsn: str | None = None
-    pg_dsn_env: Name | None = None
     options: Options | None = None
 
 
@@ -175,17 +184,13 @@ class ScopeCommonLayer(LayerModel):
 
 # --------------------------------------------------------------------------- secrets
 
-_SECRET_FIELDS = frozenset({"api_key", "pg_dsn", "redis_url"})
-_SECRET_OPTION = re.compile(
-    r"(^|[_\-])(api[_\-]?key|key|secret|password|passwd|pwd|token|dsn|credentials?|auth|authorization)$",
-    re.IGNORECASE,
-)
+_SECRET_FIELDS = frozenset({"api_key"})
 _FREE_FORM = frozenset({"options", "middleware_options"})
 
 
 def is_secret_key(name: str) -> bool:
     """Whether a free-form option name looks like it holds a credential."""
-    return bool(_SECRET_OPTION.search(name))
+    return is_secret_name(name)
 
 
 def is_secret_loc(loc: Sequence[str | int]) -> bool:
@@ -311,8 +316,8 @@ def _reason(error: Mapping[str, Any], root: type[BaseModel]) -> str:
         "float_parsing": "must be a number",
         "float_type": "must be a number",
         "finite_number": "must be a finite number",
-        "bool_parsing": "must be true or false (also yes/no, 1/0)",
-        "bool_type": "must be true or false (also yes/no, 1/0)",
+        "bool_parsing": f"must be {BOOL_WORDS}",
+        "bool_type": f"must be {BOOL_WORDS}",
         "string_type": "must be a string",
         "string_too_short": "must not be empty",
         "dict_type": "must be a table",
@@ -346,11 +351,46 @@ def describe_error(
     # Dict-key errors carry a synthetic "[key]" segment; the key itself is the useful part.
     loc = tuple(p for p in loc if not (isinstance(p, str) and p == "[key]"))
     line = f"{label(prefix + loc)}: {_reason(error, root)}"
-    if error["type"] not in ("extra_forbidden", "missing") and not is_secret_loc(prefix + loc):
+    secret = is_secret_loc(prefix + loc) or _secret_in(root, loc)
+    if error["type"] not in ("extra_forbidden", "missing") and not secret:
         shown = show_value(error.get("input"))
         if shown is not None:
             line += f", got {shown}"
     return line
+
+
+def _secret_in(root: type[BaseModel], loc: Loc) -> bool:
+    """Whether ``loc`` (below ``root``) is a field typed as a secret, at any depth."""
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if model is None:
+            return False
+        if isinstance(part, int):
+            continue
+        if is_secret_field(model, part):
+            return True
+        info = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        model = _unwrap_model(info.annotation) if info is not None else None
+    return False
+
+
+def validate_options(
+    raw: Mapping[str, Any], model: type[BaseModel], label: Callable[[Loc], str]
+) -> tuple[BaseModel | None, list[str]]:
+    """A component's options validated by its model: the instance, or ``None`` and one line per
+    problem (``<label>: <reason>``, secrets never shown)."""
+    try:
+        return model.model_validate(dict(raw)), []
+    except ValidationError as exc:
+        flat = env_keys(model)
+        problems: list[str] = []
+        for error in exc.errors(include_url=False):
+            line = describe_error(error, model, label)
+            where = tuple(error["loc"])
+            if error["type"] == "missing" and len(where) == 1 and str(where[0]) in flat:
+                line += f" (env {flat[str(where[0])]})"
+            problems.append(line)
+        return None, problems
 
 
 def _prune(data: dict[str, Any], locs: Sequence[Loc]) -> dict[str, Any]:

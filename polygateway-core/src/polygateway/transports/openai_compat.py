@@ -32,6 +32,7 @@ from typing import Any
 
 from polygateway.digest import canonical_messages_json
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
+from polygateway.options import parse_bool, parse_number
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
@@ -145,14 +146,10 @@ def estimate_completion_tokens(content: str, thinking: str = "") -> int:
 
 def _option_bool(options: Mapping[str, Any], key: str, default: bool, source: str) -> bool:
     value = options.get(key, default)
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"source {source!r}: option {key!r} must be true or false, got {value!r}")
+    try:
+        return parse_bool(value)  # the vocabulary every option shares
+    except ValueError as exc:
+        raise ConfigError(f"source {source!r}: option {key!r} {exc}, got {value!r}") from None
 
 
 def _option_float(
@@ -162,12 +159,12 @@ def _option_float(
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
         return None
     try:
-        number = float(value)
-    except (TypeError, ValueError):
+        number = parse_number(value)
+    except ValueError:
         raise ConfigError(
             f"source {source!r}: option {key!r} must be a number, got {value!r}"
         ) from None
-    if not number >= 0 or math.isinf(number):
+    if not number >= 0:
         raise ConfigError(f"source {source!r}: option {key!r} must be >= 0, got {value!r}")
     return number
 
