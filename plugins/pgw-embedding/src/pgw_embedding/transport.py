@@ -1,7 +1,8 @@
 """The ``openai-compat`` embedding transport: ``POST {base_url}/embeddings`` for one batch.
 
 It posts through the same HTTP engine as the core's chat transport (``engine_for_source``:
-engine choice, key header masked out of errors, connection pool, no redirects followed) and
+engine choice, connection pool, body caps, no redirects followed; the key, a URL password and
+credential-like extra headers masked out of every error, ``source_secrets``) and
 translates failures with the same table (``polygateway.transports.errors.error_for_status``):
 401/402/403/404/3xx and quota codes -> ``SourceDeadError``, 429/5xx/408 -> ``TransientError``,
 400 and other 4xx -> ``RequestRejectedError``; connection faults and the source's total
@@ -22,16 +23,21 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from polygateway.errors import TransientError
+from polygateway.errors import ConfigError, TransientError
 from polygateway.settings import SourceConfig
 from polygateway.transports.engines import EngineResponse, HttpEngine
-from polygateway.transports.errors import describe_error_body, error_for_status, sanitize_message
+from polygateway.transports.errors import (
+    error_for_status,
+    error_for_stream_event,
+    sanitize_message,
+)
 from polygateway.transports.openai_chunks import json_loads
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
     engine_for_source,
     json_dumps,
-    source_base_url,
+    option_headers,
+    source_secrets,
 )
 from polygateway.types import EmbeddingTransportResult, UsageSource
 
@@ -47,11 +53,17 @@ class OpenAICompatEmbeddingTransport:
     """
 
     def __init__(self, source: SourceConfig) -> None:
-        self._url = f"{source_base_url(source)}/embeddings"
-        self._secret = source.api_key.reveal() or None
+        base_url = source.base_url.strip().rstrip("/")
+        if not base_url:
+            raise ConfigError(f"source {source.name!r}: base_url is empty")
+        self._url = f"{base_url}/embeddings"
         self._encoding = encoding_format(source.options, source.name)
         self._dimensions = option_int(source.options, "dimensions", source.name)
-        self._engine: HttpEngine = engine_for_source(source)
+        headers = {"Content-Type": "application/json", **option_headers(source)}
+        if source.api_key:
+            headers["Authorization"] = f"Bearer {source.api_key.reveal()}"
+        self._secret = source_secrets(source)
+        self._engine: HttpEngine = engine_for_source(source, headers, self._secret)
 
     @property
     def url(self) -> str:
@@ -117,15 +129,7 @@ class OpenAICompatEmbeddingTransport:
                 source_name=source.name,
             )
         if payload.get("error") or payload.get("object") == "error":
-            code, kind, message = describe_error_body(payload)
-            label = "/".join(x for x in (kind, code) if x) or "error"
-            raise TransientError(
-                sanitize_message(
-                    f"source {source.name!r}: error object in a 2xx answer: {label}: {message}",
-                    self._secret,
-                ),
-                source_name=source.name,
-            )
+            raise error_for_stream_event(payload, source_name=source.name, secret=self._secret)
         vectors, dim = vectors_from_data(payload.get("data"), len(texts), source_name=source.name)
         usage = payload.get("usage")
         reported = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
