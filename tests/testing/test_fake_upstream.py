@@ -973,6 +973,8 @@ def test_command_line_serves_the_configured_default_until_sigterm() -> None:
         "5",
         "--content-bytes",
         "60",
+        "--embedding-dim",
+        "5",
     ]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
         try:
@@ -987,6 +989,8 @@ def test_command_line_serves_the_configured_default_until_sigterm() -> None:
                 ]
             assert len(parsed) == 1 + 5 + 1
             assert len(content_of(parsed)) == 60
+            vectors = httpx.post(base_url + "/embeddings", json={"model": "e", "input": "x"})
+            assert len(vectors.json()["data"][0]["embedding"]) == 5
         finally:
             process.terminate()
             assert process.wait(timeout=10) == 0

@@ -32,6 +32,9 @@ def test_base64_is_little_endian_float32() -> None:
     # 0.0, 0.5, 1.0 as little-endian float32 (the example of protocols.md §3).
     assert decode_base64_floats("AAAAAAAAAD8AAIA/") == [0.0, 0.5, 1.0]
     assert decode_base64_floats(b64_floats([1.5, -2.25])) == [1.5, -2.25]
+    # The largest finite float32 values (exponent bits almost all ones) are accepted.
+    big = [3.4028234663852886e38, -(2.0**127), 2.0**-149]
+    assert decode_base64_floats(b64_floats(big)) == big
 
 
 def test_data_is_sorted_by_index_and_mixed_encodings_are_accepted() -> None:
@@ -62,6 +65,9 @@ def test_data_is_sorted_by_index_and_mixed_encodings_are_accepted() -> None:
         ([item(0, [1.0]), item(1, "AAA=")], "not a whole number of float32"),
         ([item(0, [1.0]), item(1, [math.nan])], "not finite"),
         ([item(0, [1.0]), item(1, b64_floats([math.inf]))], "not finite"),
+        ([item(0, [1.0]), item(1, b64_floats([0.5, -math.inf]))], "not finite"),
+        ([item(0, [1.0]), item(1, b64_floats([0.5, math.nan, 0.5]))], "not finite"),
+        ([item(0, [1.0]), item(1, [1e308, 1e308])], "not finite"),
     ],
 )
 def test_unusable_answers_are_result_invalid(data: Any, needle: str) -> None:

@@ -23,6 +23,20 @@ NORM_FLOOR = 1e-12
 
 _BIG_ENDIAN = sys.byteorder == "big"
 
+# A little-endian float32 is NaN or infinite when its exponent bits are all ones: the low 7
+# bits of its 4th byte and the high bit of its 3rd. Looking at the bytes (translate, C speed)
+# costs about half of summing the decoded floats.
+_EXPONENT_HIGH_FULL = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))
+_EXPONENT_LOW_SET = bytes(1 if b & 0x80 else 0 for b in range(256))
+
+
+def _float32_nonfinite(raw: bytes) -> bool:
+    high = raw[3::4].translate(_EXPONENT_HIGH_FULL)
+    if 1 not in high:
+        return False  # every value is below 2**127 in magnitude: the usual case
+    low = raw[2::4].translate(_EXPONENT_LOW_SET)
+    return any(hi and lo for hi, lo in zip(high, low, strict=True))
+
 
 def _where(source_name: str | None) -> str:
     return f"source {source_name!r}: " if source_name else ""
@@ -42,6 +56,10 @@ def decode_base64_floats(text: str, *, source_name: str | None = None) -> list[f
             f"{_where(source_name)}base64 embedding has {len(raw)} bytes, not a whole number of "
             "float32 values"
         )
+    if _float32_nonfinite(raw):
+        raise ResultInvalidError(
+            f"{_where(source_name)}base64 embedding holds values that are not finite numbers"
+        )
     values = array("f")
     values.frombytes(raw)
     if _BIG_ENDIAN:  # pragma: no cover - the wire format is little-endian
@@ -54,9 +72,18 @@ def _vector(value: Any, position: int, source_name: str | None) -> list[float]:
         return decode_base64_floats(value, source_name=source_name)
     if isinstance(value, list):
         try:
-            return array("d", value).tolist()
+            vector = array("d", value).tolist()
         except (TypeError, OverflowError):
             pass
+        else:
+            # NaN or infinity anywhere (or numbers too large for a float) makes the sum
+            # non-finite: one pass in C.
+            if not math.isfinite(sum(vector)):
+                raise ResultInvalidError(
+                    f"{_where(source_name)}data[{position}].embedding holds values that are "
+                    "not finite numbers"
+                )
+            return vector
     raise ResultInvalidError(
         f"{_where(source_name)}data[{position}].embedding is neither a list of numbers nor a "
         f"base64 string (got {type(value).__name__})"
@@ -101,12 +128,6 @@ def vectors_from_data(
             raise ResultInvalidError(
                 f"{where}vectors of mixed length: index 0 has {dim} values, index {index} has "
                 f"{len(vector)}"
-            )
-        # One pass in C: NaN or infinity anywhere (or values too large to be float32 ones)
-        # make the sum non-finite.
-        if not math.isfinite(sum(vector)):
-            raise ResultInvalidError(
-                f"{where}vector {index} holds values that are not finite numbers"
             )
     return vectors, dim
 
