@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
+from pgw_embedding_test_helpers import http_server
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 
@@ -30,7 +31,8 @@ def load_model() -> Any:
 
 @asynccontextmanager
 async def model_server(model: Any) -> AsyncIterator[str]:
-    """Serve ``model`` on 127.0.0.1 (a free port); yields the base URL ``http://.../v1``."""
+    """Serve ``model`` on 127.0.0.1 (a free port); yields the base URL ``http://.../v1``
+    (every POST is taken as ``/v1/embeddings``)."""
     lock = asyncio.Lock()  # one encode at a time: torch already uses every core
 
     async def embeddings(request: web.Request) -> web.Response:
@@ -73,13 +75,5 @@ async def model_server(model: Any) -> AsyncIterator[str]:
             }
         )
 
-    app = web.Application()
-    app.router.add_post("/v1/embeddings", embeddings)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    finally:
-        await runner.cleanup()
+    async with http_server(embeddings) as base_url:
+        yield base_url

@@ -13,7 +13,7 @@ import binascii
 import math
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from polygateway.errors import ResultInvalidError
@@ -111,7 +111,7 @@ def vectors_from_data(
         )
     ordered: list[list[float] | None] = [None] * count
     for position, item in enumerate(data):
-        index = item.get("index") if isinstance(item, Mapping) else None
+        index = item.get("index") if isinstance(item, dict) else None
         if type(index) is not int or not 0 <= index < count:
             raise ResultInvalidError(
                 f"{where}data[{position}] has no valid index in 0..{count - 1} (got {index!r})"
