@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pgw_embedding.transport import OpenAICompatEmbeddingTransport
-from pgw_embedding_test_helpers import embed_source
+from pgw_embedding import EmbeddingClient
+from pgw_embedding_test_helpers import embed_settings, registry
 
 pytestmark = pytest.mark.realmodel
 
@@ -46,23 +46,20 @@ async def test_paraphrase_ranks_above_an_unrelated_sentence(model: Any, encoding
     from pgw_embedding_realmodel import MODEL_NAME, model_server
 
     async with model_server(model) as base_url:
-        source = embed_source(
+        settings = embed_settings(
             None,
-            "minilm",
+            ("minilm",),
             base_url=base_url,
+            batch_size=2,  # two batches: the vectors of both come back in order
             model=MODEL_NAME,
             timeout_s=60.0,
             options={"encoding_format": encoding},
         )
-        transport = OpenAICompatEmbeddingTransport(source)
-        try:
-            result = await transport.embed(
-                texts=[ANCHOR, PARAPHRASE, UNRELATED], source=source, call_id="c1"
-            )
-        finally:
-            await transport.aclose()
-    anchor, paraphrase, unrelated = result.vectors
-    assert result.dim == 384 and result.model == MODEL_NAME
-    assert result.usage_source == "measured" and result.prompt_tokens > 3
+        async with EmbeddingClient(settings, registry=registry(), normalize=True) as client:
+            response = await client.embed([ANCHOR, PARAPHRASE, UNRELATED])
+    anchor, paraphrase, unrelated = response.vectors
+    assert response.dim == 384 and response.model == MODEL_NAME
+    assert response.usage_source == "measured" and response.prompt_tokens > 3
+    assert all(abs(math.hypot(*v) - 1.0) < 1e-9 for v in response.vectors)
     close, far = cosine(anchor, paraphrase), cosine(anchor, unrelated)
     assert close > 0.7 > 0.3 > far, (close, far)

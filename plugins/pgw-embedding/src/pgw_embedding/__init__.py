@@ -1,20 +1,42 @@
-"""PolyGateway embeddings: the ``openai-compat`` embedding transport (entry point
-``polygateway: embedding``).
+"""PolyGateway embeddings (entry point ``polygateway: embedding``).
 
-The transport posts one batch to ``{base_url}/embeddings`` and returns its vectors in input
-order; ``pgw_embedding.inputs`` checks what the caller gives, ``pgw_embedding.vectors`` decodes
-and checks what comes back. Implementations are imported on first use, so loading the plugin
-costs nothing for a process that never embeds.
+``EmbeddingClient.from_env(scope="EMBED")`` gives governed embeddings: batches of
+``EMBED__BATCH_SIZE`` texts, each a full governed call on the core's governor, vectors back in
+input order. The plugin registers the ``openai-compat`` embedding transport
+(``POST {base_url}/embeddings``) through ``pgw_register_embedding_transports``; other embedding
+transports plug in through the same hook.
+
+Implementations are imported on first use, so loading the plugin costs nothing for a process
+that never embeds.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from polygateway.hookspecs import hookimpl
+from polygateway.ports import Register
+from polygateway.settings import SourceConfig
+
 if TYPE_CHECKING:
+    from pgw_embedding.client import EmbeddingClient
     from pgw_embedding.transport import OpenAICompatEmbeddingTransport
 
-_LAZY = {"OpenAICompatEmbeddingTransport": "pgw_embedding.transport"}
+
+@hookimpl
+def pgw_register_embedding_transports(register: Register) -> None:
+    def openai_compat(source: SourceConfig) -> Any:
+        from pgw_embedding.transport import OpenAICompatEmbeddingTransport
+
+        return OpenAICompatEmbeddingTransport(source)
+
+    register("openai-compat", openai_compat)
+
+
+_LAZY = {
+    "EmbeddingClient": "pgw_embedding.client",
+    "OpenAICompatEmbeddingTransport": "pgw_embedding.transport",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -28,4 +50,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["OpenAICompatEmbeddingTransport"]
+__all__ = ["EmbeddingClient", "OpenAICompatEmbeddingTransport"]
