@@ -97,6 +97,24 @@ async def test_concurrency_bounds_batches_in_flight_and_cancel_releases_everythi
     assert fake_upstream.requests("a", route="embeddings") == 3, "no 4th batch started"
 
 
+async def test_cancelling_a_probe_batch_hands_the_probe_back(fake_upstream: FakeUpstream) -> None:
+    clock = FakeClock()
+    breaker = memory_gate(clock)
+    await breaker.inner.force_open("a")
+    clock.advance(31.0)  # past the cooldown: the next call is the half-open probe
+    fake_upstream.set_default("a", Reply.black_hole(), route="embeddings")
+    settings = embed_settings(fake_upstream, ("a",))
+    async with client_for(settings, breaker=breaker, clock=clock) as client:
+        task = asyncio.create_task(client.embed(TEXTS))
+        await fake_upstream.wait_for_requests(1, "a", route="embeddings")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert breaker.writes == [("release_probe", "a")]
+    decision = await breaker.try_enter("a")
+    assert decision.allowed and decision.is_probe, "the next caller probes at once"
+
+
 async def test_a_failed_batch_fails_the_call_and_cancels_the_others(
     fake_upstream: FakeUpstream,
 ) -> None:
@@ -364,3 +382,18 @@ async def test_aclose_closes_what_it_built_only(fake_upstream: FakeUpstream) -> 
     await limiter.try_acquire("a", 1, Limits())  # still usable: it is the caller's
     with pytest.raises(RuntimeError, match="closed"):
         await client.embed(["x"])
+
+
+def test_the_readme_pipeline_file_example(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "pgw.toml"
+    path.write_text(example)
+    client = EmbeddingClient.from_env(
+        env={"PGW_TELEMETRY_BACKEND": "none"}, pipeline_path=path, registry=registry()
+    )
+    assert client.settings.batch_size == 64 and client.settings.batch_concurrency == 2
+    [source] = client.settings.sources
+    assert source.options["dimensions"] == 512
+    assert client.transports[source.name].request_body(["x"], source)["dimensions"] == 512  # type: ignore[attr-defined]
+    asyncio.run(client.aclose())

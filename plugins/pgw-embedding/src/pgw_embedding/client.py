@@ -23,7 +23,6 @@ texts (count, characters, sha256, the start of the first few), ``response``
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,25 +31,24 @@ from os import PathLike
 from types import TracebackType
 from typing import Any
 
+from polygateway.assembly import build_governance
 from polygateway.client import gather_bounded
 from polygateway.clock import SystemClock
 from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, Governor, Outcome
 from polygateway.ports import (
-    BuildContext,
     Clock,
     EmbeddingTransport,
     Pricing,
     ProviderGate,
     RateLimiter,
     SourceSelector,
-    SupportsRecordNowait,
     TelemetryRecorder,
 )
-from polygateway.records import AttemptSummary, build_record
+from polygateway.records import AttemptRows, AttemptSummary, RowWriter
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
-from polygateway.types import EmbeddingResponse, EmbeddingTransportResult, TelemetryRecord
+from polygateway.types import EmbeddingResponse, EmbeddingTransportResult
 
 from pgw_embedding.inputs import check_texts, estimate_tokens, max_input_chars, split_batches
 from pgw_embedding.vectors import check_dimension, l2_normalize
@@ -60,7 +58,6 @@ __all__ = ["EmbeddingClient", "texts_summary"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_SCOPE = "EMBED"
-OFF = "none"
 SUMMARY_TEXTS = 3
 """How many texts the ``messages`` summary of a row shows the start of."""
 SUMMARY_CHARS = 80
@@ -100,98 +97,16 @@ class _CallDim:
         self.dim = expected
 
 
-class _RowSink:
-    """Hands rows to the recorder without awaiting (``record_nowait`` when it has one, else a
-    task); never raises; ``drain`` waits for the tasks."""
-
-    __slots__ = ("_recorder", "_submit", "_tasks", "_warned")
-
-    def __init__(self, recorder: TelemetryRecorder) -> None:
-        self._recorder = recorder
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._warned = False
-        self._submit: Callable[[TelemetryRecord], None] = (
-            recorder.record_nowait
-            if isinstance(recorder, SupportsRecordNowait)
-            else self._submit_as_task
-        )
-
-    def submit(self, row: TelemetryRecord) -> None:
-        try:
-            self._submit(row)
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks a call
-            self._warn(exc)
-
-    def _submit_as_task(self, row: TelemetryRecord) -> None:
-        task = asyncio.get_running_loop().create_task(self._record(row))
-        self._tasks.add(task)  # a strong reference until done
-        task.add_done_callback(self._tasks.discard)
-
-    async def _record(self, row: TelemetryRecord) -> None:
-        try:
-            await self._recorder.record(row)
-        except Exception as exc:  # noqa: BLE001 - telemetry never breaks a call
-            self._warn(exc)
-
-    def _warn(self, exc: Exception) -> None:
-        if not self._warned:
-            self._warned = True
-            logger.warning("embedding telemetry row lost: %s: %s", type(exc).__name__, exc)
-
-    async def drain(self) -> None:
-        while self._tasks:
-            await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
-
-
-class _BatchRows:
-    """The governor's ``AttemptObserver`` for one batch: one telemetry row per attempt."""
-
-    __slots__ = ("_client", "_messages", "_parent_call_id", "_session_id")
-
-    def __init__(
-        self,
-        client: EmbeddingClient,
-        texts: Sequence[str],
-        session_id: str | None,
-        parent_call_id: str | None,
-    ) -> None:
-        self._client = client
-        self._messages = texts_summary(texts)
-        self._session_id = session_id
-        self._parent_call_id = parent_call_id
-
-    def on_attempt(
-        self,
-        source: SourceConfig,
-        call_id: str,
-        outcome: _Batch | BaseException,
-        latency_ms: int,
-    ) -> None:
-        client = self._client
-        if isinstance(outcome, BaseException):
-            summary: AttemptSummary | BaseException = outcome
-        else:
-            result = outcome.result
-            summary = AttemptSummary(
-                content=f"<vectors n={len(result.vectors)} dim={result.dim}>",
-                model=result.model,
-                prompt_tokens=result.prompt_tokens,
-                usage_source=result.usage_source,
-                latency_ms=outcome.latency_ms,
-            )
-        row = build_record(
-            summary,
-            call_id=call_id,
-            parent_call_id=self._parent_call_id,
-            session_id=self._session_id,
-            messages=self._messages,
-            latency_ms=latency_ms,
-            created_at=client._clock.time(),
-            pricing=client._pricing,
-            source=source,
-        )
-        assert client._rows is not None  # an observer exists only with a recorder
-        client._rows.submit(row)
+def _summary(batch: _Batch) -> AttemptSummary:
+    """What a row says of a successful batch: never the vectors."""
+    result = batch.result
+    return AttemptSummary(
+        content=f"<vectors n={len(result.vectors)} dim={result.dim}>",
+        model=result.model,
+        prompt_tokens=result.prompt_tokens,
+        usage_source=result.usage_source,
+        latency_ms=batch.latency_ms,
+    )
 
 
 async def _close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> None:
@@ -269,50 +184,48 @@ class EmbeddingClient:
 
             registry = load_registry()
         clock = clock if clock is not None else SystemClock()
-
-        def context(options: Mapping[str, Any]) -> BuildContext:
-            return BuildContext(settings=settings, options=options, clock=clock)
-
+        parts = build_governance(
+            settings,
+            registry,
+            clock=clock,
+            limiter=limiter,
+            breaker=breaker,
+            selector=selector,
+            telemetry=telemetry,
+            pricing=pricing,
+        )
+        # What this client built and therefore closes, in closing order.
         owned: list[tuple[str, Any]] = []
         built_transports: dict[str, EmbeddingTransport] = {}
         for source in settings.sources:
             given = transports.get(source.name) if transports is not None else None
             if given is None:
-                given = registry.get("embedding_transport", source.transport)(source)
+                given = registry.build_source_port("embedding_transport", source.transport, source)
                 owned.append((f"transport {source.name!r}", given))
             built_transports[source.name] = given
-        if limiter is None:
-            factory = registry.get("limiter", settings.limiter.name)
-            limiter = factory(context(settings.limiter.options))
-            owned.append(("limiter", limiter))
-        if breaker is None:
-            factory = registry.get("breaker", settings.breaker_backend.name)
-            breaker = factory(context(settings.breaker_backend.options))
-            owned.append(("breaker", breaker))
-        if selector is None:
-            selector = registry.get("selector", settings.selector)(context({}))
-        self._owns_telemetry = telemetry is None and settings.telemetry.backend != OFF
-        if self._owns_telemetry:
-            factory = registry.get("telemetry", settings.telemetry.backend)
-            telemetry = factory(context(settings.telemetry.options))
-        if pricing is None:
-            # None when no pricing file is configured; a broken file fails here, at startup.
-            pricing = registry.get("pricing", "table")(context({}))
+        owned.extend(
+            (part, getattr(parts, part)) for part in ("limiter", "breaker") if part in parts.built
+        )
 
         self._settings = settings
         self._clock = clock
-        self._limiter: RateLimiter = limiter
-        self._breaker: ProviderGate = breaker
-        self._telemetry = telemetry
-        self._pricing = pricing
-        self._rows = _RowSink(telemetry) if telemetry is not None else None
+        self._limiter: RateLimiter = parts.limiter
+        self._breaker: ProviderGate = parts.breaker
+        self._telemetry = parts.telemetry
+        self._owns_telemetry = "telemetry" in parts.built
+        self._pricing = parts.pricing
+        self._rows = (
+            RowWriter(parts.telemetry, clock=clock, pricing=parts.pricing)
+            if parts.telemetry is not None
+            else None
+        )
         self._transports: Mapping[str, EmbeddingTransport] = built_transports
         self._owned: tuple[tuple[str, Any], ...] = tuple(owned)
         self._governor = Governor(
             sources=settings.sources,
-            limiter=limiter,
-            breaker=breaker,
-            selector=selector,
+            limiter=parts.limiter,
+            breaker=parts.breaker,
+            selector=parts.selector,
             retry=settings.retry,
             breaker_settings=settings.breaker,
             backpressure=settings.backpressure,
@@ -442,8 +355,17 @@ class EmbeddingClient:
                 _Batch(result, latency_ms), tokens=result.prompt_tokens if measured else None
             )
 
+        rows = self._rows
         observer = (
-            _BatchRows(self, texts, session_id, parent_call_id) if self._rows is not None else None
+            AttemptRows(
+                rows,
+                messages=texts_summary(texts),
+                summarise=_summary,
+                parent_call_id=parent_call_id,
+                session_id=session_id,
+            )
+            if rows is not None
+            else None
         )
         return await self._governor.run(
             attempt, est_tokens=estimate_tokens(texts), observer=observer
