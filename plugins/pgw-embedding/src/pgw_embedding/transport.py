@@ -6,8 +6,9 @@ credential-like extra headers masked out of every error, ``source_secrets``) and
 translates failures with the same table (``polygateway.transports.errors.error_for_status``):
 401/402/403/404/3xx and quota codes -> ``SourceDeadError``, 429/5xx/408 -> ``TransientError``,
 400 and other 4xx -> ``RequestRejectedError``; connection faults and the source's total
-``timeout_s`` -> ``TransientError``. A 200 answer that is not a JSON object, or carries an
-error object, is a ``TransientError`` (as for chat); usable JSON with unusable content (see
+``timeout_s`` (the deadline of a non-streaming chat call) -> ``TransientError``. A 200 answer
+that is not a JSON object, or carries an error object, is a ``TransientError`` (as for chat);
+usable JSON with unusable content (see
 ``pgw_embedding.vectors``) is a ``ResultInvalidError``.
 
 Request: ``model``, ``input`` (the batch), ``encoding_format`` (``base64`` unless the source
@@ -25,6 +26,7 @@ from typing import Any
 
 from polygateway.errors import ConfigError, TransientError
 from polygateway.settings import SourceConfig
+from polygateway.streaming import LivenessMonitor
 from polygateway.transports.engines import EngineResponse, HttpEngine
 from polygateway.transports.errors import (
     error_for_status,
@@ -34,8 +36,10 @@ from polygateway.transports.errors import (
 from polygateway.transports.openai_chunks import json_loads
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
+    attempt_liveness,
     engine_for_source,
     json_dumps,
+    monitor_for_loop,
     option_headers,
     source_secrets,
 )
@@ -64,6 +68,7 @@ class OpenAICompatEmbeddingTransport:
             headers["Authorization"] = f"Bearer {source.api_key.reveal()}"
         self._secret = source_secrets(source)
         self._engine: HttpEngine = engine_for_source(source, headers, self._secret)
+        self._monitor: LivenessMonitor | None = None
 
     @property
     def url(self) -> str:
@@ -87,10 +92,13 @@ class OpenAICompatEmbeddingTransport:
         self, *, texts: list[str], source: SourceConfig, call_id: str
     ) -> EmbeddingTransportResult:
         body = json_dumps(self.request_body(texts, source))
+        loop = asyncio.get_running_loop()
+        monitor = self._monitor = monitor_for_loop(self._monitor, loop)
+        # The source's total deadline bounds the request and reading the answer.
+        deadline = attempt_liveness(source, stream=False, started=loop.time(), monitor=monitor)
         response: EngineResponse | None = None
-        deadline = asyncio.timeout(source.timeout_s)
         try:
-            async with deadline:
+            with deadline:
                 response = await self._engine.post(self._url, body)
                 if not 200 <= response.status < 300:
                     raise error_for_status(
@@ -101,16 +109,8 @@ class OpenAICompatEmbeddingTransport:
                         secret=self._secret,
                     )
                 raw = await response.read()
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            raise TransientError(
-                f"source {source.name!r}: no complete embeddings answer within "
-                f"{source.timeout_s:g}s",
-                source_name=source.name,
-                reason="timeout",
-            ) from None
         finally:
+            deadline.close()
             if response is not None:
                 await response.aclose()
         return self._result(raw, texts, source)
@@ -150,6 +150,9 @@ class OpenAICompatEmbeddingTransport:
         )
 
     async def aclose(self) -> None:
+        if self._monitor is not None:
+            self._monitor.close()
+            self._monitor = None
         await self._engine.aclose()
 
 
