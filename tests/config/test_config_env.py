@@ -344,6 +344,15 @@ def test_embedding_scope_requires_batch_size() -> None:
     assert load_scope("EMBED", env).batch_size == 64
 
 
+def test_batch_concurrency_defaults_to_serial_and_is_validated() -> None:
+    env = {**source_env("EMBED", "OPENAI"), "EMBED__BATCH_SIZE": "64"}
+    assert load_scope("EMBED", env).batch_concurrency == 1
+    assert load_scope("EMBED", {**env, "EMBED__BATCH_CONCURRENCY": "4"}).batch_concurrency == 4
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings({**env, "EMBED__BATCH_CONCURRENCY": "0"})
+    assert one_problem_with(problems_of(excinfo), "EMBED__BATCH_CONCURRENCY", "must be >= 1")
+
+
 def test_retry_max_delay_below_base_delay_is_a_problem() -> None:
     env = {**source_env("LLM"), "LLM__RETRY__BASE_DELAY_S": "5", "LLM__RETRY__MAX_DELAY_S": "1"}
     with pytest.raises(ConfigError) as excinfo:

@@ -277,7 +277,7 @@ def test_pipeline_file_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         (
             "[scopes.LLM]\nretries = 3\n",
             "[scopes.LLM].retries",
-            "allowed: backpressure, batch_size",
+            "allowed: backpressure, batch_concurrency, batch_size",
         ),
         ("[defaults.cache]\nttl = 3\n", "[defaults.cache].ttl", "allowed: backend, namespace"),
         ("scope = 1\n", "scope", "allowed: defaults, scopes"),

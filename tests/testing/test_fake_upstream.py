@@ -774,19 +774,41 @@ async def test_embeddings_float_and_base64_agree_and_carry_index(fake: FakeUpstr
         ).json()
         single = (await client.post(url, json={"model": "e", "input": "beta"})).json()
     assert floats["object"] == "list" and floats["model"] == "e"
-    assert [d["index"] for d in floats["data"]] == [0, 1]
+    # data[] comes out of input order (the default): every index once, never the input order.
+    assert [d["index"] for d in floats["data"]] == [1, 0]
     assert all(d["object"] == "embedding" for d in floats["data"])
-    alpha, beta = (d["embedding"] for d in floats["data"])
+    alpha, beta = (d["embedding"] for d in sorted(floats["data"], key=lambda d: d["index"]))
     assert len(alpha) == 8 and alpha != beta
     assert math.isclose(math.fsum(v * v for v in alpha), 1.0, rel_tol=1e-5)
     assert single["data"][0]["embedding"] == beta, "deterministic per text"
     decoded = [
-        list(struct.unpack("<8f", base64.b64decode(d["embedding"]))) for d in encoded["data"]
+        list(struct.unpack("<8f", base64.b64decode(d["embedding"])))
+        for d in sorted(encoded["data"], key=lambda d: d["index"])
     ]
     assert decoded == [alpha, beta]
     assert floats["usage"] == {"prompt_tokens": 2, "total_tokens": 2}
     assert fake.requests(route="embeddings") == 3
     assert fake.requests(route="chat") == 0
+
+
+async def test_embeddings_data_order_is_shuffled_unless_turned_off(fake: FakeUpstream) -> None:
+    url = fake.base_url() + "/embeddings"
+    texts = [f"text {i}" for i in range(20)]
+    async with httpx.AsyncClient() as client:
+        shuffled = [
+            (await client.post(url, json={"model": "e", "input": texts})).json()["data"]
+            for _ in range(3)
+        ]
+        fake.shuffle_embeddings = False
+        in_order = (await client.post(url, json={"model": "e", "input": texts})).json()["data"]
+    orders = [[d["index"] for d in data] for data in shuffled]
+    assert all(sorted(order) == list(range(20)) and order != list(range(20)) for order in orders)
+    assert len({tuple(order) for order in orders}) > 1, "the permutation varies per request"
+    assert [d["index"] for d in in_order] == list(range(20))
+    by_index = {d["index"]: d["embedding"] for d in shuffled[0]}
+    assert [by_index[i] for i in range(20)] == [d["embedding"] for d in in_order]
+    fake.reset()
+    assert fake.shuffle_embeddings is True
 
 
 async def test_embedding_dimensions_token_arrays_and_invalid_input(fake: FakeUpstream) -> None:
@@ -802,7 +824,7 @@ async def test_embedding_dimensions_token_arrays_and_invalid_input(fake: FakeUps
         limited = await client.post(url, json={"model": "e", "input": "x"})
     assert len(small["data"][0]["embedding"]) == 3
     assert len(asked["data"][0]["embedding"]) == 5
-    assert [d["index"] for d in tokens["data"]] == [0, 1]
+    assert [d["index"] for d in tokens["data"]] == [1, 0]  # out of input order
     assert tokens["usage"]["prompt_tokens"] == 4
     assert len(one_array["data"]) == 1
     assert empty.status_code == 400
@@ -951,6 +973,8 @@ def test_command_line_serves_the_configured_default_until_sigterm() -> None:
         "5",
         "--content-bytes",
         "60",
+        "--embedding-dim",
+        "5",
     ]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
         try:
@@ -965,6 +989,8 @@ def test_command_line_serves_the_configured_default_until_sigterm() -> None:
                 ]
             assert len(parsed) == 1 + 5 + 1
             assert len(content_of(parsed)) == 60
+            vectors = httpx.post(base_url + "/embeddings", json={"model": "e", "input": "x"})
+            assert len(vectors.json()["data"][0]["embedding"]) == 5
         finally:
             process.terminate()
             assert process.wait(timeout=10) == 0

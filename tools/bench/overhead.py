@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
@@ -108,7 +108,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_upstream(port: int, chunks: int) -> subprocess.Popen[bytes]:
+def start_upstream(port: int, chunks: int, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """``pgw fake-upstream`` in its own process (``extra``: more of its arguments)."""
     cmd = [
         sys.executable,
         "-m",
@@ -118,6 +119,7 @@ def start_upstream(port: int, chunks: int) -> subprocess.Popen[bytes]:
         str(port),
         "--chunks",
         str(chunks),
+        *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 20

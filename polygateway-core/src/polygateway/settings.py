@@ -195,7 +195,9 @@ class ScopeSettings:
     middleware_options: Mapping[str, ComponentOptionsValue] = field(default_factory=dict)
     """Layer -> its options (see ``ComponentOptionsValue``)."""
     batch_size: int | None = None
-    """Embedding scopes only."""
+    """Embedding scopes only: texts per request."""
+    batch_concurrency: int = 1
+    """Embedding scopes only: batches in flight at once (1 = one after the other)."""
 
     @property
     def max_timeout_s(self) -> float:

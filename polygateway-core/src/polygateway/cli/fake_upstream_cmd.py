@@ -1,7 +1,8 @@
 """``pgw fake-upstream --port N``: the fake OpenAI-compatible upstream in the foreground.
 
 For benchmarks and soak runs: prints its base URL, serves until SIGINT/SIGTERM. ``--chunks``,
-``--content-bytes`` and ``--inter-token-delay`` set the default reply of every source.
+``--content-bytes`` and ``--inter-token-delay`` set the default reply of every source;
+``--embedding-dim`` the size of its ``/v1/embeddings`` vectors.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
         type=_non_negative_float,
         default=0.0,
         help="seconds between streamed chunks (default 0)",
+    )
+    parser.add_argument(
+        "--embedding-dim",
+        type=_positive_int,
+        help="vector size of /v1/embeddings (default: the fake upstream's own)",
     )
     return run
 
@@ -57,6 +63,7 @@ async def _serve(args: argparse.Namespace) -> int:
     import signal
 
     from polygateway.testing.fake_upstream import DEFAULT_CONTENT, FakeUpstream, Reply
+    from polygateway.testing.fake_upstream.embeddings import DEFAULT_EMBEDDING_DIM
 
     content = _content(args.content_bytes) if args.content_bytes else DEFAULT_CONTENT
     default_reply = Reply.ok(content, chunks=args.chunks, inter_token_delay=args.inter_token_delay)
@@ -66,7 +73,11 @@ async def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signum, stop.set)
     # Benchmarks run for long: do not keep every request body.
     async with FakeUpstream(
-        host=args.host, port=args.port, default_reply=default_reply, keep_received=False
+        host=args.host,
+        port=args.port,
+        default_reply=default_reply,
+        embedding_dim=args.embedding_dim or DEFAULT_EMBEDDING_DIM,
+        keep_received=False,
     ) as fake:
         print(fake.base_url(), flush=True)
         await stop.wait()

@@ -88,7 +88,11 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
 OPTION_GROUPS: frozenset[str] = frozenset({"LIMITER", "BREAKER", "CACHE", "TELEMETRY"})
 """Groups whose other fields are options of the picked component (``table.options.field``)."""
 
-SCOPE_SCALARS: dict[str, str] = {"SELECTOR": "selector", "BATCH_SIZE": "batch_size"}
+SCOPE_SCALARS: dict[str, str] = {
+    "SELECTOR": "selector",
+    "BATCH_SIZE": "batch_size",
+    "BATCH_CONCURRENCY": "batch_concurrency",
+}
 """``{SCOPE}__{KEY}`` -> scope key."""
 
 RESERVED_SEGMENTS: frozenset[str] = frozenset(SCOPE_GROUPS) | frozenset(SCOPE_SCALARS)

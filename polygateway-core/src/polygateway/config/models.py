@@ -169,6 +169,7 @@ class ScopeCommonLayer(LayerModel):
     middleware: list[Name] | None = None
     selector: Name | None = None
     batch_size: PositiveInt | None = None
+    batch_concurrency: PositiveInt | None = None
     pricing_path: Name | None = None
     retry: RetryLayer | None = None
     breaker: BreakerLayer | None = None

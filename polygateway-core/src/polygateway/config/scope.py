@@ -228,6 +228,7 @@ def _build_scope_settings(
         pricing_path=pricing_path,
         middleware_options=middleware_options,
         batch_size=int(batch_size) if batch_size is not None else None,
+        batch_concurrency=int(values.get("batch_concurrency", 1)),
         **kwargs,
     )
     for layer in middleware_options:

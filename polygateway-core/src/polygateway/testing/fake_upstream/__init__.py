@@ -20,8 +20,8 @@ is written synchronously from ``data_received`` without creating a task.
 The package has one module per concern, so that a new protocol is one more module of answers:
 ``replies`` (:class:`Reply`, :class:`ReceivedRequest`), ``wire`` (HTTP framing, plan steps),
 ``connection`` (the HTTP/1.1 server protocol), ``openai`` (the OpenAI routes' answers),
-``anthropic`` (the Messages route's answers) and ``server`` (:class:`FakeUpstream`: lifecycle,
-scripting, counters, routing).
+``anthropic`` (the Messages route's answers), ``embeddings`` (the vectors of the embeddings
+answers) and ``server`` (:class:`FakeUpstream`: lifecycle, scripting, counters, routing).
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """The OpenAI protocol's answers: chat completions (JSON and SSE, every fault shape, the
-dialects of other OpenAI-compatible providers), embeddings, the model list, OpenAI-style error
-bodies byte for byte like the real API, and real providers' error answers
-(``provider_error``)."""
+dialects of other OpenAI-compatible providers), embeddings (built by ``embeddings``), the model
+list, OpenAI-style error bodies byte for byte like the real API, and real providers' error
+answers (``provider_error``)."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import math
-import struct
 from collections.abc import Iterator
 from typing import Any, Final
 
 from polygateway.ports import Clock
+from polygateway.testing.fake_upstream.embeddings import INVALID_INPUT_MESSAGE, embeddings_answer
 from polygateway.testing.fake_upstream.replies import Reply, estimate_tokens, split
 from polygateway.testing.fake_upstream.wire import (
     CHUNKED_END,
@@ -29,7 +26,6 @@ from polygateway.testing.fake_upstream.wire import (
 )
 
 DEFAULT_MODEL: Final = "fake-model"
-DEFAULT_EMBEDDING_DIM: Final = 8
 
 ROUTES: Final[dict[tuple[str, str], str]] = {
     ("POST", "/chat/completions"): "chat",
@@ -223,19 +219,6 @@ def message_text(messages: Any) -> str:
     return "".join(parts)
 
 
-def embedding_vector(text: str, dim: int) -> list[float]:
-    """A deterministic unit vector derived from ``text``, exactly representable in float32."""
-    seed = text.encode("utf-8")
-    raw = bytearray()
-    block = 0
-    while len(raw) < dim * 4:
-        raw += hashlib.blake2b(seed, digest_size=64, salt=block.to_bytes(8, "little")).digest()
-        block += 1
-    values = [(word / 0xFFFFFFFF) * 2.0 - 1.0 for word in struct.unpack(f"<{dim}I", raw[: dim * 4])]
-    norm = math.sqrt(sum(v * v for v in values)) or 1.0
-    return list(struct.unpack(f"<{dim}f", struct.pack(f"<{dim}f", *(v / norm for v in values))))
-
-
 class OpenAIAnswers:
     """Plans of the OpenAI routes. Keeps a small cache of stream event bytes (only ``id``,
     ``created`` and ``model`` vary between requests)."""
@@ -257,9 +240,11 @@ class OpenAIAnswers:
                 return self._chat_stream_plan(ask)
             return self._chat_json_plan(ask)
         if ask.route == "embeddings":
-            answer = self._embeddings_answer(ask)
-            if isinstance(answer, list):
-                return answer
+            answer = embeddings_answer(ask)
+            if answer is None:
+                return self.error(
+                    400, "invalid_request_error", None, INVALID_INPUT_MESSAGE, ask.close
+                )
             return _json_answer(reply, answer, ask.close)
         models = {
             "object": "list",
@@ -505,56 +490,6 @@ class OpenAIAnswers:
         pending += DONE_FRAME
         steps.append(bytes(pending))
         return steps
-
-    def _embeddings_answer(self, ask: Ask) -> dict[str, Any] | list[Step]:
-        """The embeddings answer, or an error plan for input the real API rejects."""
-        reply, request_json, model, close = ask.reply, ask.body, ask.model, ask.close
-        raw_input = request_json.get("input")
-        items: list[Any]
-        if isinstance(raw_input, str):
-            items = [raw_input]
-        elif isinstance(raw_input, list) and raw_input and isinstance(raw_input[0], int):
-            items = [raw_input]  # one token array
-        elif isinstance(raw_input, list):
-            items = raw_input
-        else:
-            items = []
-        if not items or any(not item or not isinstance(item, str | list) for item in items):
-            return self.error(
-                400,
-                "invalid_request_error",
-                None,
-                "'$.input' is invalid: it must be a non-empty string or array.",
-                close,
-            )
-        dimensions = request_json.get("dimensions")
-        dim = dimensions if isinstance(dimensions, int) and dimensions > 0 else ask.embedding_dim
-        as_base64 = request_json.get("encoding_format") == "base64"
-        data: list[dict[str, Any]] = []
-        prompt_tokens = 0
-        if reply.kind != "empty":
-            for index, item in enumerate(items):
-                if isinstance(item, str):
-                    text = item
-                    prompt_tokens += estimate_tokens(item)
-                else:
-                    text = dumps(item)
-                    prompt_tokens += len(item)
-                vector = embedding_vector(text, dim)
-                encoded: list[float] | str = (
-                    base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode("ascii")
-                    if as_base64
-                    else vector
-                )
-                data.append({"object": "embedding", "index": index, "embedding": encoded})
-        if reply.prompt_tokens is not None:
-            prompt_tokens = reply.prompt_tokens
-        return {
-            "object": "list",
-            "model": model,
-            "data": data,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        }
 
 
 _FLOOD_PIECE: Final = 64 * 1024

@@ -17,7 +17,8 @@ from polygateway.clock import SystemClock
 from polygateway.ports import Clock
 from polygateway.testing.fake_upstream import anthropic, openai
 from polygateway.testing.fake_upstream.connection import Connection
-from polygateway.testing.fake_upstream.openai import DEFAULT_EMBEDDING_DIM, DEFAULT_MODEL
+from polygateway.testing.fake_upstream.embeddings import DEFAULT_EMBEDDING_DIM
+from polygateway.testing.fake_upstream.openai import DEFAULT_MODEL
 from polygateway.testing.fake_upstream.replies import ReceivedRequest, Reply
 from polygateway.testing.fake_upstream.wire import (
     BLACK_HOLE,
@@ -66,6 +67,7 @@ class FakeUpstream:
         port: int = 0,
         default_reply: Reply | None = None,
         embedding_dim: int = DEFAULT_EMBEDDING_DIM,
+        shuffle_embeddings: bool = True,
         models: Sequence[str] = (DEFAULT_MODEL,),
         keep_received: bool = True,
         clock: Clock | None = None,
@@ -76,6 +78,9 @@ class FakeUpstream:
             (``Reply.ok()`` when None); restored by :meth:`reset`.
         :param embedding_dim: vector size of ``/v1/embeddings`` unless the request asks
             ``dimensions`` (the attribute of the same name can be changed; reset restores it).
+        :param shuffle_embeddings: list ``data[]`` of ``/v1/embeddings`` out of input order (a
+            permutation fixed per request, never the identity), as proxies may; clients must
+            sort by ``index`` (attribute of the same name; reset restores it).
         :param models: ids listed by ``/v1/models`` (attribute ``models``).
         :param keep_received: record every request for :meth:`received` (turn off for long
             benchmark runs, where it would grow without bound).
@@ -89,6 +94,8 @@ class FakeUpstream:
         self._initial_embedding_dim = embedding_dim
         self._initial_models = tuple(models)
         self.embedding_dim = embedding_dim
+        self._initial_shuffle_embeddings = shuffle_embeddings
+        self.shuffle_embeddings = shuffle_embeddings
         self.models: list[str] = list(models)
         self._keep_received = keep_received
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -214,6 +221,7 @@ class FakeUpstream:
             self._generation += 1
             self._anthropic.reset()
         self.embedding_dim = self._initial_embedding_dim
+        self.shuffle_embeddings = self._initial_shuffle_embeddings
         self.models = list(self._initial_models)
         loop = self._loop
         if loop is None or self._server is None:
@@ -423,6 +431,7 @@ class FakeUpstream:
             serial=serial,
             models=tuple(self.models),
             embedding_dim=self.embedding_dim,
+            shuffle_embeddings=self.shuffle_embeddings,
         )
         try:
             plan = self._plan(ask)

@@ -66,6 +66,8 @@ class Ask:
     """The request's number on this server (answer ids)."""
     models: tuple[str, ...]
     embedding_dim: int
+    shuffle_embeddings: bool = True
+    """List embeddings ``data[]`` out of input order (``FakeUpstream.shuffle_embeddings``)."""
 
 
 class Answers(Protocol):

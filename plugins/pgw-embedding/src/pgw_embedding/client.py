@@ -1,0 +1,486 @@
+"""``EmbeddingClient``: governed embeddings for one scope (M2 §7), on the core's governor.
+
+``await client.embed(texts)`` checks the texts before any request, cuts them into batches of
+``{SCOPE}__BATCH_SIZE`` and runs each batch as one full governed call of
+``polygateway.governance.Governor`` (source selection, breaker, limiter permit with a TPM
+pre-charge estimated from the batch's texts and settled on the measured ``prompt_tokens``,
+the error table, backoff and switching, the stall verdict, ``AllSourcesExhausted`` /
+``CircuitOpenError``). Batches run one after the other, or ``{SCOPE}__BATCH_CONCURRENCY`` at a
+time; the vectors come back in input order either way. The first batch that fails fails the
+call: the batches still running are cancelled (their permits and probes released) and those
+not started never start.
+
+Merged response (M2 §7.3): vectors concatenated in input order, ``prompt_tokens`` and
+``latency_ms`` summed over the batches, ``call_id`` / ``model`` / ``provider`` /
+``source_name`` of the first batch, ``usage_source`` ``estimated`` when any batch's usage was,
+``cost`` summed when every batch has a price.
+
+Telemetry: one row per attempt of every batch (each attempt its own ``call_id``; the caller's
+``session_id`` and ``parent_call_id`` on every row), ``messages`` a short summary of the batch's
+texts (count, characters, sha256, the start of the first few), ``response``
+``"<vectors n=N dim=D>"``: vectors are never stored; ``completion_tokens`` 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from os import PathLike
+from types import TracebackType
+from typing import Any
+
+from polygateway.assembly import build_governance
+from polygateway.client import gather_bounded
+from polygateway.clock import SystemClock
+from polygateway.digest import canonical_json, sha256_hex
+from polygateway.errors import ConfigError
+from polygateway.governance import Attempted, Governor, Outcome
+from polygateway.ports import (
+    Clock,
+    EmbeddingTransport,
+    Pricing,
+    ProviderGate,
+    RateLimiter,
+    SourceSelector,
+    TelemetryRecorder,
+)
+from polygateway.records import AttemptRows, AttemptSummary, RowWriter
+from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
+from polygateway.types import EmbeddingResponse, EmbeddingTransportResult
+
+from pgw_embedding.inputs import check_texts, estimate_tokens, max_input_chars, split_batches
+from pgw_embedding.vectors import check_dimension, l2_normalize
+
+__all__ = ["EmbeddingClient", "texts_summary"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SCOPE = "EMBED"
+SUMMARY_TEXTS = 3
+"""How many texts the ``messages`` summary of a row shows the start of."""
+SUMMARY_CHARS = 80
+"""How many characters of each of them."""
+
+
+def texts_summary(texts: Sequence[str]) -> str:
+    """The ``messages`` column of an embedding row: never the texts themselves (a batch can be
+    megabytes), but enough to find them again: count, characters, the sha256 of their
+    canonical JSON and the start of the first few."""
+    return canonical_json(
+        {
+            "texts": len(texts),
+            "chars": sum(map(len, texts)),
+            "sha256": sha256_hex(canonical_json(list(texts))),
+            "head": [text[:SUMMARY_CHARS] for text in texts[:SUMMARY_TEXTS]],
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """One batch's successful attempt: the transport's result (normalised when asked) and the
+    attempt's own latency."""
+
+    result: EmbeddingTransportResult
+    latency_ms: int
+
+
+class _CallDim:
+    """The dimension of one ``embed`` call, fixed by its first successful batch: a later
+    batch of another dimension (another source, another model) cannot be merged."""
+
+    __slots__ = ("dim",)
+
+    def __init__(self, expected: int | None) -> None:
+        self.dim = expected
+
+
+def _summary(batch: _Batch) -> AttemptSummary:
+    """What a row says of a successful batch: never the vectors."""
+    result = batch.result
+    return AttemptSummary(
+        content=f"<vectors n={len(result.vectors)} dim={result.dim}>",
+        model=result.model,
+        prompt_tokens=result.prompt_tokens,
+        usage_source=result.usage_source,
+        latency_ms=batch.latency_ms,
+    )
+
+
+async def _close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await close()
+    except Exception as exc:  # noqa: BLE001 - one part failing to close must not stop the rest
+        logger.warning("closing %s failed: %s: %s", what, type(exc).__name__, exc)
+
+
+class EmbeddingClient:
+    """Governed embeddings for one scope (``EMBED`` by default).
+
+    Parts passed in (limiter, breaker, selector, telemetry recorder, pricing, transports) stay
+    the caller's: pass the same limiter/breaker to several clients to share their gates and
+    breaker state. ``aclose()`` closes only what this client built and flushes the recorder.
+
+    :param normalize: L2-normalise every vector (``x / max(norm, 1e-12)``).
+    :param expected_dim: refuse batches whose vectors have another dimension
+        (``ResultInvalidError``: a bad result, not a bad source; the breaker counts no failure).
+    :raises ConfigError: no sources, no ``batch_size``, a failed startup guard, a name no plugin
+        registered, or a bad ``expected_dim``.
+    """
+
+    __slots__ = (
+        "_batch_concurrency",
+        "_batch_size",
+        "_breaker",
+        "_clock",
+        "_closed",
+        "_expected_dim",
+        "_governor",
+        "_limit",
+        "_limiter",
+        "_normalize",
+        "_owned",
+        "_owns_telemetry",
+        "_pricing",
+        "_rows",
+        "_settings",
+        "_telemetry",
+        "_transports",
+    )
+
+    def __init__(
+        self,
+        settings: ScopeSettings,
+        *,
+        registry: Any = None,
+        clock: Clock | None = None,
+        limiter: RateLimiter | None = None,
+        breaker: ProviderGate | None = None,
+        selector: SourceSelector | None = None,
+        telemetry: TelemetryRecorder | None = None,
+        pricing: Pricing | None = None,
+        transports: Mapping[str, EmbeddingTransport] | None = None,
+        normalize: bool = False,
+        expected_dim: int | None = None,
+    ) -> None:
+        if not isinstance(settings, ScopeSettings):
+            raise TypeError(
+                "EmbeddingClient needs the ScopeSettings of one scope; use "
+                "EmbeddingClient.from_settings(settings, scope=...) for GatewaySettings"
+            )
+        scope = settings.scope
+        problems = _settings_problems(settings, expected_dim)
+        if problems:
+            raise ConfigError(problems)
+        from polygateway.config import check_guards
+
+        problems = list(check_guards(settings))
+        if problems:
+            raise ConfigError(problems)
+        if registry is None:
+            from polygateway.plugins import load_registry
+
+            registry = load_registry()
+        clock = clock if clock is not None else SystemClock()
+        parts = build_governance(
+            settings,
+            registry,
+            clock=clock,
+            limiter=limiter,
+            breaker=breaker,
+            selector=selector,
+            telemetry=telemetry,
+            pricing=pricing,
+        )
+        # What this client built and therefore closes, in closing order.
+        owned: list[tuple[str, Any]] = []
+        built_transports: dict[str, EmbeddingTransport] = {}
+        for source in settings.sources:
+            given = transports.get(source.name) if transports is not None else None
+            if given is None:
+                given = registry.build_source_port("embedding_transport", source.transport, source)
+                owned.append((f"transport {source.name!r}", given))
+            built_transports[source.name] = given
+        owned.extend(
+            (part, getattr(parts, part)) for part in ("limiter", "breaker") if part in parts.built
+        )
+
+        self._settings = settings
+        self._clock = clock
+        self._limiter: RateLimiter = parts.limiter
+        self._breaker: ProviderGate = parts.breaker
+        self._telemetry = parts.telemetry
+        self._owns_telemetry = "telemetry" in parts.built
+        self._pricing = parts.pricing
+        self._rows = (
+            RowWriter(parts.telemetry, clock=clock, pricing=parts.pricing)
+            if parts.telemetry is not None
+            else None
+        )
+        self._transports: Mapping[str, EmbeddingTransport] = built_transports
+        self._owned: tuple[tuple[str, Any], ...] = tuple(owned)
+        self._governor = Governor(
+            sources=settings.sources,
+            limiter=parts.limiter,
+            breaker=parts.breaker,
+            selector=parts.selector,
+            retry=settings.retry,
+            breaker_settings=settings.breaker,
+            backpressure=settings.backpressure,
+            clock=clock,
+        )
+        assert settings.batch_size is not None  # checked by _settings_problems
+        self._batch_size = settings.batch_size
+        self._batch_concurrency = settings.batch_concurrency
+        self._limit = max_input_chars(settings.sources)
+        self._normalize = bool(normalize)
+        self._expected_dim = expected_dim
+        self._closed = False
+        logger.debug("embedding client for scope %r assembled", scope)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_env(
+        cls,
+        scope: str = DEFAULT_SCOPE,
+        *,
+        env: Mapping[str, str] | None = None,
+        pipeline_path: str | PathLike[str] | None = None,
+        dotenv_path: str | PathLike[str] | None = None,
+        registry: Any = None,
+        **parts: Any,
+    ) -> EmbeddingClient:
+        """Build the client of ``scope`` from the environment, ``.env`` and the pipeline file
+        (``EMBED__{PROVIDER}__{N}__{FIELD}`` sources, ``EMBED__BATCH_SIZE`` required).
+
+        ``env`` replaces ``os.environ`` (tests); plugins are filtered by ``PGW_PLUGINS``;
+        ``parts`` are the constructor's keyword arguments (``limiter=``, ``breaker=``,
+        ``telemetry=``, ``normalize=``...).
+        """
+        from polygateway.config import load_scope, plugin_filter
+
+        if registry is None:
+            from polygateway.plugins import load_registry
+
+            registry = load_registry(allowed=plugin_filter(env))
+        settings = load_scope(
+            scope, env, pipeline_path=pipeline_path, dotenv_path=dotenv_path, registry=registry
+        )
+        return cls(settings, registry=registry, **parts)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: GatewaySettings | ScopeSettings,
+        scope: str = DEFAULT_SCOPE,
+        **parts: Any,
+    ) -> EmbeddingClient:
+        """Build the client of ``scope`` from already resolved settings."""
+        if isinstance(settings, GatewaySettings):
+            if scope not in settings.scopes:
+                known = ", ".join(sorted(settings.scopes)) or "none"
+                raise ConfigError(f"unknown scope {scope!r}; configured scopes: {known}")
+            settings = settings.scope(scope)
+        return cls(settings, **parts)
+
+    # ------------------------------------------------------------------ the call
+
+    async def embed(
+        self,
+        texts: list[str],
+        *,
+        session_id: str | None = None,
+        parent_call_id: str | None = None,
+    ) -> EmbeddingResponse:
+        """The vectors of ``texts``, in order: one governed call per batch.
+
+        :raises RequestRejectedError: ``texts`` is not a list of non-empty strings, or holds a
+            text longer than a source's ``max_input_chars`` (before any request).
+        :raises ResultInvalidError: an answer without usable vectors (empty ``data``, mixed
+            lengths) or of another dimension than ``expected_dim`` / the call's other batches.
+        """
+        if self._closed:
+            raise RuntimeError("this EmbeddingClient is closed")
+        check_texts(texts, self._limit)
+        if not texts:
+            return EmbeddingResponse(
+                vectors=[],
+                dim=self._expected_dim or 0,
+                model="",
+                provider="",
+                prompt_tokens=0,
+                usage_source="measured",
+                latency_ms=0,
+                call_id="",
+                source_name="",
+                cost=None if self._pricing is None else 0.0,
+            )
+        call_dim = _CallDim(self._expected_dim)
+        batches = split_batches(texts, self._batch_size)
+        outcomes = await gather_bounded(
+            [
+                partial(self._embed_batch, batch, call_dim, session_id, parent_call_id)
+                for batch in batches
+            ],
+            self._batch_concurrency,
+        )
+        return self._merge(outcomes)
+
+    async def _embed_batch(
+        self,
+        texts: list[str],
+        call_dim: _CallDim,
+        session_id: str | None,
+        parent_call_id: str | None,
+    ) -> Outcome[_Batch]:
+        transports = self._transports
+        clock = self._clock
+        normalize = self._normalize
+
+        async def attempt(source: SourceConfig, call_id: str) -> Attempted[_Batch]:
+            started = clock.monotonic()
+            result = await transports[source.name].embed(
+                texts=texts, source=source, call_id=call_id
+            )
+            check_dimension(result.dim, call_dim.dim, source_name=source.name)
+            call_dim.dim = result.dim
+            if normalize:
+                result = replace(result, vectors=l2_normalize(result.vectors))
+            latency_ms = max(0, int((clock.monotonic() - started) * 1000))
+            measured = result.usage_source == "measured"
+            return Attempted(
+                _Batch(result, latency_ms), tokens=result.prompt_tokens if measured else None
+            )
+
+        rows = self._rows
+        observer = (
+            AttemptRows(
+                rows,
+                messages=texts_summary(texts),
+                summarise=_summary,
+                parent_call_id=parent_call_id,
+                session_id=session_id,
+            )
+            if rows is not None
+            else None
+        )
+        return await self._governor.run(
+            attempt, est_tokens=estimate_tokens(texts), observer=observer
+        )
+
+    def _merge(self, outcomes: Sequence[Outcome[_Batch]]) -> EmbeddingResponse:
+        first = outcomes[0]
+        vectors: list[list[float]] = []
+        prompt_tokens = latency_ms = 0
+        estimated = False
+        cost: float | None = 0.0 if self._pricing is not None else None
+        for outcome in outcomes:
+            result = outcome.value.result
+            vectors.extend(result.vectors)
+            prompt_tokens += result.prompt_tokens
+            latency_ms += outcome.value.latency_ms
+            estimated = estimated or result.usage_source == "estimated"
+            if cost is not None and self._pricing is not None:
+                price = self._pricing.cost(
+                    outcome.source.model or result.model, result.prompt_tokens, 0
+                )
+                cost = None if price is None else cost + price
+        return EmbeddingResponse(
+            vectors=vectors,
+            dim=first.value.result.dim,
+            model=first.value.result.model,
+            provider=first.source.provider,
+            prompt_tokens=prompt_tokens,
+            usage_source="estimated" if estimated else "measured",
+            latency_ms=latency_ms,
+            call_id=first.call_id,
+            source_name=first.source.name,
+            cost=cost,
+        )
+
+    # ------------------------------------------------------------------ parts and lifecycle
+
+    @property
+    def settings(self) -> ScopeSettings:
+        return self._settings
+
+    @property
+    def limiter(self) -> RateLimiter:
+        """Pass it to another client to share its gates."""
+        return self._limiter
+
+    @property
+    def breaker(self) -> ProviderGate:
+        return self._breaker
+
+    @property
+    def transports(self) -> Mapping[str, EmbeddingTransport]:
+        """Source name -> the transport serving it."""
+        return self._transports
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Close what this client built and flush telemetry. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for what, part in self._owned:
+            await _close_quietly(what, part.aclose)
+        if self._rows is not None:
+            await _close_quietly("telemetry rows in flight", self._rows.drain)
+        telemetry = self._telemetry
+        if telemetry is not None:
+            await _close_quietly("telemetry flush", telemetry.flush)
+            if self._owns_telemetry:
+                await _close_quietly("telemetry", telemetry.aclose)
+
+    async def __aenter__(self) -> EmbeddingClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        names = [s.name for s in self._settings.sources]
+        state = "closed" if self._closed else "open"
+        return (
+            f"<EmbeddingClient scope={self._settings.scope!r} sources={names} "
+            f"batch_size={self._batch_size} {state}>"
+        )
+
+
+def _settings_problems(settings: ScopeSettings, expected_dim: object) -> list[str]:
+    scope = settings.scope
+    problems: list[str] = []
+    if not settings.sources:
+        problems.append(
+            f"{scope}: no sources configured; set {scope}__<PROVIDER>__1__BASE_URL, "
+            f"{scope}__<PROVIDER>__1__MODEL and {scope}__<PROVIDER>__1__API_KEY "
+            "(or [[scopes.<scope>.sources]] in the pipeline file)"
+        )
+    size = settings.batch_size
+    if size is None or type(size) is not int or size < 1:
+        problems.append(
+            f"{scope}__BATCH_SIZE (file: [scopes.{scope}].batch_size): required for an embedding "
+            f"client, an integer >= 1 (got {size!r})"
+        )
+    concurrency = settings.batch_concurrency
+    if type(concurrency) is not int or concurrency < 1:
+        problems.append(
+            f"{scope}__BATCH_CONCURRENCY (file: [scopes.{scope}].batch_concurrency): must be an "
+            f"integer >= 1, got {concurrency!r}"
+        )
+    if expected_dim is not None and (type(expected_dim) is not int or expected_dim < 1):
+        problems.append(f"expected_dim must be an integer >= 1 or None, got {expected_dim!r}")
+    return problems
