@@ -209,6 +209,11 @@ class ScopeSettings:
         t = self.max_timeout_s
         return max(2 * t, self.breaker.cooldown_s, t + 5.0)
 
+    def effective_fail_threshold(self, source: SourceConfig) -> int:
+        """The breaker threshold a source gets: ``max(configured, 2 x its concurrency)``
+        (ARCHITECTURE §7.4), so that one burst of in-flight failures cannot open it alone."""
+        return effective_fail_threshold(self.breaker.fail_threshold, source)
+
     def source(self, name: str) -> SourceConfig:
         for s in self.sources:
             if s.name == name:
@@ -224,3 +229,8 @@ class GatewaySettings:
 
     def scope(self, name: str) -> ScopeSettings:
         return self.scopes[name]
+
+
+def effective_fail_threshold(configured: int, source: SourceConfig) -> int:
+    """``max(configured, 2 x source.limits.max_concurrency)`` (ARCHITECTURE §7.4)."""
+    return max(configured, source.limits.max_concurrency * 2)

@@ -55,6 +55,7 @@ from polygateway.settings import (
     BreakerSettings,
     RetrySettings,
     SourceConfig,
+    effective_fail_threshold,
 )
 from polygateway.types import ChatRequest, LLMResponse
 
@@ -196,7 +197,7 @@ class RetryMiddleware:
         self._rng = rng if rng is not None else random.Random()
         # ARCHITECTURE §7.4: effective threshold = max(configured, concurrency * 2).
         self._thresholds: dict[str, int] = {
-            s.name: max(breaker_settings.fail_threshold, s.limits.max_concurrency * 2)
+            s.name: effective_fail_threshold(breaker_settings.fail_threshold, s)
             for s in self._sources
         }
         self._inflight: dict[str, int] = dict.fromkeys(self._names, 0)
