@@ -14,7 +14,7 @@ from plugin_dists import BROKEN_PLUGIN_SOURCE, GOOD_PLUGIN_SOURCE, install_fake_
 from polygateway import __version__
 from polygateway.cli import main
 
-JSON_KEYS = {"name", "version", "entry_point", "hooks", "provides", "status", "error"}
+JSON_KEYS = {"name", "version", "entry_point", "hooks", "provides", "status", "error", "hint"}
 
 COMMAND_PLUGIN_SOURCE = """
 from polygateway import ConfigError, hookimpl

@@ -160,7 +160,8 @@ def test_unknown_options_list_the_allowed_ones_for_both(
     plugin = reason(found, f"{path}:[scopes.LLM.limiter.options].maxinflight")
     builtin = reason(found, f"{path}:[scopes.LLM.cache.options].maxentries")
     assert plugin == (
-        "unknown key (did you mean max_inflight?); allowed: endpoint, max_inflight, strict, window_s"
+        "unknown key (did you mean max_inflight?); "
+        "allowed: endpoint, max_inflight, strict, window_s"
     )
     assert builtin == "unknown key (did you mean max_entries?); allowed: max_entries"
 

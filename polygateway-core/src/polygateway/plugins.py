@@ -518,7 +518,8 @@ def _module_hint(exc: BaseException) -> str | None:
 
 
 def _pip_hint(requirements: Sequence[str]) -> str:
-    return "pip install " + " ".join(f"'{r}'" if set(r) & set("<>=!~ ") else r for r in requirements)
+    quoted = [f"'{r}'" if set(r) & set("<>=!~ ") else r for r in requirements]
+    return "pip install " + " ".join(quoted)
 
 
 def _discover(

@@ -45,6 +45,7 @@ def plugin_as_json(plugin: PluginInfo) -> dict[str, Any]:
         "provides": {kind: list(names) for kind, names in plugin.provides.items()},
         "status": plugin.status,
         "error": plugin.error,
+        "hint": plugin.install_hint if plugin.status == "failed" else None,
     }
 
 

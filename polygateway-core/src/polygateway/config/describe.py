@@ -57,12 +57,18 @@ def describe_scope(scope: ScopeSettings) -> dict[str, Any]:
 def effective_values(scope: ScopeSettings) -> dict[str, Any]:
     """The values the code derives, each with how (what ``pgw config check`` shows)."""
     longest = scope.max_timeout_s
-    lease = "configured" if scope.backpressure.lease_ttl_s is not None else (
-        f"derived: longest source timeout {longest:g} + 30"
+    lease = (
+        "configured"
+        if scope.backpressure.lease_ttl_s is not None
+        else (f"derived: longest source timeout {longest:g} + 30")
     )
-    probe = "configured" if scope.breaker.probe_ttl_s is not None else (
-        f"derived: max(2 x longest timeout {longest:g}, cooldown {scope.breaker.cooldown_s:g}, "
-        f"longest timeout + 5)"
+    probe = (
+        "configured"
+        if scope.breaker.probe_ttl_s is not None
+        else (
+            f"derived: max(2 x longest timeout {longest:g}, cooldown {scope.breaker.cooldown_s:g}, "
+            f"longest timeout + 5)"
+        )
     )
     configured = scope.breaker.fail_threshold
     return {

@@ -104,8 +104,8 @@ def _timeout_chain(
     for (inner, inner_value), (outer, outer_value) in itertools.pairwise(present):
         if inner_value > 0 and not inner_value < outer_value:
             problems.append(
-                f"{key(inner)}: {inner_value:g} must be < {outer.upper()} {outer_value:g} ({origin(outer)}; "
-                f"rule 0 < inter_token < ttft < timeout, source {source.name})"
+                f"{key(inner)}: {inner_value:g} must be < {outer.upper()} {outer_value:g} "
+                f"({origin(outer)}; rule 0 < inter_token < ttft < timeout, source {source.name})"
             )
     return problems
 

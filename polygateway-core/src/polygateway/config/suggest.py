@@ -1,4 +1,4 @@
-""""Did you mean" for a mistyped key: the closest known name by edit distance."""
+""" "Did you mean" for a mistyped key: the closest known name by edit distance."""
 
 from __future__ import annotations
 
