@@ -8,39 +8,42 @@ from collections.abc import Callable
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from polygateway.cli import HelpFormatter
+    from polygateway.cli.telemetry_db import add_source_arguments
+
     parser.description = "Report calls, errors, latency, tokens and cost from a telemetry database."
     sub = parser.add_subparsers(dest="telemetry_command", required=True)
-    report = sub.add_parser("report", help="calls, errors, latency, tokens and cost")
-    report.add_argument("--db", default="pgw_telemetry.db", help="SQLite telemetry file")
-    report.add_argument("--since", help="30m, 2h, 7d or an ISO date")
-    report.add_argument("--by", choices=("model", "source", "session"), default="model")
+    report = sub.add_parser(
+        "report",
+        help="calls, attempts, cache hits, errors, latency, tokens and cost",
+        description="Aggregate the telemetry rows: answered calls, attempts, cache hits and "
+        "refused calls counted apart, latency of successful attempts, tokens and cost (in the "
+        "price table's currency), by model, source or session.",
+        formatter_class=HelpFormatter,
+    )
+    add_source_arguments(report)
+    report.add_argument("--since", help="only rows newer than this: 30m, 2h, 7d or an ISO date")
+    report.add_argument(
+        "--by", choices=("model", "source", "session"), default="model", help="group rows by"
+    )
     report.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     return run
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
+    from polygateway.cli.telemetry_db import read_rows, resolve_source
+    from polygateway.telemetry.report import build_report, parse_since, render_html, render_text
 
-    from polygateway.telemetry.report import (
-        build_report,
-        parse_since,
-        read_sqlite_rows,
-        render_html,
-        render_text,
-    )
-
-    if not os.path.exists(args.db):
-        print(f"pgw telemetry report: --db {args.db}: no such file", file=sys.stderr)
-        return 2
+    source = resolve_source(args)
     try:
-        rows = read_sqlite_rows(args.db, since=parse_since(args.since))
+        rows = read_rows(source, since=parse_since(args.since))
     except ValueError as exc:
         print(f"pgw telemetry report: {exc}", file=sys.stderr)
         return 2
-    report = build_report(rows, by=args.by)
-    sys.stdout.write(render_text(report))
+    report = build_report(rows, by=args.by, currency=source.currency)
+    sys.stdout.write(render_text(report, source=source.path))
     if args.html:
         with open(args.html, "w", encoding="utf-8") as fh:
-            fh.write(render_html(report))
+            fh.write(render_html(report, source=source.path))
         print(f"HTML report written to {args.html}")
     return 0

@@ -1,8 +1,9 @@
 """Model prices: token usage -> money (M2 §6).
 
 A price table maps a model name to ``{"input_per_1m": x, "output_per_1m": y}`` (money per one
-million tokens, one currency for the whole table). The library ships no prices: they change
-with the gateway's billing and a stale default would hide real cost.
+million tokens, one currency for the whole table). An optional top-level ``"currency": "USD"``
+labels that currency (reports print it next to costs). The library ships no prices: they
+change with the gateway's billing and a stale default would hide real cost.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from polygateway.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 PRICE_FIELDS: tuple[str, str] = ("input_per_1m", "output_per_1m")
+CURRENCY_KEY = "currency"
+"""Top-level key of a price table naming its currency (not a model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +39,14 @@ class PricingTable:
     the log. Bad entries raise ``ConfigError`` naming the model and the field.
     """
 
-    __slots__ = ("_origin", "_prices", "_unpriced_warned")
+    __slots__ = ("_origin", "_prices", "_unpriced_warned", "currency")
 
-    def __init__(self, prices: Mapping[str, Mapping[str, Any]], *, origin: str = "pricing") -> None:
+    def __init__(self, prices: Mapping[str, Any], *, origin: str = "pricing") -> None:
         self._origin = origin
         self._prices: dict[str, ModelPrice] = _validate(prices, origin)
+        label = prices.get(CURRENCY_KEY) if isinstance(prices, Mapping) else None
+        self.currency: str = label if isinstance(label, str) else ""
+        """The table's currency label (``""`` when the file names none)."""
         self._unpriced_warned: set[str] = set()
 
     @classmethod
@@ -102,6 +108,10 @@ def _validate(prices: object, origin: str) -> dict[str, ModelPrice]:
     problems: list[str] = []
     table: dict[str, ModelPrice] = {}
     for model, entry in prices.items():
+        if model == CURRENCY_KEY:
+            if not isinstance(entry, str) or not entry.strip():
+                problems.append(f'{origin}: "{CURRENCY_KEY}" must be a label such as "USD"')
+            continue
         if not isinstance(model, str) or not model:
             problems.append(f"{origin}: model names must be non-empty strings, got {model!r}")
             continue
@@ -142,4 +152,4 @@ def _validate(prices: object, origin: str) -> dict[str, ModelPrice]:
     return table
 
 
-__all__ = ["PRICE_FIELDS", "ModelPrice", "PricingTable"]
+__all__ = ["CURRENCY_KEY", "PRICE_FIELDS", "ModelPrice", "PricingTable"]
