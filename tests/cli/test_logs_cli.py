@@ -76,3 +76,84 @@ def test_the_database_the_configuration_names(tmp_path: Path, db: Path) -> None:
     assert pgw(tmp_path, "logs", "path").stdout.strip() == str(tmp_path / "pgw_telemetry.db")
     missing = pgw(tmp_path, "logs")
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+CHAT_ONCE = """
+import asyncio
+from polygateway import GatewayClient
+from polygateway.testing import FakeUpstream, Reply
+
+
+async def main():
+    async with FakeUpstream() as fake:
+        fake.set_default("a", Reply.ok(content="the secret answer"))
+        env = {{
+            "LLM__OPENAI__1__BASE_URL": fake.base_url("a"),
+            "LLM__OPENAI__1__MODEL": "m",
+            "PGW_PLUGINS": "",
+            "PGW_TELEMETRY_SQLITE_PATH": {db!r},
+            "PGW_TELEMETRY_CONTENT": {content!r},
+        }}
+        async with GatewayClient.from_env(env=env) as client:
+            await client.chat([{{"role": "user", "content": "the private question"}}])
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("content", ["full", "digest", "none"])
+def test_telemetry_content_setting(tmp_path: Path, content: str) -> None:
+    import hashlib
+    import subprocess
+    import sys
+
+    db = tmp_path / "c.db"
+    done = subprocess.run(
+        [sys.executable, "-c", CHAT_ONCE.format(db=str(db), content=content)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=clean_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    env = clean_env(PGW_TELEMETRY_SQLITE_PATH=str(db))
+    row = json.loads(pgw(tmp_path, "logs", "--json", "-n", "1", env=env).stdout)[0]
+    stored = (json.dumps(row["messages"]), row["response"])
+    if content == "full":
+        assert row["messages"] == [{"role": "user", "content": "the private question"}]
+        assert row["response"] == "the secret answer"
+    elif content == "digest":
+        expected = "sha256:" + hashlib.sha256(b"the secret answer").hexdigest()
+        assert row["response"] == expected
+        assert str(row["messages"]).startswith("sha256:")
+        assert "private" not in stored[0]
+    else:
+        assert row["messages"] == [] or row["messages"] == ""
+        assert row["response"] == ""
+    assert row["prompt_tokens"] >= 0 and row["model"] == "m"  # the rest of the row stays
+    check = pgw(
+        tmp_path,
+        "config",
+        "check",
+        env=clean_env(
+            LLM__OPENAI__1__BASE_URL="http://127.0.0.1:9/v1",
+            LLM__OPENAI__1__MODEL="m",
+            PGW_TELEMETRY_CONTENT=content,
+        ),
+    )
+    assert f"    content: {content}" in check.stdout
+
+
+def test_a_bad_content_value_names_the_key(tmp_path: Path) -> None:
+    env = clean_env(
+        LLM__OPENAI__1__BASE_URL="http://127.0.0.1:9/v1",
+        LLM__OPENAI__1__MODEL="m",
+        PGW_TELEMETRY_CONTENT="secret",
+    )
+    result = pgw(tmp_path, "config", "check", env=env)
+    assert result.returncode == 2
+    assert "pgw: PGW_TELEMETRY_CONTENT: must be 'full', 'digest' or 'none', got 'secret'" in (
+        result.stderr
+    )

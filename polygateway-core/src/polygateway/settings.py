@@ -53,6 +53,10 @@ def _url_without_credentials(url: str) -> str:
     return f"{scheme}://{authority}{slash}{path}" + ("?***" if qmark else "")
 
 
+TelemetryContent = Literal["full", "digest", "none"]
+"""How much of prompts and answers telemetry rows keep."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Concurrency / requests per minute / tokens per minute. 0 disables that gate."""
@@ -161,6 +165,9 @@ class TelemetrySettings:
     """Registered telemetry recorder name, or ``none``."""
     sqlite_path: str = "pgw_telemetry.db"
     options: ComponentOptionsValue = field(default_factory=dict)
+    content: TelemetryContent = "full"
+    """What rows keep of prompts and answers: ``full`` text, a ``digest`` (sha256) of each, or
+    ``none`` (empty). Env ``PGW_TELEMETRY_CONTENT``, file ``[..telemetry].content``."""
 
 
 @dataclass(frozen=True, slots=True)

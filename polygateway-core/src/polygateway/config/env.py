@@ -81,7 +81,10 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
     "GLOBAL": ("global", {"MAX_CONCURRENCY": "max_concurrency", "RPM": "rpm", "TPM": "tpm"}),
     "STRUCTURED": ("structured", {"MAX_RETRIES": "max_retries", "STRATEGY": "strategy"}),
     "CACHE": ("cache", {"BACKEND": "backend", "NAMESPACE": "namespace", "TTL_S": "ttl_s"}),
-    "TELEMETRY": ("telemetry", {"BACKEND": "backend", "SQLITE_PATH": "sqlite_path"}),
+    "TELEMETRY": (
+        "telemetry",
+        {"BACKEND": "backend", "SQLITE_PATH": "sqlite_path", "CONTENT": "content"},
+    ),
 }
 """``{SCOPE}__{GROUP}__{FIELD}`` -> (table, {FIELD: key})."""
 
@@ -112,6 +115,7 @@ FLAT_KEYS: dict[str, Loc] = {
     "PGW_CACHE_TTL_S": ("cache", "ttl_s"),
     "PGW_TELEMETRY_BACKEND": ("telemetry", "backend"),
     "PGW_TELEMETRY_SQLITE_PATH": ("telemetry", "sqlite_path"),
+    "PGW_TELEMETRY_CONTENT": ("telemetry", "content"),
     "PGW_PRICING_PATH": ("pricing_path",),
 }
 """Flat keys (every scope) -> layer path. Scope keys and the pipeline file's scope tables win."""

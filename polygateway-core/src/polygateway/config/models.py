@@ -154,6 +154,7 @@ class CacheLayer(LayerModel):
 class TelemetryLayer(LayerModel):
     backend: Name | None = None
     sqlite_path: Name | None = None
+    content: Literal["full", "digest", "none"] | None = None
     options: Options | None = None
 
 

@@ -299,4 +299,6 @@ def _telemetry_settings(resolved: Resolved, options: Any) -> TelemetrySettings:
         kwargs["backend"] = str(table["backend"])
     if "sqlite_path" in table:
         kwargs["sqlite_path"] = str(table["sqlite_path"])
+    if "content" in table:
+        kwargs["content"] = table["content"]
     return TelemetrySettings(options=options, **kwargs)

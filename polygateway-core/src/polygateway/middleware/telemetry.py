@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -33,7 +34,7 @@ from typing import Any
 from polygateway.digest import canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
-from polygateway.settings import SourceConfig
+from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import ChatRequest, LLMResponse, Message, TelemetryRecord
 
 logger = logging.getLogger(__name__)
@@ -150,15 +151,41 @@ def build_telemetry_record(
     )
 
 
+def _digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest() if text else ""
+
+
+def with_content(record: TelemetryRecord, content: TelemetryContent) -> TelemetryRecord:
+    """The row as ``PGW_TELEMETRY_CONTENT`` wants it kept: prompt, answer and thinking as
+    ``sha256:<hex>`` digests (equal texts stay recognisable, nothing readable is stored) or
+    empty; every other field unchanged."""
+    if content == "full":
+        return record
+    if content == "digest":
+        return dataclasses.replace(
+            record,
+            messages=_digest(record.messages),
+            response=_digest(record.response),
+            thinking=_digest(record.thinking),
+        )
+    return dataclasses.replace(record, messages="", response="", thinking="")
+
+
 class TelemetryMiddleware:
     """Records every attempt, cache hit and pre-attempt failure; fills ``LLMResponse.cost``."""
 
-    __slots__ = ("_clock", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
+    __slots__ = ("_clock", "_content", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
 
     def __init__(
-        self, recorder: TelemetryRecorder, *, pricing: Pricing | None, clock: Clock
+        self,
+        recorder: TelemetryRecorder,
+        *,
+        pricing: Pricing | None,
+        clock: Clock,
+        content: TelemetryContent = "full",
     ) -> None:
         self._recorder = recorder
+        self._content = content
         self._pricing = pricing
         self._clock = clock
         self._warned: set[str] = set()
@@ -232,7 +259,7 @@ class TelemetryMiddleware:
     ) -> TelemetryRecord | None:
         """One row via the single helper, stamped with this layer's clock and pricing."""
         try:
-            return build_telemetry_record(
+            record = build_telemetry_record(
                 request,
                 outcome,
                 call_id=call_id,
@@ -242,6 +269,7 @@ class TelemetryMiddleware:
                 source=source,
                 messages=messages,
             )
+            return record if self._content == "full" else with_content(record, self._content)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self._warn_once("build", "telemetry row could not be built: %r", exc)
             return None
