@@ -1,6 +1,6 @@
 """The environment side of the configuration: ``.env`` reading and the env key families.
 
-Families (the seeds' names, ARCHITECTURE §9, M2 §1):
+Families (ARCHITECTURE §9, M2 §1 in docs/design.md):
 
 - sources: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}``, e.g. ``LLM__QWEN__1__BASE_URL``; the source is
   named ``{provider}-{N}`` (``qwen-1``);

@@ -1,6 +1,6 @@
 """Assembly guards: settings that would misbehave at run time are refused before assembly.
 
-ARCHITECTURE §7.3/§7.6 and M2 §1/§3:
+ARCHITECTURE §7.3, §7.6 and M2 §1, M2 §3:
 
 - per source ``0 < inter_token < ttft < timeout`` (for whichever are set): the watchdog's
   layers must nest, or the outer one fires first and hides the inner one's meaning;

@@ -1,9 +1,9 @@
 """The retry layer: the innermost middleware, owner of every attempt.
 
-ARCHITECTURE §4.3-4.4, §6, §7.2-7.4, §7.7 and M2 §4 (stall), §10 (degradation). One call is a
-loop of attempts; each attempt picks a runnable source, passes that source's breaker gate and
-the limiter (global + source), then sends through the source's transport. The error class of a
-failed attempt decides what happens next (``polygateway.errors``):
+ARCHITECTURE §4.3, §4.4, §6, §7.2, §7.3, §7.4, §7.7 and M2 §4 (stall), M2 §10 (degradation).
+One call is a loop of attempts; each attempt picks a runnable source, passes that source's
+breaker gate and the limiter (global + source), then sends through the source's transport. The
+error class of a failed attempt decides what happens next (``polygateway.errors``):
 
 | error                | next step                                   | breaker           |
 |----------------------|---------------------------------------------|-------------------|

@@ -15,7 +15,7 @@
 source, and retrying this one cannot help until someone fixes its model name or URL. Treating it
 as ``SourceDeadError`` switches source at once and keeps the breaker of this source open.
 
-Quota exhaustion is recognised by the error ``code`` (protocols.md §1.4: several codes, the
+Quota exhaustion is recognised by the error ``code`` (protocols §1.4: several codes, the
 ``type`` varies between gateways); the ``type`` and a plain substring are fallbacks for bodies
 that are not the usual shape. Messages are sanitised (anything that looks like a key is masked)
 and truncated.
@@ -128,7 +128,7 @@ def _seconds(value: str | None) -> float | None:
     try:
         seconds = float(value.strip())
     except ValueError:
-        return None  # the HTTP-date form is not supported (§6.2: seconds only)
+        return None  # the HTTP-date form is not supported (ARCHITECTURE §6.2: seconds only)
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         return None
     return seconds

@@ -1,10 +1,10 @@
 """OpenAI chat completions as pure, I/O-free parsers.
 
 ``ChatStreamParser`` interprets the SSE events of a chat completion stream: content and
-reasoning deltas (``reasoning_content`` -> ``reasoning`` -> inline ``<think>`` tags, §2), the
-usage chunk (``choices`` empty, null or missing), ``finish_reason``, ``[DONE]``; error events and
-malformed frames raise ``TransientError``. ``parse_completion`` does the same for a
-non-streaming body.
+reasoning deltas (``reasoning_content`` -> ``reasoning`` -> inline ``<think>`` tags,
+protocols §2), the usage chunk (``choices`` empty, null or missing), ``finish_reason``,
+``[DONE]``; error events and malformed frames raise ``TransientError``. ``parse_completion``
+does the same for a non-streaming body.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _usage(usage: Any) -> tuple[int, int] | None:
 
 
 def _error_from_payload(payload: Mapping[str, Any], source_name: str | None) -> TransientError:
-    """An error object sent instead of an answer: ``TransientError`` (§6.2: SSE faults)."""
+    """An error object sent instead of an answer: a ``TransientError`` (ARCHITECTURE §6.2)."""
     code, kind, message = describe_error_body(payload)
     label = "/".join(str(x) for x in (kind, code) if x) or "error"
     prefix = f"source {source_name!r}: " if source_name else ""
@@ -272,7 +272,7 @@ def parse_completion(
     think_tags: Sequence[tuple[str, str]] = (("<think>", "</think>"),),
     source_name: str | None = None,
 ) -> ParsedCompletion:
-    """Interpret a parsed non-streaming ``chat.completion`` body (protocols.md §1.2).
+    """Interpret a parsed non-streaming ``chat.completion`` body (protocols §1.2).
 
     An ``error`` object (some gateways answer 200 with one) or a body without a first choice
     raises ``TransientError``.
