@@ -381,6 +381,8 @@ class RetryMiddleware:
                 usage_source=result.usage_source,
                 finish_reason=result.finish_reason,
                 salvaged=result.salvaged,
+                cached_prompt_tokens=result.cached_prompt_tokens,
+                cache_write_tokens=result.cache_write_tokens,
             )
             if request.observer is not None:
                 self._observe(request, source, call_id, response, started)

@@ -101,7 +101,17 @@ def build_telemetry_record(
         if cache_hit:
             cost: float | None = 0.0
         elif pricing is not None and (source_model or model):
-            cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
+            cached, written = outcome.cached_prompt_tokens, outcome.cache_write_tokens
+            if cached or written:
+                cost = pricing.cost(
+                    source_model or model,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens=cached,
+                    cache_write_tokens=written,
+                )
+            else:  # the usual call: pricing implementations without cache rates still work
+                cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
         else:
             cost = None
         # Positional, in field order: keywords cost a third more on this per-attempt path.
