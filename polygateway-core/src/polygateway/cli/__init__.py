@@ -86,28 +86,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(exc)
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every command's ``--help`` shows its defaults and keeps its description's lines."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every command's ``--help`` shows each option's default (unless its help already says,
+    or there is none to show) and keeps its description's lines."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: {default})"
 
 
 ENV_FILE_FLAG = "--env-file"
 CONFIG_FLAG = "--config"
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """The two flags every command that reads the configuration takes, named alike."""
+def add_config_arguments(parser: argparse.ArgumentParser, *, inherit: bool = False) -> None:
+    """The two flags every command that reads the configuration takes, named alike.
+
+    ``inherit``: on an action's subparser, so that ``pgw logs --config X show`` keeps ``X``
+    (a subparser's own defaults would overwrite what the parent parsed).
+    """
+    default = argparse.SUPPRESS if inherit else None
     parser.add_argument(
         CONFIG_FLAG,
         dest="pipeline_path",
         metavar="PATH",
-        default=None,
+        default=default,
         help="pipeline file (default: $PGW_CONFIG, else ./pgw.toml if present)",
     )
     parser.add_argument(
         ENV_FILE_FLAG,
         dest="env_file",
         metavar="PATH",
-        default=None,
+        default=default,
         help=".env file read under the environment (default: ./.env if present)",
     )
 

@@ -25,9 +25,11 @@ PRICES: dict[str, Any] = {
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.description = "Run a governed batch against an in-process fake upstream; summarize it."
     parser.add_argument("--calls", type=int, default=300, help="governed calls in the batch")
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=32, help="calls in flight at once")
     parser.add_argument("--db", default="pgw_demo_telemetry.db", help="SQLite telemetry file")
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--seed", type=int, default=7, help="seed of the prompts repeated to hit the cache"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return run
 

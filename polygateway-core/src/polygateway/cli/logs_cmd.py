@@ -39,13 +39,14 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     )
     show.add_argument("call_id", metavar="CALL_ID", help="the row's call_id (or a unique prefix)")
     show.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
-    add_source_arguments(show)
-    actions.add_parser(
+    add_source_arguments(show, inherit=True)
+    path = actions.add_parser(
         "path",
         help="print the database file",
         description="Print the path of the telemetry database the configuration names.",
         formatter_class=HelpFormatter,
     )
+    add_source_arguments(path, inherit=True)
     return run
 
 

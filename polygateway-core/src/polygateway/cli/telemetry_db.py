@@ -27,17 +27,18 @@ class TelemetrySource:
     currency: str = ""
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+def add_source_arguments(parser: argparse.ArgumentParser, *, inherit: bool = False) -> None:
+    """``--db`` and the configuration flags (``inherit``: see ``add_config_arguments``)."""
     from polygateway.cli import add_config_arguments
 
     parser.add_argument(
         "--db",
         metavar="PATH",
-        default=None,
+        default=argparse.SUPPRESS if inherit else None,
         help="SQLite telemetry file (default: the one the configuration names, as from_env "
         f"finds it: PGW_TELEMETRY_SQLITE_PATH..., else ./{DEFAULT_DB})",
     )
-    add_config_arguments(parser)
+    add_config_arguments(parser, inherit=inherit)
 
 
 def resolve_source(args: argparse.Namespace) -> TelemetrySource:
@@ -47,7 +48,7 @@ def resolve_source(args: argparse.Namespace) -> TelemetrySource:
 
     pipeline_path = getattr(args, "pipeline_path", None)
     env_file = getattr(args, "env_file", None)
-    path: str | None = args.db
+    path: str | None = getattr(args, "db", None)
     origin = "--db"
     currency = ""
     pricing: str | None = None
