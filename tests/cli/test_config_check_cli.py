@@ -335,3 +335,20 @@ def test_errors_name_the_key_the_user_set(tmp_path: Path) -> None:
     assert line_with(result.stderr, "lease TTL 10").startswith(
         "pgw: pgw.toml:[scopes.LLM.backpressure].lease_ttl_s: "
     )
+
+
+def test_the_documented_pricing_format_is_what_loads() -> None:
+    from polygateway.telemetry.pricing import PricingTable
+
+    doc = (REPO / "docs" / "usage.md").read_text(encoding="utf-8")
+    block = doc.split("## Pricing", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    table = PricingTable(json.loads(block), origin="docs/usage.md")
+    assert table.currency == "USD"
+    price = table.price("claude-sonnet")
+    assert price is not None and price.cached_input_per_1m == 0.3
+    # 1M prompt tokens of which 0.5M were cached, 0.1M completion.
+    assert table.cost("claude-sonnet", 1_000_000, 100_000, cached_tokens=500_000) == (
+        pytest.approx(0.5 * 3.0 + 0.5 * 0.3 + 0.1 * 15.0)
+    )
+    example = PricingTable.from_file(str(REPO / "docs" / "pricing.example.json"))
+    assert example.currency == "USD" and "gpt-test" in example.models

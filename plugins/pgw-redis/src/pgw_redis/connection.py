@@ -2,9 +2,9 @@
 
 ``connect(url)`` makes the asyncio client: ``redis://``, ``rediss://`` and ``unix://`` give a
 ``redis.asyncio.Redis``; ``redis+cluster://host:port`` (or ``rediss+cluster://``) gives a
-``redis.asyncio.cluster.RedisCluster`` seeded from that node. The scheme is the one switch:
-``REDIS_URL`` is shared by the limiter, the breaker and the cache, so one value selects Cluster
-for all three.
+``redis.asyncio.cluster.RedisCluster`` seeded from that node. The scheme is the one switch,
+read per component: ``REDIS_URL`` (shared by the limiter, the breaker and the cache unless one
+is given its own ``url`` option) selects Cluster for every component that uses it.
 
 Clients are made with socket and connect timeouts (a black-holed Redis fails a call within
 two socket timeouts instead of hanging it: queued accounting may ride ahead of the call's own
