@@ -136,10 +136,12 @@ RELEASE = LuaScript(
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local held = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if held == 1 and expiry then
+local released_at = now_ms()
+if held == 1 and expiry and tonumber(expiry) > released_at then
   -- How long the lease was held feeds the concurrency gates' wait hints (moving average,
-  -- weight 0.2 for the newest, as in the in-memory limiter's next_hold).
-  local duration = math.max(0, now_ms() - (tonumber(expiry) - tonumber(ARGV[5])))
+  -- weight 0.2 for the newest, as in the in-memory limiter's next_hold); an expired lease
+  -- says nothing about how long calls take.
+  local duration = math.max(0, released_at - (tonumber(expiry) - tonumber(ARGV[5])))
   for _, key in ipairs({KEYS[8], KEYS[9]}) do
     local previous = tonumber(redis.call('GET', key))
     local value = duration

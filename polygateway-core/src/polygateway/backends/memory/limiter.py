@@ -112,9 +112,11 @@ class _MemoryPermit(OnceOnlyPermit):
         limiter = self._limiter
         if limiter._leases.pop(lease, None) is not None:
             expiry = self._state.leases.pop(lease)
-            held = limiter._clock.monotonic() - (expiry - limiter._lease_ttl_s)
-            self._state.hold_s = next_hold(self._state.hold_s, held)
-            limiter._hold_s = next_hold(limiter._hold_s, held)
+            now = limiter._clock.monotonic()
+            if expiry > now:  # an expired lease says nothing about how long calls take
+                held = now - (expiry - limiter._lease_ttl_s)
+                self._state.hold_s = next_hold(self._state.hold_s, held)
+                limiter._hold_s = next_hold(limiter._hold_s, held)
 
 
 class InMemoryLimiter:
