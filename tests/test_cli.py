@@ -289,7 +289,8 @@ def test_config_check_prints_the_resolved_pipeline(
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[0] == "scope LLM"
-    assert lines[1] == "  pipeline: telemetry -> cache -> structured -> retry -> transport"
+    # The governed dispatcher is not a layer any more (formerly "... -> retry -> transport").
+    assert lines[1] == "  pipeline: telemetry -> cache -> structured -> transport"
     assert "      api_key: ***" in lines
     assert "      model: gpt-test" in lines
     assert lines[-1] == "configuration OK: 1 scope(s): LLM"
@@ -314,7 +315,7 @@ def test_config_check_json(
     described = json.loads(out)
     [source] = described["scopes"]["LLM"]["sources"]
     assert (source["name"], source["model"], source["api_key"]) == ("openai-1", "gpt-test", "***")
-    assert described["scopes"]["LLM"]["middleware"] == ["telemetry", "cache", "structured", "retry"]
+    assert described["scopes"]["LLM"]["middleware"] == ["telemetry", "cache", "structured"]
 
 
 def test_config_check_problems_one_line_each_exit_2(

@@ -16,8 +16,9 @@ from typing import Any
 
 from polygateway.backends.memory.breaker import InMemoryGate
 from polygateway.backends.memory.limiter import InMemoryLimiter
+from polygateway.chat import ChatDispatcher
+from polygateway.context import CallContext
 from polygateway.errors import GovernanceBackendError
-from polygateway.middleware.retry import RetryMiddleware
 from polygateway.ports import (
     Denial,
     GateDecision,
@@ -112,6 +113,7 @@ def ok(content: str = "fine", prompt: int = 3, completion: int = 4) -> Transport
 @dataclass
 class RecordingObserver:
     attempts: list[tuple[str, str, Any, int]] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
 
     def on_attempt(
         self,
@@ -122,6 +124,9 @@ class RecordingObserver:
         latency_ms: int,
     ) -> None:
         self.attempts.append((source.name, call_id, outcome, latency_ms))
+
+    def on_result_invalid(self, call_id: str, error: BaseException) -> None:
+        self.invalid.append(call_id)
 
 
 # --------------------------------------------------------------------------- governance doubles
@@ -297,9 +302,10 @@ class FaultyBreaker:
 
 @dataclass
 class Rig:
-    """A retry layer over scripted transports, real memory backends and a fake clock."""
+    """The chat dispatcher (on the governor) over scripted transports, real memory backends
+    and a fake clock."""
 
-    layer: RetryMiddleware
+    layer: ChatDispatcher
     transport: ScriptedTransport
     limiter: Any
     breaker: Any
@@ -308,12 +314,9 @@ class Rig:
     observer: RecordingObserver
 
     async def call(self, messages: Sequence[Mapping[str, Any]] = MESSAGES) -> LLMResponse:
-        request = ChatRequest(messages=messages, observer=self.observer)
-        return await self.layer(request, _never)
-
-
-async def _never(request: ChatRequest) -> LLMResponse:
-    raise AssertionError("the retry layer must not call call_next")
+        context = CallContext()
+        context.add_observer(self.observer)
+        return await self.layer(ChatRequest(messages=messages, context=context))
 
 
 def make_rig(
@@ -343,7 +346,7 @@ def make_rig(
         probe_ttl_s=60.0,
         clock=clock,
     )
-    layer = RetryMiddleware(
+    layer = ChatDispatcher.create(
         sources=srcs,
         transports={s.name: transport for s in srcs},
         limiter=limiter,

@@ -418,7 +418,7 @@ async def test_release_side_failures_only_warn(
             "breaker": FaultyBreaker(gate, accounting=True),
         },
     )
-    with caplog.at_level(logging.WARNING, logger="polygateway.middleware.retry"):
+    with caplog.at_level(logging.WARNING, logger="polygateway.governance.admission"):
         response = await client.chat(MESSAGES)
     assert response.content and fake.requests() == 1
     warned = " ".join(r.getMessage() for r in caplog.records)

@@ -116,10 +116,8 @@ def test_from_settings_picks_the_scope_and_names_unknown_ones(fake: FakeUpstream
 @pytest.mark.parametrize(
     ("middleware", "fragment"),
     [
-        (("telemetry", "retry", "cache"), "'retry' must be last"),
-        (("cache", "structured"), "'retry' must be present"),
-        (("cache", "cache", "retry"), "repeated: cache"),
-        (("nosuch", "retry"), "registered middleware: cache, retry, structured, telemetry"),
+        (("cache", "cache"), "repeated: cache"),
+        (("nosuch",), "registered middleware: cache, retry, structured, telemetry"),
     ],
 )
 def test_bad_middleware_lists_are_config_errors(
@@ -128,6 +126,30 @@ def test_bad_middleware_lists_are_config_errors(
     settings = http_settings(fake, ["a"], middleware=middleware)
     with pytest.raises(ConfigError, match=fragment):
         GatewayClient(settings, registry=registry())
+
+
+@pytest.mark.parametrize("middleware", [("cache", "telemetry"), ("structured", "cache"), ()])
+async def test_the_dispatcher_is_innermost_whatever_the_layer_order(
+    fake: FakeUpstream, middleware: tuple[str, ...]
+) -> None:
+    # Formerly refused ("'retry' must be present and last"): the wrapping layers are free to
+    # be ordered, the governed dispatcher is pinned innermost.
+    settings = http_settings(fake, ["a"], middleware=middleware)
+    async with GatewayClient(settings, registry=registry()) as client:
+        assert (await client.chat(MESSAGES)).source_name == "a"
+    assert fake.requests() == 1
+
+
+@pytest.mark.parametrize("middleware", [("telemetry", "retry", "cache"), ("retry",)])
+async def test_retry_in_an_old_middleware_list_warns_and_is_ignored(
+    fake: FakeUpstream, middleware: tuple[str, ...]
+) -> None:
+    settings = http_settings(fake, ["a"], middleware=middleware)
+    with pytest.warns(DeprecationWarning, match=r"'retry' in the middleware list is deprecated"):
+        client = GatewayClient(settings, registry=registry())
+    async with client:
+        assert (await client.chat(MESSAGES)).source_name == "a"
+    assert fake.requests() == 1
 
 
 def test_a_cache_without_namespace_or_ttl_is_a_config_error(fake: FakeUpstream) -> None:
@@ -196,7 +218,7 @@ async def test_plugin_middleware_runs_in_the_configured_order(fake: FakeUpstream
                 register(name, factory)
 
     reg = load_registry(autoload=False, extra_plugins=[("pgw-trace", Plugin())])
-    settings = http_settings(fake, ["a"], middleware=("outer", "structured", "inner", "retry"))
+    settings = http_settings(fake, ["a"], middleware=("outer", "structured", "inner"))
     async with GatewayClient(settings, registry=reg) as client:
         await client.chat(MESSAGES)
     assert log == ["outer>", "inner>", "<inner", "<outer"]
@@ -225,7 +247,7 @@ async def test_bad_messages_are_rejected_before_any_network(
 
 
 async def test_structured_without_its_layer_is_rejected(fake: FakeUpstream) -> None:
-    settings = http_settings(fake, ["a"], middleware=("retry",))
+    settings = http_settings(fake, ["a"], middleware=())
     async with GatewayClient(settings, registry=registry()) as client:
         with pytest.raises(RequestRejectedError, match="'structured' layer"):
             await client.chat(MESSAGES, structured="json")

@@ -36,7 +36,7 @@ def test_examples_load_cleanly(files: dict[str, Path], registry: object) -> None
     assert sorted(s.name for s in scope.sources) == ["deepseek-1", "qwen-1"]
     for source in scope.sources:
         assert source.base_url.startswith("http://127.0.0.1:8400/")
-    assert scope.middleware == ("telemetry", "cache", "structured", "retry")
+    assert scope.middleware == ("telemetry", "cache", "structured")
     assert (scope.cache.backend, scope.cache.namespace) == ("memory", "example")
     assert scope.telemetry.backend == "sqlite"
     assert scope.source("deepseek-1").ttft_timeout_s == 60.0

@@ -19,20 +19,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polygateway.backends.memory.cache import MemoryCache
+from polygateway.context import CallContext, with_context
 from polygateway.digest import (
     canonical_json,
     canonical_json_bytes,
     canonical_messages_json,
     messages_digest,
 )
-from polygateway.middleware import telemetry
 from polygateway.middleware.cache import (
     _STORED_FIELDS,
     CacheMiddleware,
     decode_fields,
     encode_response,
 )
-from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
+from polygateway.middleware.telemetry import build_telemetry_record
 from polygateway.settings import Secret, SourceConfig
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.telemetry.sqlite import SQLiteRecorder
@@ -276,11 +276,11 @@ def test_cache_keys_are_those_of_the_previous_implementation(name: str) -> None:
     request = GOLDEN_REQUESTS[name]
     layer = key_layer()
     assert layer.key(request) == GOLDEN_KEYS[name]
-    # The same key when the telemetry observer supplies the encoded messages.
-    observer = telemetry._CallObserver(
-        TelemetryMiddleware(ListRecorder(), pricing=None, clock=FakeClock())
-    )
-    assert layer.key(dataclasses.replace(request, observer=observer)) == GOLDEN_KEYS[name]
+    # The same key when the call's context supplies the encoded messages (as on every call
+    # made through GatewayClient.chat; the telemetry rows store the same string).
+    context = CallContext()
+    assert layer.key(dataclasses.replace(request, context=context)) == GOLDEN_KEYS[name]
+    assert context.canonical_messages(request.messages) == canonical_messages_json(request.messages)
 
 
 @settings(max_examples=150, deadline=None)
@@ -395,9 +395,9 @@ def test_unusual_field_values_are_encoded_or_refused_as_before(changes: dict[str
 # --------------------------------------------------------------------------- telemetry
 
 
-def test_the_observer_is_installed_on_an_otherwise_identical_request() -> None:
+def test_the_context_is_installed_on_an_otherwise_identical_request() -> None:
     names = [f.name for f in dataclasses.fields(ChatRequest)]
-    assert names[-1] == "observer"  # the positional copy relies on it
+    assert names[-1] == "context"  # the positional copy relies on it
     request = ChatRequest(
         messages=[{"role": "user", "content": "x"}],
         session_id="s",
@@ -409,13 +409,11 @@ def test_the_observer_is_installed_on_an_otherwise_identical_request() -> None:
         response_format={"type": "json_object"},
         extra_body={"seed": 1},
     )
-    marker = object()
-    copy = telemetry._with_observer(request, marker)
-    assert copy == dataclasses.replace(request, observer=marker)
-    assert copy.observer is marker
-    assert all(
-        getattr(copy, name) is getattr(request, name) for name in names if name != "observer"
-    )
+    marker = CallContext()
+    copy = with_context(request, marker)
+    assert copy == dataclasses.replace(request, context=marker)
+    assert copy.context is marker
+    assert all(getattr(copy, name) is getattr(request, name) for name in names if name != "context")
 
 
 def test_a_success_row_carries_every_field_in_its_place() -> None:

@@ -55,11 +55,15 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from polygateway.client import GatewayClient, gather_bounded
+    from polygateway.governance import Attempted, Governor, Outcome
     from polygateway.telemetry.pricing import PricingTable
 
 _LAZY = {
     "GatewayClient": "polygateway.client",
     "gather_bounded": "polygateway.client",
+    "Governor": "polygateway.governance",
+    "Attempted": "polygateway.governance",
+    "Outcome": "polygateway.governance",
     "PricingTable": "polygateway.telemetry.pricing",
 }
 
@@ -77,6 +81,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AllSourcesExhausted",
+    "Attempted",
     "BackpressureSettings",
     "BreakerSettings",
     "ChatRequest",
@@ -86,11 +91,13 @@ __all__ = [
     "GatewayClient",
     "GatewaySettings",
     "GovernanceBackendError",
+    "Governor",
     "LLMResponse",
     "Limits",
     "OcrElement",
     "OcrLayoutResult",
     "OcrTextResult",
+    "Outcome",
     "PluginError",
     "PolyGatewayError",
     "PricingTable",

@@ -1,8 +1,10 @@
 """Assembly: settings + registry -> the middleware onion, built once (the composition root).
 
 Every part is resolved by its registered name (``registry.get(kind, name)``) unless it was
-injected; then the middleware chain is composed from ``settings.middleware`` (outer -> inner).
-Requests never pass through pluggy or this module: the result is a plain async callable.
+injected; then the chat dispatcher (``polygateway.chat``: the governor over the sources' chat
+transports) is pinned as the innermost handler and the wrapping layers of
+``settings.middleware`` (outer -> inner) are composed around it. Requests never pass through
+pluggy or this module: the result is a plain async callable.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from polygateway.chat.dispatcher import ChatDispatcher
 from polygateway.errors import ConfigError
 from polygateway.middleware import PassThroughMiddleware, cache_problems
 from polygateway.ports import (
@@ -30,7 +33,7 @@ from polygateway.ports import (
     Transport,
 )
 from polygateway.settings import ScopeSettings
-from polygateway.types import ChatRequest, LLMResponse
+from polygateway.types import ChatRequest
 
 if TYPE_CHECKING:
     from polygateway.plugins import Registry
@@ -48,11 +51,6 @@ def unknown_middleware(names: Sequence[str], registered: Sequence[str]) -> list[
         return []
     known = ", ".join(registered) or "none"
     return [f"unknown middleware {unknown}; registered middleware: {known}"]
-
-
-async def _retry_is_innermost(request: ChatRequest) -> LLMResponse:
-    # The retry layer never calls call_next; reaching this means the chain was built wrongly.
-    raise RuntimeError("the retry layer must be the innermost middleware")
 
 
 def _bind(layer: Middleware, inner: Handler) -> Handler:
@@ -74,7 +72,9 @@ class Pipeline:
     handler: Handler
     components: Components
     layers: tuple[Middleware, ...]
-    """The active layers, outer first (switched-off ones are already dropped)."""
+    """The active wrapping layers, outer first (switched-off ones are already dropped)."""
+    dispatcher: ChatDispatcher
+    """The pinned innermost handler (its ``governor`` holds the per-source state)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +183,7 @@ def build_pipeline(
     from polygateway.config import check_guards
 
     # check_guards covers the timeout chain, lease/probe TTLs, the stall window and the
-    # middleware order (retry present and last, no repeats).
+    # middleware list (no repeats).
     problems = list(check_guards(settings))
     problems.extend(unknown_middleware(settings.middleware, registry.names("middleware")))
     cache_on = _enabled("cache", settings.cache.backend, settings, cache)
@@ -235,6 +235,17 @@ def build_pipeline(
         pricing=pricing,
     )
 
+    dispatcher = ChatDispatcher.create(
+        sources=settings.sources,
+        transports=built,
+        limiter=limiter,
+        breaker=breaker,
+        selector=selector,
+        retry=settings.retry,
+        breaker_settings=settings.breaker,
+        backpressure=settings.backpressure,
+        clock=clock,
+    )
     layers: list[Middleware] = []
     for name in settings.middleware:
         options = settings.middleware_options.get(name, {})
@@ -245,7 +256,9 @@ def build_pipeline(
         if not isinstance(layer, PassThroughMiddleware):
             layers.append(layer)
 
-    handler: Handler = _retry_is_innermost
+    handler: Handler = dispatcher
     for layer in reversed(layers):
         handler = _bind(layer, handler)
-    return Pipeline(handler=handler, components=components, layers=tuple(layers))
+    return Pipeline(
+        handler=handler, components=components, layers=tuple(layers), dispatcher=dispatcher
+    )

@@ -19,13 +19,15 @@ from types import TracebackType
 from typing import Any, TypedDict, TypeVar, Unpack
 
 from polygateway.assembly import build_pipeline
+from polygateway.chat.messages import check_message_shape
 from polygateway.clock import SystemClock
+from polygateway.context import CallContext
 from polygateway.errors import ConfigError, RequestRejectedError
-from polygateway.middleware.retry import check_message_shape
 from polygateway.ports import (
     CacheBackend,
     Clock,
     Components,
+    Drainable,
     Handler,
     Pricing,
     ProviderGate,
@@ -117,9 +119,7 @@ class GatewayClient:
         self._handler: Handler = pipeline.handler
         self._components = components
         # Layers that hand work to the background (telemetry rows) and can wait for it.
-        self._drains = [
-            drain for layer in pipeline.layers if callable(drain := getattr(layer, "drain", None))
-        ]
+        self._drains = [layer.drain for layer in pipeline.layers if isinstance(layer, Drainable)]
         self._structured_on = "structured" in settings.middleware
         # What this client built and therefore closes, in closing order.
         owned: list[tuple[str, Any]] = [
@@ -218,6 +218,7 @@ class GatewayClient:
             cache_namespace=cache_namespace,
             structured=structured,
             stream=stream,
+            context=CallContext(),
         )
         return await self._handler(request)
 

@@ -38,6 +38,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 # Hook name -> capability kind (the keys of ``provides`` in ``pgw plugins list --json``).
 HOOK_KINDS: dict[str, str] = {
     "pgw_register_transports": "transport",
+    "pgw_register_embedding_transports": "embedding_transport",
+    "pgw_register_ocr_transports": "ocr_transport",
     "pgw_register_providers": "provider",
     "pgw_register_limiters": "limiter",
     "pgw_register_breakers": "breaker",
@@ -46,6 +48,7 @@ HOOK_KINDS: dict[str, str] = {
     "pgw_register_structured": "structured",
     "pgw_register_pricing": "pricing",
     "pgw_register_telemetry": "telemetry",
+    "pgw_register_telemetry_readers": "telemetry_reader",
     "pgw_register_middleware": "middleware",
     "pgw_register_commands": "command",
 }
@@ -60,6 +63,28 @@ def pgw_register_transports(register: Register) -> None:
         names this transport (``{SCOPE}__{P}__{N}__TRANSPORT`` or ``transport = "..."`` in the
         pipeline file); one instance per source. ``providers`` holds every registered provider
         profile, so profiles added by other plugins reach the transport.
+    """
+
+
+@hookspec
+def pgw_register_embedding_transports(register: Register) -> None:
+    """Register embedding transports (the call kind of an embedding client).
+
+    :param register: ``register(name, factory)`` where ``factory(source: SourceConfig) ->
+        EmbeddingTransport`` (``embed(*, texts, source, call_id)`` and ``aclose()``). One
+        instance per source that names this transport; an embedding client runs each batch
+        through ``polygateway.governance.Governor`` with it.
+    """
+
+
+@hookspec
+def pgw_register_ocr_transports(register: Register) -> None:
+    """Register OCR transports (the call kind of an OCR client).
+
+    :param register: ``register(name, factory)`` where ``factory(source: SourceConfig) ->
+        OcrTextPort | OcrLayoutPort`` (one of them or both, plus ``aclose()``). One
+        instance per source that names this transport; an OCR client runs each page through
+        ``polygateway.governance.Governor`` with it.
     """
 
 
@@ -132,6 +157,19 @@ def pgw_register_telemetry(register: Register) -> None:
 
     :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
         TelemetryRecorder``. Picked by ``PGW_TELEMETRY_BACKEND`` or ``[scope.telemetry]``.
+    """
+
+
+@hookspec
+def pgw_register_telemetry_readers(register: Register) -> None:
+    """Register readers of stored telemetry (what ``pgw telemetry report`` reads).
+
+    :param register: ``register(name, reader)`` with ``reader(target: str, *, since: float |
+        None) -> list[dict[str, Any]]``: every row (the 18 fields and ``created_at`` in epoch
+        seconds) created at or after ``since``, oldest first. ``--db PATH`` reads with
+        ``sqlite``; ``--dsn URL`` with the reader named by the URL's scheme (a ``+driver``
+        suffix ignored). A target that cannot be read raises ``ValueError`` with a message
+        naming the problem (never a password).
     """
 
 

@@ -56,7 +56,9 @@ class Middleware(Protocol):
 
 @runtime_checkable
 class CallObserver(Protocol):
-    """Installed on ``ChatRequest.observer`` by the telemetry layer; told about every attempt."""
+    """Told about every attempt of a chat call; added to the call's ``CallContext`` by a layer
+    (the telemetry layer adds one per call). Both methods are called synchronously and must
+    not block; what they raise is logged and ignored."""
 
     def on_attempt(
         self,
@@ -68,6 +70,22 @@ class CallObserver(Protocol):
     ) -> None:
         """Called once per attempt that reached the transport, success or not (incl. cancel)."""
         ...
+
+    def on_result_invalid(self, call_id: str, error: BaseException) -> None:
+        """A wrapping layer (the structured ladder) rejected the output of attempt ``call_id``
+        after it was reported as a success."""
+        ...
+
+
+@runtime_checkable
+class Drainable(Protocol):
+    """A layer that hands work to the background (telemetry rows) and can wait for it.
+
+    The client awaits ``drain()`` of each such layer on ``aclose``, before flushing the
+    recorder, so a graceful shutdown loses nothing. Checked once, at assembly.
+    """
+
+    async def drain(self) -> None: ...
 
 
 # --------------------------------------------------------------------------- transports
@@ -112,6 +130,14 @@ class OcrLayoutPort(Protocol):
     async def parse_layout(self, image: bytes) -> OcrLayoutResult: ...
 
     async def check_health(self) -> bool: ...
+
+
+EmbeddingTransportFactory: TypeAlias = Callable[[SourceConfig], EmbeddingTransport]
+"""What ``pgw_register_embedding_transports`` registers: one transport per source."""
+
+OcrTransportFactory: TypeAlias = Callable[[SourceConfig], "OcrTextPort | OcrLayoutPort"]
+"""What ``pgw_register_ocr_transports`` registers: one transport per source (text and/or
+layout; it should also have ``aclose()``)."""
 
 
 @runtime_checkable
@@ -309,6 +335,41 @@ class TelemetryRecorder(Protocol):
     async def flush(self) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+class TelemetryReader(Protocol):
+    """Reads stored telemetry back (kind ``telemetry_reader``, what ``pgw telemetry report``
+    uses): every row (the 18 fields, ``created_at`` in epoch seconds) created at or after
+    ``since``, oldest first. An unreadable ``target`` raises ``ValueError`` naming the problem,
+    never a password."""
+
+    def __call__(self, target: str, *, since: float | None) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class SupportsCacheNowait(Protocol):
+    """Optional for a ``CacheBackend`` that answers without waiting (the memory cache).
+
+    ``get_nowait``/``set_nowait`` are the same operations as ``get``/``set``, synchronous: the
+    cache layer then spares a coroutine per lookup and per store. Checked once, when the layer
+    is built; ``CacheContract`` holds both forms to the same behaviour.
+    """
+
+    def get_nowait(self, key: str) -> str | None: ...
+
+    def set_nowait(self, key: str, value: str, ttl_s: float) -> None: ...
+
+
+@runtime_checkable
+class SupportsRecordNowait(Protocol):
+    """Optional for a ``TelemetryRecorder`` that can enqueue a row synchronously.
+
+    ``record_nowait`` is ``record`` without the await (it never blocks and never raises for
+    backend trouble); the telemetry layer then spares a task per row. Checked once, when the
+    layer is built; ``TelemetryRecorderContract`` holds both forms to the same behaviour.
+    """
+
+    def record_nowait(self, record: TelemetryRecord) -> None: ...
 
 
 @runtime_checkable

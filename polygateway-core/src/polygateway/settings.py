@@ -196,8 +196,9 @@ class ScopeSettings:
     pricing_path: str | None = None
     structured_strategy: str = "json-repair"
     max_structured_retries: int = 1
-    middleware: tuple[str, ...] = ("telemetry", "cache", "structured", "retry")
-    """Outer -> inner; the transport is always innermost and ``retry`` always last."""
+    middleware: tuple[str, ...] = ("telemetry", "cache", "structured")
+    """The wrapping layers, outer -> inner; the governed chat dispatcher is always innermost
+    (``"retry"``, the name it had as a layer, is accepted with a ``DeprecationWarning``)."""
     middleware_options: Mapping[str, ComponentOptionsValue] = field(default_factory=dict)
     """Layer -> its options (see ``ComponentOptionsValue``)."""
     batch_size: int | None = None

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+if TYPE_CHECKING:
+    from polygateway.context import CallContext
 
 Message: TypeAlias = Mapping[str, Any]
 """One OpenAI-style chat message: ``{"role": ..., "content": str | list[part]}``."""
@@ -107,8 +110,9 @@ class ChatRequest:
     """Set by the native-schema strategy; sent as the body's ``response_format``."""
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     """Extra top-level body fields merged into every attempt's request body."""
-    observer: Any = field(default=None, compare=False, repr=False)
-    """A ``ports.CallObserver`` installed by the telemetry layer; ``None`` when telemetry is off."""
+    context: CallContext | None = field(default=None, compare=False, repr=False)
+    """The call's ``polygateway.context.CallContext`` (observers, shared encodings): set by
+    ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""
 
 
 @dataclass(frozen=True, slots=True)

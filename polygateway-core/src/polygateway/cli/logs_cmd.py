@@ -66,16 +66,17 @@ def _filters(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from polygateway.cli import registry_of
     from polygateway.cli.telemetry_db import read_rows, resolve_source
     from polygateway.telemetry.report import parse_since
 
     source = resolve_source(args)
     if args.logs_action == "path":
-        print(os.path.abspath(source.path))
+        print(source.label if "://" in source.path else os.path.abspath(source.path))
         return 0
     try:
         since = None if args.logs_action == "show" else parse_since(args.since)
-        rows = read_rows(source, since=since)
+        rows = read_rows(source, registry_of(args), since=since)
     except ValueError as exc:
         print(f"pgw logs: {exc}", file=sys.stderr)
         return 2
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([_decoded(row) for row in chosen], indent=2, default=str))
         return 0
     if not chosen:
-        print(f"no rows match in {source.path}", file=sys.stderr)
+        print(f"no rows match in {source.label}", file=sys.stderr)
         return 0
     print("\n\n".join(render_row(row, truncate=args.truncate) for row in chosen))
     return 0

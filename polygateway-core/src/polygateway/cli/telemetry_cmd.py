@@ -31,19 +31,20 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
 
 
 def run(args: argparse.Namespace) -> int:
+    from polygateway.cli import registry_of
     from polygateway.cli.telemetry_db import read_rows, resolve_source
     from polygateway.telemetry.report import build_report, parse_since, render_html, render_text
 
     source = resolve_source(args)
     try:
-        rows = read_rows(source, since=parse_since(args.since))
+        rows = read_rows(source, registry_of(args), since=parse_since(args.since))
     except ValueError as exc:
         print(f"pgw telemetry report: {exc}", file=sys.stderr)
         return 2
     report = build_report(rows, by=args.by, currency=source.currency)
-    sys.stdout.write(render_text(report, source=source.path))
+    sys.stdout.write(render_text(report, source=source.label))
     if args.html:
         with open(args.html, "w", encoding="utf-8") as fh:
-            fh.write(render_html(report, source=source.path))
+            fh.write(render_html(report, source=source.label))
         print(f"HTML report written to {args.html}")
     return 0

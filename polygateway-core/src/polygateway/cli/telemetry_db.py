@@ -2,7 +2,10 @@
 
 The database is the one the configuration names, found as ``from_env`` finds it: env, then
 ``.env``, then the pipeline file (``PGW_TELEMETRY_SQLITE_PATH``, ``{SCOPE}__TELEMETRY__
-SQLITE_PATH``, ``[scopes.X.telemetry].sqlite_path``), unless ``--db`` names a file. The price
+SQLITE_PATH``, ``[scopes.X.telemetry].sqlite_path``), unless ``--db`` names a file or ``--dsn``
+a database URL. Rows are read by a registered ``telemetry_reader`` (``ports.TelemetryReader``):
+``sqlite`` for a file, the reader the URL's scheme names for ``--dsn`` (``postgresql://``
+with pgw-postgres installed). The price
 table's currency label comes from the same configuration (``PGW_PRICING_PATH``).
 """
 
@@ -11,9 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polygateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polygateway.plugins import Registry
 
 DEFAULT_DB = "pgw_telemetry.db"
 
@@ -21,17 +27,34 @@ DEFAULT_DB = "pgw_telemetry.db"
 @dataclass(frozen=True)
 class TelemetrySource:
     path: str
-    """The SQLite file to read."""
+    """The SQLite file to read, or the ``--dsn`` URL."""
     origin: str
-    """How it was chosen (``--db``, the configuration key, or the default)."""
+    """How it was chosen (``--db``, ``--dsn``, the configuration key, or the default)."""
     currency: str = ""
+    reader: str = "sqlite"
+    """The ``telemetry_reader`` that reads it."""
+
+    @property
+    def label(self) -> str:
+        """How to name it in output: a URL with its password masked."""
+        from polygateway.config.models import mask_url
+
+        return mask_url(self.path) if "://" in self.path else self.path
 
 
 def add_source_arguments(parser: argparse.ArgumentParser, *, inherit: bool = False) -> None:
     """``--db`` and the configuration flags (``inherit``: see ``add_config_arguments``)."""
     from polygateway.cli import add_config_arguments
 
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--dsn",
+        metavar="URL",
+        default=argparse.SUPPRESS if inherit else None,
+        help="a telemetry database URL, read by the reader its scheme names (postgresql:// "
+        "with pgw-postgres)",
+    )
+    where.add_argument(
         "--db",
         metavar="PATH",
         default=argparse.SUPPRESS if inherit else None,
@@ -46,6 +69,14 @@ def resolve_source(args: argparse.Namespace) -> TelemetrySource:
     from polygateway.config import load_settings, read_env
     from polygateway.config.env import FLAT_KEYS
 
+    dsn: str | None = getattr(args, "dsn", None)
+    if dsn is not None:
+        # "postgresql+asyncpg://" is read by "postgresql"; an odd scheme is not shown (the
+        # value may hold a password).
+        scheme = dsn.partition("://")[0].partition("+")[0].lower()
+        if "://" not in dsn or not scheme.isalnum():
+            scheme = "?"
+        return TelemetrySource(dsn, "--dsn", reader=scheme)
     pipeline_path = getattr(args, "pipeline_path", None)
     env_file = getattr(args, "env_file", None)
     path: str | None = getattr(args, "db", None)
@@ -87,10 +118,17 @@ def _currency_of(path: str) -> str:
         return ""  # ``pgw config check`` reports a broken price table; the report goes on
 
 
-def read_rows(source: TelemetrySource, *, since: float | None) -> list[dict[str, Any]]:
+def read_rows(
+    source: TelemetrySource, registry: Registry, *, since: float | None
+) -> list[dict[str, Any]]:
     """Every row at or after ``since``, oldest first; ``ValueError`` naming the problem."""
-    from polygateway.telemetry.report import read_sqlite_rows
-
-    if not os.path.exists(source.path):
+    readers = registry.names("telemetry_reader")
+    if source.reader not in readers:
+        raise ValueError(
+            f"--dsn: no telemetry reader for scheme {source.reader!r} (readers: "
+            f"{', '.join(readers)}; plugins add readers)"
+        )
+    if source.reader == "sqlite" and not os.path.exists(source.path):
         raise ValueError(f"{source.path} (from {source.origin}): no such file")
-    return read_sqlite_rows(source.path, since=since)
+    reader = registry.get("telemetry_reader", source.reader)
+    return reader(source.path, since=since)

@@ -8,8 +8,9 @@ ARCHITECTURE §7.3, §7.6 and M2 §1, M2 §3:
 - ``probe TTL >= max timeout + 5``: a half-open probe must outlive the call it guards;
 - ``stall window >= max TTFT``: a slow first token must not read as a stalled scope.
 
-Plus the structural rules of the middleware list (``retry`` present and last, no duplicates)
-and, given a plugin registry, that every implementation named exists.
+Plus the structural rule of the middleware list (no duplicates; the governed dispatcher is
+pinned innermost by assembly, so no layer has to be last) and, given a plugin registry, that
+every implementation named exists.
 
 These functions see only resolved settings (which may have been built by hand for
 ``from_settings``), so they name keys in both spellings: env key and pipeline-file key.
@@ -111,19 +112,13 @@ def _timeout_chain(
 
 
 def middleware_problems(scope: ScopeSettings) -> list[str]:
-    """``retry`` present and last (it selects sources, calls the transports); no repeats."""
+    """No layer repeated (the order is free: the dispatcher is always innermost)."""
     key = middleware_key(scope.scope)
     layers = list(scope.middleware)
     problems: list[str] = []
     repeated = sorted({name for name in layers if layers.count(name) > 1})
     if repeated:
         problems.append(f"{key}: each layer at most once; repeated: {', '.join(repeated)}")
-    if "retry" not in layers:
-        problems.append(f"{key}: 'retry' must be present and last, got {layers}")
-    elif layers[-1] != "retry":
-        problems.append(
-            f"{key}: 'retry' must be last (innermost, it calls the transports), got {layers}"
-        )
     return problems
 
 

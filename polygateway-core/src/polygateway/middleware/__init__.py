@@ -1,5 +1,9 @@
 """The builtin middleware layers and their factories (registered under kind ``middleware``).
 
+Middleware are the wrapping layers only (telemetry, cache, structured, plugin layers), in the
+order the pipeline file gives; the governed chat dispatcher (``polygateway.chat``) is not a
+layer: assembly pins it innermost.
+
 Each factory takes a ``BuildContext`` whose ``components`` are set and returns a
 ``ports.Middleware``. Implementation modules are imported inside the factories, so a layer
 that is not in the pipeline is never imported.
@@ -11,6 +15,8 @@ absent capability costs nothing per call.
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable
 
 from polygateway.errors import ConfigError
@@ -18,7 +24,13 @@ from polygateway.ports import BuildContext, Components, Handler, Middleware
 from polygateway.settings import ScopeSettings
 from polygateway.types import ChatRequest, LLMResponse
 
-__all__ = ["PassThroughMiddleware", "builtin_layers", "cache_problems", "model_identity"]
+__all__ = [
+    "RETRY_DEPRECATION",
+    "PassThroughMiddleware",
+    "builtin_layers",
+    "cache_problems",
+    "model_identity",
+]
 
 LayerFactory = Callable[[BuildContext], Middleware]
 
@@ -116,26 +128,45 @@ def _structured(ctx: BuildContext) -> Middleware:
     )
 
 
-def _retry(ctx: BuildContext) -> Middleware:
-    components = _components(ctx, "retry")
-    from polygateway.middleware.retry import RetryMiddleware
+RETRY_DEPRECATION = (
+    "{scope}: 'retry' in the middleware list is deprecated and ignored: the governed chat "
+    "dispatcher is always the innermost handler; remove 'retry' from "
+    "[scopes.{scope}].middleware"
+)
 
-    settings = ctx.settings
-    return RetryMiddleware(
-        sources=settings.sources,
-        transports=components.transports,
-        limiter=components.limiter,
-        breaker=components.breaker,
-        selector=components.selector,
-        retry=settings.retry,
-        breaker_settings=settings.breaker,
-        backpressure=settings.backpressure,
-        clock=ctx.clock,
+
+def _retry(ctx: BuildContext) -> Middleware:
+    # Pipeline files written before the dispatcher was pinned name "retry" (it had to be the
+    # last layer): they keep working, with a warning, until the name is removed.
+    warnings.warn(
+        RETRY_DEPRECATION.format(scope=ctx.settings.scope),
+        DeprecationWarning,
+        stacklevel=_outside_stacklevel(),
     )
+    return PassThroughMiddleware("retry")
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of the first caller outside this library.
+
+    Python shows a ``DeprecationWarning`` by default only when it is attributed to
+    ``__main__``: attributed to the assembly it would never be seen.
+    """
+    level = 1
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        "polygateway"
+    ):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def builtin_layers() -> dict[str, LayerFactory]:
-    """Name -> factory of the core's layers, in their default order (outer -> inner)."""
+    """Name -> factory of the core's layers, in their default order (outer -> inner).
+
+    ``retry`` is only the deprecated name of old pipeline files (a pass-through, see above).
+    """
     return {
         "telemetry": _telemetry,
         "cache": _cache,

@@ -31,7 +31,7 @@ import orjson
 from polygateway.digest import canonical_json, messages_digest
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ids import new_call_id
-from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy
+from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy, SupportsCacheNowait
 from polygateway.types import ChatRequest, LLMResponse
 
 logger = logging.getLogger(__name__)
@@ -131,10 +131,6 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
     return LLMResponse(**fields)
 
 
-def _callable_or_none(value: Any) -> Any:
-    return value if callable(value) else None
-
-
 def is_cacheable(response: LLMResponse) -> bool:
     """A real, complete answer: not a hit already, not empty, not cut off by the token limit,
     not salvaged from a stream that ended without ``[DONE]``."""
@@ -194,12 +190,11 @@ class CacheMiddleware:
         self._backend = backend
         # Backends that answer synchronously (the memory cache) skip a coroutine per lookup
         # and per store, as telemetry recorders with ``record_nowait`` do.
-        self._get_nowait: Callable[[str], str | None] | None = _callable_or_none(
-            getattr(backend, "get_nowait", None)
-        )
-        self._set_nowait: Callable[[str, str, float], None] | None = _callable_or_none(
-            getattr(backend, "set_nowait", None)
-        )
+        self._get_nowait: Callable[[str], str | None] | None = None
+        self._set_nowait: Callable[[str, str, float], None] | None = None
+        if isinstance(backend, SupportsCacheNowait):
+            self._get_nowait = backend.get_nowait
+            self._set_nowait = backend.set_nowait
         self.namespace = namespace
         self.ttl_s = float(ttl_s)
         self._model_identity = model_identity
@@ -262,11 +257,12 @@ class CacheMiddleware:
                 "cache_namespace and cache_salt must be strings, got "
                 f"{type(request.cache_namespace).__name__} and {type(request.cache_salt).__name__}"
             )
-        # The telemetry layer's observer (when present) encodes the messages once per call
-        # for its rows; the key hashes the same string.
-        shared = getattr(request.observer, "canonical_messages", None)
-        if shared is not None:
-            digest = hashlib.sha256(shared(request.messages).encode("utf-8")).hexdigest()
+        # The call's context encodes the messages once per call (the telemetry rows store the
+        # same string); the key hashes it.
+        context = request.context
+        if context is not None:
+            encoded = context.canonical_messages(request.messages)
+            digest = hashlib.sha256(encoded.encode("utf-8")).hexdigest()
         else:
             digest = messages_digest(request.messages)
         structured = request.structured

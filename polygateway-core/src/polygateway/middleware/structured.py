@@ -20,7 +20,6 @@ re-asks remain; in ``"json"`` mode, which never re-asks, it fails at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -198,11 +197,10 @@ class StructuredMiddleware:
 
 
 def _tell_observer(request: ChatRequest, response: LLMResponse, error: ResultInvalidError) -> None:
-    # Lets the telemetry layer mark this attempt's row; absent when telemetry is off.
-    hook = getattr(request.observer, "on_result_invalid", None)
-    if hook is not None and response.call_id:
-        with contextlib.suppress(Exception):  # telemetry never changes the call's outcome
-            hook(response.call_id, error)
+    # Lets the telemetry layer mark this attempt's row (the context never raises).
+    context = request.context
+    if context is not None and response.call_id:
+        context.result_invalid(response.call_id, error)
 
 
 def _exhausted(

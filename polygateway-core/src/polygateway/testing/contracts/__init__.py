@@ -30,6 +30,7 @@ from polygateway.testing.clock import FakeClock
 from polygateway.testing.contracts.breaker import BreakerContract
 from polygateway.testing.contracts.cache import CacheContract
 from polygateway.testing.contracts.limiter import LimiterContract
+from polygateway.testing.contracts.middleware import MiddlewareContract
 from polygateway.testing.contracts.telemetry import (
     TelemetryRecorderContract,
     assert_row_matches,
@@ -130,6 +131,7 @@ __all__ = [
     "GovernanceBackend",
     "LimiterContract",
     "MemoryGovernanceBackend",
+    "MiddlewareContract",
     "TelemetryRecorderContract",
     "TransportContract",
     "UninjectableClock",

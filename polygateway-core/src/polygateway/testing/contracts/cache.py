@@ -15,6 +15,10 @@ entry to disappear (about a second). A backend that can report a key's remaining
 overrides ``key_ttl_s`` so that "every entry expires" is checked directly (Redis: no key may
 have ``TTL -1``).
 
+A backend that also implements ``ports.SupportsCacheNowait`` (synchronous ``get_nowait`` /
+``set_nowait``, which the cache layer then uses instead of a coroutine per lookup) has both
+forms held to the same behaviour; the nowait tests skip for a backend without them.
+
 Keys used here are unique per test run (``pgw:cache:contract:<uuid>:...``), so a shared
 server needs no cleanup between tests; entries expire on their own.
 """
@@ -31,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from polygateway.ports import CacheBackend
+from polygateway.ports import CacheBackend, SupportsCacheNowait
 from polygateway.testing.clock import FakeClock
 
 REAL_TTL_S = 0.5
@@ -169,6 +173,45 @@ class CacheContract:
             if remaining is None:
                 pytest.skip("this backend cannot report a key's TTL")
             assert 0 < remaining <= 30.0, f"{key!r} has TTL {remaining!r}"
+
+    # ------------------------------------------------------------------ SupportsCacheNowait
+
+    async def test_nowait_forms_share_the_entries_of_the_async_ones(
+        self, cache: CacheBackend, key_prefix: str
+    ) -> None:
+        if not isinstance(cache, SupportsCacheNowait):
+            pytest.skip("this backend does not implement ports.SupportsCacheNowait")
+        assert cache.get_nowait(key_prefix + "missing") is None
+        cache.set_nowait(key_prefix + "sync", "from set_nowait", 60.0)
+        assert await cache.get(key_prefix + "sync") == "from set_nowait"
+        await cache.set(key_prefix + "async", "from set", 60.0)
+        assert cache.get_nowait(key_prefix + "async") == "from set"
+        cache.set_nowait(key_prefix + "async", "overwritten", 60.0)
+        assert await cache.get(key_prefix + "async") == "overwritten"
+
+    @pytest.mark.parametrize("ttl", BAD_TTLS, ids=repr)
+    async def test_set_nowait_requires_a_positive_ttl(
+        self, cache: CacheBackend, key_prefix: str, ttl: Any
+    ) -> None:
+        if not isinstance(cache, SupportsCacheNowait):
+            pytest.skip("this backend does not implement ports.SupportsCacheNowait")
+        with pytest.raises(ValueError, match="ttl"):
+            cache.set_nowait(key_prefix + "k", "v", ttl)
+        assert cache.get_nowait(key_prefix + "k") is None
+
+    async def test_nowait_entries_expire_after_their_ttl(
+        self, cache: CacheBackend, cache_clock: FakeClock, key_prefix: str
+    ) -> None:
+        if not isinstance(cache, SupportsCacheNowait):
+            pytest.skip("this backend does not implement ports.SupportsCacheNowait")
+        if not self.supports_fake_time:
+            pytest.skip("needs an injectable clock")
+        cache.set_nowait(key_prefix + "expiring", "v", 10.0)
+        cache_clock.advance(9.9)
+        assert cache.get_nowait(key_prefix + "expiring") == "v"
+        cache_clock.advance(0.2)
+        assert cache.get_nowait(key_prefix + "expiring") is None
+        assert await cache.get(key_prefix + "expiring") is None
 
     async def test_aclose_is_idempotent(self, make_cache: Any) -> None:
         made = make_cache()

@@ -21,6 +21,10 @@ Subclass ``TelemetryRecorderContract`` and provide two fixtures on the same stor
                 return read_sqlite_rows(str(tmp_path / "t.db"))
             return read
 
+A recorder that also implements ``ports.SupportsRecordNowait`` (a synchronous
+``record_nowait``, which the telemetry layer then uses instead of a task per row) has it held
+to the behaviour of ``record``; those tests skip for a recorder without it.
+
 Text may be stored without NUL characters (Postgres rejects them); every other character
 must round-trip.
 """
@@ -37,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from polygateway.ports import TelemetryRecorder
+from polygateway.ports import SupportsRecordNowait, TelemetryRecorder
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TelemetryRecord) if f.name != "created_at")
@@ -151,6 +155,23 @@ class TelemetryRecorderContract:
         assert set(rows) == {full.call_id, sparse.call_id}
         assert_row_matches(rows[full.call_id], full)
         assert_row_matches(rows[sparse.call_id], sparse)
+
+    async def test_record_nowait_is_record_without_the_await(
+        self, new_recorder: Callable[[], Awaitable[TelemetryRecorder]], read_rows: RowReader
+    ) -> None:
+        recorder = await new_recorder()
+        if not isinstance(recorder, SupportsRecordNowait):
+            pytest.skip("this recorder does not implement ports.SupportsRecordNowait")
+        records = [sample_record(call_id=uuid.uuid4().hex) for _ in range(5)]
+        for record in records:
+            assert recorder.record_nowait(record) is None  # type: ignore[func-returns-value]
+        recorder.record_nowait(records[0])  # idempotent on call_id, like record()
+        await recorder.record(records[1])
+        await recorder.flush()
+        rows = {row["call_id"]: row for row in await read_rows()}
+        assert sorted(rows) == sorted(r.call_id for r in records)
+        for record in records:
+            assert_row_matches(rows[record.call_id], record)
 
     async def test_idempotent_on_call_id(
         self, new_recorder: Callable[[], Awaitable[TelemetryRecorder]], read_rows: RowReader

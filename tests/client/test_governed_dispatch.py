@@ -1,4 +1,5 @@
-"""The retry layer's decisions, with scripted transports and the real memory backends.
+"""The governor's decisions through the chat dispatcher, with scripted transports and the real
+memory backends (formerly the tests of the retry layer).
 
 Time is a FakeClock: backoff and waits advance it instantly, so every delay is asserted exactly.
 """
@@ -6,6 +7,7 @@ Time is a FakeClock: backoff and waits advance it instantly, so every delay is a
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 from typing import Any
@@ -23,6 +25,7 @@ from client_helpers import (
 )
 from polygateway.backends.memory.breaker import InMemoryGate
 from polygateway.backends.memory.limiter import InMemoryLimiter
+from polygateway.chat import ChatDispatcher, check_message_fields
 from polygateway.errors import (
     AllSourcesExhausted,
     CircuitOpenError,
@@ -34,7 +37,6 @@ from polygateway.errors import (
     StreamLivenessTimeout,
     TransientError,
 )
-from polygateway.middleware.retry import RetryMiddleware, check_message_fields
 from polygateway.ports import Denial
 from polygateway.selectors import LeastInflightSelector, RoundRobinSelector
 from polygateway.settings import (
@@ -88,9 +90,10 @@ async def test_model_falls_back_to_the_source_model() -> None:
     assert response.model == "model-a"
 
 
-async def test_the_retry_layer_never_calls_call_next() -> None:
+async def test_the_dispatcher_is_a_plain_handler_without_call_next() -> None:
     rig = make_rig(["a"])
-    await rig.call()  # _never would raise AssertionError
+    assert list(inspect.signature(rig.layer.__call__).parameters) == ["request"]
+    assert (await rig.call()).content == "fine"
 
 
 # --------------------------------------------------------------------------- transient
@@ -511,12 +514,12 @@ async def test_cancel_during_send_releases_permit_and_probe_and_is_observed() ->
     task = asyncio.create_task(rig.call())
     await entered.wait()
     assert await rig.limiter.inflight() == 1
-    assert rig.layer.inflight["a"] == 1
+    assert rig.layer.governor.inflight["a"] == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await rig.limiter.inflight() == 0
-    assert rig.layer.inflight["a"] == 0
+    assert rig.layer.governor.inflight["a"] == 0
     assert (await breaker.try_enter("a")).is_probe  # probe handed back: next caller probes
     assert isinstance(rig.observer.attempts[0][2], asyncio.CancelledError)
 
@@ -584,7 +587,7 @@ async def test_accounting_side_failures_only_warn(caplog: pytest.LogCaptureFixtu
         clock=clock,
     )
     rig.transport.script("a", transient())
-    with caplog.at_level(logging.WARNING, logger="polygateway.middleware.retry"):
+    with caplog.at_level(logging.WARNING, logger="polygateway.governance.admission"):
         response = await rig.call()
         await rig.call()
     assert response.source_name == "b"
@@ -626,7 +629,7 @@ async def test_a_failing_observer_does_not_break_the_call() -> None:
 def test_construction_refuses_missing_transports_and_bad_attempts() -> None:
     clock = FakeClock()
     with pytest.raises(ConfigError) as info:
-        RetryMiddleware(
+        ChatDispatcher.create(
             sources=[source("a"), source("a")],
             transports={},
             limiter=InMemoryLimiter(global_limits=Limits(), lease_ttl_s=60.0, clock=clock),
@@ -678,10 +681,10 @@ async def test_least_inflight_spreads_concurrent_calls() -> None:
     rig.transport.script("b", slow, slow)
     tasks = [asyncio.create_task(rig.call()) for _ in range(4)]
     await wait_until(lambda: rig.transport.count() == 4)
-    assert rig.layer.inflight == {"a": 2, "b": 2}
+    assert rig.layer.governor.inflight == {"a": 2, "b": 2}
     gate.set()
     await asyncio.gather(*tasks)
-    assert rig.layer.inflight == {"a": 0, "b": 0}
+    assert rig.layer.governor.inflight == {"a": 0, "b": 0}
 
 
 def test_messages_constant_is_valid() -> None:

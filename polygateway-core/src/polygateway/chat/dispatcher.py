@@ -1,0 +1,189 @@
+"""The chat endpoint: the pinned innermost handler of the chat pipeline.
+
+It checks the messages, runs the governor with the chat transport of whichever source the
+governor picks, and builds the ``LLMResponse`` (provenance: model, provider, source, call id,
+latency). Wrapping layers (telemetry, cache, structured, plugin middleware) sit outside it in
+the order the pipeline file gives; the dispatcher itself is not a layer and is always last.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Mapping, Sequence
+
+from polygateway.chat.messages import check_message_fields
+from polygateway.errors import ConfigError
+from polygateway.governance import Attempted, AttemptObserver, Governor, governor_problems
+from polygateway.ids import elapsed_ms
+from polygateway.ports import (
+    CallObserver,
+    Clock,
+    ProviderGate,
+    RateLimiter,
+    SourceSelector,
+    Transport,
+)
+from polygateway.settings import BackpressureSettings, BreakerSettings, RetrySettings, SourceConfig
+from polygateway.types import ChatRequest, LLMResponse
+
+__all__ = ["ChatDispatcher"]
+
+
+class ChatDispatcher:
+    """``ChatRequest -> LLMResponse`` through the governor and the sources' chat transports."""
+
+    __slots__ = ("_clock", "_governor", "_transports")
+
+    def __init__(
+        self, governor: Governor, transports: Mapping[str, Transport], *, clock: Clock
+    ) -> None:
+        problems = _transport_problems(governor.sources, transports)
+        if problems:
+            raise ConfigError(problems)
+        self._governor = governor
+        self._transports: dict[str, Transport] = {
+            s.name: transports[s.name] for s in governor.sources
+        }
+        self._clock = clock
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        sources: Sequence[SourceConfig],
+        transports: Mapping[str, Transport],
+        limiter: RateLimiter,
+        breaker: ProviderGate,
+        selector: SourceSelector,
+        retry: RetrySettings,
+        breaker_settings: BreakerSettings,
+        backpressure: BackpressureSettings,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> ChatDispatcher:
+        """The governor over ``sources`` and the dispatcher on it; every problem at once.
+
+        :raises ConfigError: what ``Governor`` refuses, and sources without a transport.
+        """
+        problems = governor_problems(sources, retry, backpressure)
+        problems.extend(_transport_problems(sources, transports))
+        if problems:
+            raise ConfigError(problems)
+        governor = Governor(
+            sources=sources,
+            limiter=limiter,
+            breaker=breaker,
+            selector=selector,
+            retry=retry,
+            breaker_settings=breaker_settings,
+            backpressure=backpressure,
+            clock=clock,
+            rng=rng,
+        )
+        return cls(governor, transports, clock=clock)
+
+    @property
+    def governor(self) -> Governor:
+        return self._governor
+
+    def __repr__(self) -> str:
+        return f"ChatDispatcher({self._governor!r})"
+
+    async def __call__(self, request: ChatRequest) -> LLMResponse:
+        check_message_fields(request.messages)
+        context = request.context
+        attempt_observer: AttemptObserver[LLMResponse] | None = None
+        if context is not None and context.observers:
+            observers = context.observers
+            attempt_observer = (
+                _RequestObserver(observers[0], request)
+                if len(observers) == 1
+                else _RequestObservers(observers, request)
+            )
+        outcome = await self._governor.run(
+            functools.partial(self._send, request), observer=attempt_observer
+        )
+        return outcome.value
+
+    async def _send(
+        self, request: ChatRequest, source: SourceConfig, call_id: str
+    ) -> Attempted[LLMResponse]:
+        """One chat attempt: the source's transport, then the response with its provenance."""
+        clock = self._clock
+        started = clock.monotonic()
+        result = await self._transports[source.name].send(request, source, call_id=call_id)
+        response = LLMResponse(
+            content=result.content,
+            thinking=result.thinking,
+            model=result.model or source.model,
+            provider=source.provider,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            latency_ms=result.latency_ms or elapsed_ms(started, clock.monotonic()),
+            ttft_ms=result.ttft_ms,
+            max_inter_token_ms=result.max_inter_token_ms,
+            call_id=call_id,
+            source_name=source.name,
+            usage_source=result.usage_source,
+            finish_reason=result.finish_reason,
+            salvaged=result.salvaged,
+            cached_prompt_tokens=result.cached_prompt_tokens,
+            cache_write_tokens=result.cache_write_tokens,
+        )
+        return Attempted(response, result.prompt_tokens + result.completion_tokens)
+
+
+def _transport_problems(
+    sources: Sequence[SourceConfig], transports: Mapping[str, Transport]
+) -> list[str]:
+    missing = [s.name for s in sources if s.name not in transports]
+    return [f"no transport for source(s) {missing}"] if missing else []
+
+
+class _RequestObserver:
+    """The call's ``CallObserver`` seen as the governor's ``AttemptObserver``: adds the request
+    the attempt sent (a re-ask's, not the caller's)."""
+
+    __slots__ = ("_observer", "_request")
+
+    def __init__(self, observer: CallObserver, request: ChatRequest) -> None:
+        self._observer = observer
+        self._request = request
+
+    def on_attempt(
+        self,
+        source: SourceConfig,
+        call_id: str,
+        outcome: LLMResponse | BaseException,
+        latency_ms: int,
+    ) -> None:
+        self._observer.on_attempt(self._request, source, call_id, outcome, latency_ms)
+
+
+class _RequestObservers:
+    """``_RequestObserver`` for several observers (a plugin layer added one too)."""
+
+    __slots__ = ("_observers", "_request")
+
+    def __init__(self, observers: tuple[CallObserver, ...], request: ChatRequest) -> None:
+        self._observers = observers
+        self._request = request
+
+    def on_attempt(
+        self,
+        source: SourceConfig,
+        call_id: str,
+        outcome: LLMResponse | BaseException,
+        latency_ms: int,
+    ) -> None:
+        # The governor logs (once) and ignores what an observer raises; one failing observer
+        # must not keep the others from hearing of the attempt.
+        failed: Exception | None = None
+        for observer in self._observers:
+            try:
+                observer.on_attempt(self._request, source, call_id, outcome, latency_ms)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the others
+                failed = exc
+        if failed is not None:
+            raise failed

@@ -1,0 +1,233 @@
+"""One attempt on one source: breaker gate -> limiter permit -> ``attempt`` -> verdicts.
+
+The breaker is asked first (a shut source costs no limiter round trip), then the limiter
+(global + source gates). A half-open probe must end with a verdict or be handed back, whatever
+happens, cancellation included; the permit is released in ``finally``. The verdict per error
+class is the breaker column of ``polygateway.governance.decisions``.
+
+Admission-side backend failures (``try_enter``, ``try_acquire``) raise
+``GovernanceBackendError`` out of the call (fail closed); accounting calls (``settle``,
+``release``, ``release_probe``, ``record_*``, ``mark_progress``) and observers only warn, so
+they never mask the call's result or its exception (M2 §10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+from polygateway.errors import ResultInvalidError, SourceDeadError, TransientError
+from polygateway.governance.attempts import Attempt, AttemptObserver, Outcome
+from polygateway.governance.cooldowns import CooldownMemo
+from polygateway.ids import elapsed_ms, new_call_id
+from polygateway.ports import Clock, Denial, GateDecision, Permit, ProviderGate, RateLimiter
+from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
+
+__all__ = ["Admission"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Admission:
+    """Gate, permit and accounting of single attempts, shared by all calls of one governor.
+
+    Holds the local in-flight count per source (what the selector balances on) and the
+    effective breaker threshold per source (ARCHITECTURE §7.4: ``max(configured,
+    concurrency * 2)``).
+    """
+
+    __slots__ = (
+        "_breaker",
+        "_clock",
+        "_limiter",
+        "_memo",
+        "_progress_every_s",
+        "_progress_marked_at",
+        "_thresholds",
+        "_warned",
+        "inflight",
+    )
+
+    def __init__(
+        self,
+        *,
+        sources: Sequence[SourceConfig],
+        limiter: RateLimiter,
+        breaker: ProviderGate,
+        breaker_settings: BreakerSettings,
+        memo: CooldownMemo,
+        clock: Clock,
+        stall_window_s: float,
+    ) -> None:
+        self._limiter = limiter
+        self._breaker = breaker
+        self._memo = memo
+        self._clock = clock
+        self._thresholds: dict[str, int] = {
+            s.name: effective_fail_threshold(breaker_settings.fail_threshold, s) for s in sources
+        }
+        self.inflight: dict[str, int] = {s.name: 0 for s in sources}
+        # Progress is a liveness signal read against windows of minutes: marking it at most
+        # every ``_progress_every_s`` spares a backend round trip on most calls.
+        self._progress_every_s = min(1.0, stall_window_s / 10.0)
+        self._progress_marked_at = -math.inf
+        self._warned: set[tuple[str, str]] = set()
+
+    async def attempt(
+        self,
+        source: SourceConfig,
+        est_tokens: int,
+        attempt: Attempt[T],
+        observer: AttemptObserver[T] | None,
+        number: int,
+    ) -> Outcome[T] | Denial | GateDecision:
+        """Admission then one ``attempt`` on ``source``, the call's attempt ``number``.
+
+        Returns the call's ``Outcome``, or the refusal (the limiter's ``Denial`` or the
+        breaker's not-allowed ``GateDecision``); raises the attempt's error after the breaker
+        verdict.
+        """
+        name = source.name
+        breaker = self._breaker
+        decision = await breaker.try_enter(name)
+        if not decision.allowed:
+            return decision
+        # A probe decision must end with a verdict or be handed back, whatever happens.
+        probe_pending = decision.probe_owner is not None
+        try:
+            admitted = await self._limiter.try_acquire(name, est_tokens, source.limits)
+            if isinstance(admitted, Denial):
+                return admitted
+            permit: Permit = admitted
+            clock = self._clock
+            call_id = new_call_id()
+            inflight = self.inflight
+            inflight[name] += 1
+            started = clock.monotonic()
+            try:
+                attempted = await attempt(source, call_id)
+                tokens = attempted.tokens
+                if tokens is not None and tokens != permit.est_tokens:
+                    await self._settle(permit, tokens)
+            except asyncio.CancelledError as exc:
+                self._observe(observer, source, call_id, exc, started)
+                raise
+            except TransientError as exc:
+                self._observe(observer, source, call_id, exc, started)
+                # The est pre-charge stays as the TPM charge: the upstream reported no usage.
+                await self._record_failure(decision, threshold=self._thresholds[name])
+                probe_pending = False
+                raise
+            except SourceDeadError as exc:
+                self._observe(observer, source, call_id, exc, started)
+                await self._record_failure(decision, force_open=True)
+                probe_pending = False
+                raise
+            except ResultInvalidError as exc:
+                # A bad result is not a bad service (ARCHITECTURE §6.3).
+                self._observe(observer, source, call_id, exc, started)
+                await self._record_success(decision)
+                probe_pending = False
+                raise
+            except Exception as exc:
+                # RequestRejectedError (not counted) or a bug of the call kind: no verdict;
+                # the probe is handed back in the outer finally.
+                self._observe(observer, source, call_id, exc, started)
+                raise
+            finally:
+                inflight[name] -= 1
+                try:
+                    await permit.release()
+                except Exception as exc:  # noqa: BLE001 - release side degrades (M2 §10)
+                    self._warn("permit.release", exc)
+            if observer is not None:
+                self._observe(observer, source, call_id, attempted.value, started)
+            # The accounting calls are inlined on this path: it runs on every call.
+            try:
+                await breaker.record_success(decision)
+            except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
+                self._warn("breaker.record_success", exc)
+            probe_pending = False
+            memo = self._memo
+            if memo:
+                memo.forget(name)  # the source answered: what was remembered is stale
+            now = clock.monotonic()
+            if now - self._progress_marked_at >= self._progress_every_s:
+                self._progress_marked_at = now
+                try:
+                    await self._limiter.mark_progress()
+                except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
+                    self._warn("limiter.mark_progress", exc)
+            return Outcome(attempted.value, source, call_id, number)
+        finally:
+            if probe_pending:
+                await self._release_probe(decision)
+
+    # ------------------------------------------------------------------ accounting (warn only)
+
+    def _observe(
+        self,
+        observer: AttemptObserver[T] | None,
+        source: SourceConfig,
+        call_id: str,
+        outcome: T | BaseException,
+        started: float,
+    ) -> None:
+        if observer is None:
+            return
+        try:
+            observer.on_attempt(
+                source, call_id, outcome, elapsed_ms(started, self._clock.monotonic())
+            )
+        except Exception as exc:  # noqa: BLE001 - an observer must never break the call
+            self._warn("attempt observer", exc)
+
+    async def _settle(self, permit: Permit, tokens: int) -> None:
+        try:
+            await permit.settle(tokens)
+        except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
+            self._warn("permit.settle", exc)
+
+    async def _release_probe(self, decision: GateDecision) -> None:
+        try:
+            await self._breaker.release_probe(decision)
+        except Exception as exc:  # noqa: BLE001 - release side degrades (M2 §10)
+            self._warn("breaker.release_probe", exc)
+
+    async def _record_success(self, decision: GateDecision) -> None:
+        try:
+            await self._breaker.record_success(decision)
+        except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
+            self._warn("breaker.record_success", exc)
+
+    async def _record_failure(
+        self, decision: GateDecision, *, threshold: int | None = None, force_open: bool = False
+    ) -> None:
+        try:
+            await self._breaker.record_failure(decision, threshold=threshold, force_open=force_open)
+        except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
+            self._warn("breaker.record_failure", exc)
+
+    def _warn(self, operation: str, exc: Exception) -> None:
+        """One warning per (operation, error class); repeats go to debug to spare the log."""
+        cause = (operation, type(exc).__name__)
+        if cause in self._warned:
+            logger.debug("%s failed again: %s: %s", operation, type(exc).__name__, exc)
+            return
+        self._warned.add(cause)
+        logger.warning(
+            "%s failed (%s: %s); the call continues, governance accounting may lag",
+            operation,
+            type(exc).__name__,
+            exc,
+        )
+
+    @property
+    def thresholds(self) -> Mapping[str, int]:
+        """The effective breaker threshold per source."""
+        return self._thresholds

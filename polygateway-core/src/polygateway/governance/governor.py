@@ -1,0 +1,321 @@
+"""The governor: one governed call of any kind, as a loop of attempts.
+
+Each attempt picks a runnable source (not cooling in the memo, not dead for this call, not
+refused this round; after a failure, another source than the one that failed when there is
+one), passes that source's breaker gate and the limiter (``admission``), then runs the call
+kind's ``attempt(source, call_id)``. The error class of a failed attempt decides the next step
+(``decisions``); a round in which no source admitted the attempt ends in a wait or a
+scope-level error (``stall``). Cancellation propagates from wherever it lands; the permit is
+released and a probe handed back on the way out.
+
+The governor knows nothing of chat: ``polygateway.chat`` is one call kind on top of it, and an
+embedding or OCR client is another::
+
+    governor = Governor(sources=..., limiter=..., breaker=..., selector=..., retry=...,
+                        breaker_settings=..., backpressure=..., clock=...)
+
+    async def attempt(source: SourceConfig, call_id: str) -> Attempted[Vectors]:
+        result = await transport.embed(texts=texts, source=source, call_id=call_id)
+        return Attempted(result.vectors, tokens=result.prompt_tokens)
+
+    outcome = await governor.run(attempt, est_tokens=estimate)
+    outcome.value, outcome.source.name, outcome.call_id, outcome.attempts
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
+
+from polygateway.errors import (
+    ConfigError,
+    ScopeUnavailableError,
+    SourceDeadError,
+    TransientError,
+)
+from polygateway.governance.admission import Admission
+from polygateway.governance.attempts import Attempt, AttemptObserver, Outcome
+from polygateway.governance.cooldowns import CooldownMemo
+from polygateway.governance.decisions import (
+    Backoff,
+    exhausted_error,
+    noted,
+    retry_after_hint,
+)
+from polygateway.governance.stall import Blocked, backpressure_problems
+from polygateway.ports import Clock, Denial, ProviderGate, RateLimiter, SourceSelector
+from polygateway.settings import (
+    BackpressureSettings,
+    BreakerSettings,
+    RetrySettings,
+    SourceConfig,
+)
+
+__all__ = ["Governor", "governor_problems"]
+
+T = TypeVar("T")
+
+
+def governor_problems(
+    sources: Sequence[SourceConfig], retry: RetrySettings, backpressure: BackpressureSettings
+) -> list[str]:
+    """What makes these settings unusable for a governor (empty list = fine)."""
+    names = [s.name for s in sources]
+    problems: list[str] = []
+    if len(set(names)) != len(names):
+        problems.append(f"source names must be unique, got {names}")
+    if type(retry.max_attempts) is not int or retry.max_attempts < 1:
+        problems.append(f"retry.max_attempts must be an integer >= 1, got {retry.max_attempts!r}")
+    if not (retry.base_delay_s >= 0 and retry.max_delay_s >= 0):
+        problems.append("retry.base_delay_s and retry.max_delay_s must be >= 0")
+    problems.extend(backpressure_problems(backpressure))
+    return problems
+
+
+class Governor:
+    """Runs governed calls over one scope's sources; shared by every call of one client.
+
+    State shared by all calls: the cooldown memo (source -> deadline and reason) and the local
+    in-flight count per source. Nothing is global: two governors given the same limiter (or
+    breaker) share its gates, and nothing else.
+
+    :raises ConfigError: duplicate source names, ``max_attempts < 1``, negative delays, a
+        non-positive poll interval or a negative stall window (every problem at once).
+    """
+
+    __slots__ = (
+        "_admission",
+        "_backoff",
+        "_blocked",
+        "_breaker",
+        "_clock",
+        "_cooldown_s",
+        "_max_attempts",
+        "_memo",
+        "_names",
+        "_selector",
+        "_sources",
+    )
+
+    def __init__(
+        self,
+        *,
+        sources: Sequence[SourceConfig],
+        limiter: RateLimiter,
+        breaker: ProviderGate,
+        selector: SourceSelector,
+        retry: RetrySettings,
+        breaker_settings: BreakerSettings,
+        backpressure: BackpressureSettings,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._sources: tuple[SourceConfig, ...] = tuple(sources)
+        self._names: tuple[str, ...] = tuple(s.name for s in self._sources)
+        problems = governor_problems(self._sources, retry, backpressure)
+        if problems:
+            raise ConfigError(problems)
+        rng = rng if rng is not None else random.Random()
+        self._breaker = breaker
+        self._selector = selector
+        self._max_attempts = retry.max_attempts
+        self._cooldown_s = float(breaker_settings.cooldown_s)
+        self._clock = clock
+        self._memo = CooldownMemo(clock)
+        # One generator for the backoff and the waits: a seeded test sees one sequence.
+        self._backoff = Backoff(retry, rng)
+        self._blocked = Blocked(
+            names=self._names,
+            memo=self._memo,
+            limiter=limiter,
+            breaker=breaker,
+            backpressure=backpressure,
+            clock=clock,
+            rng=rng,
+        )
+        self._admission = Admission(
+            sources=self._sources,
+            limiter=limiter,
+            breaker=breaker,
+            breaker_settings=breaker_settings,
+            memo=self._memo,
+            clock=clock,
+            stall_window_s=self._blocked.stall_window_s,
+        )
+
+    @property
+    def sources(self) -> tuple[SourceConfig, ...]:
+        return self._sources
+
+    @property
+    def inflight(self) -> Mapping[str, int]:
+        """Attempts of this governor currently in flight, per source."""
+        return self._admission.inflight
+
+    @property
+    def cooldowns(self) -> CooldownMemo:
+        """The local cooldown memo (read it; the governor writes it)."""
+        return self._memo
+
+    def __repr__(self) -> str:
+        mode = "fail_fast" if self._blocked.fail_fast else "wait"
+        return (
+            f"Governor(sources={list(self._names)}, max_attempts={self._max_attempts}, "
+            f"quota_full={mode})"
+        )
+
+    # ------------------------------------------------------------------ the call
+
+    async def run(
+        self,
+        attempt: Attempt[T],
+        *,
+        est_tokens: int | None = None,
+        observer: AttemptObserver[T] | None = None,
+    ) -> Outcome[T]:
+        """Run one governed call: attempts until one succeeds or the call must fail.
+
+        :param attempt: ``attempt(source, call_id) -> Attempted[T]``, one request.
+        :param est_tokens: the TPM pre-charge of each attempt; ``None`` charges each source's
+            configured ``est_tokens``. Settled on ``Attempted.tokens`` when it is given.
+        :param observer: told about every attempt that reached ``attempt``.
+        :raises RequestRejectedError: from ``attempt``, at once (no retry, not counted).
+        :raises ResultInvalidError: from ``attempt``, at once (the breaker counts a success).
+        :raises AllSourcesExhausted: the attempt budget is spent, every source died during the
+            call, no source has quota (``fail_fast``), the call stalled, or there are no
+            sources; ``reason``, ``retry_after_s`` and ``per_source_reasons`` say which.
+        :raises CircuitOpenError: ``fail_fast`` and only breakers keep the sources shut.
+        :raises GovernanceBackendError: the limiter or breaker could not be asked (fail closed).
+        """
+        clock = self._clock
+        entered_at = clock.monotonic()
+        selector = self._selector
+        admission = self._admission
+        inflight = admission.inflight
+        memo = self._memo
+        max_attempts = self._max_attempts
+        attempts = 0
+        # Allocated only when something goes wrong: the clean path touches none of them.
+        reasons: dict[str, str] | None = None
+        dead: set[str] | None = None
+        refused: set[str] | None = None
+        denial_wait: float | None = None
+        avoid: str | None = None
+        last_error: BaseException | None = None
+
+        while True:
+            if attempts or refused is not None or memo:
+                candidates = self._runnable(dead, refused, avoid)
+            else:
+                candidates = self._sources  # first try, nothing cooling: every source
+            if not candidates:
+                # Nothing admitted in this round: raise, or wait and start a new round.
+                await self._blocked.wait_or_raise(
+                    entered_at, dead, denial_wait, reasons, last_error
+                )
+                refused = None
+                denial_wait = None
+                continue
+            source = selector.choose(candidates, inflight)
+            name = source.name
+            est = source.est_tokens if est_tokens is None else est_tokens
+            try:
+                admitted = await admission.attempt(source, est, attempt, observer, attempts + 1)
+            except TransientError as exc:
+                attempts += 1
+                last_error = exc
+                reasons = noted(reasons, name, exc.reason)
+                hint = retry_after_hint(exc.retry_after_s)
+                if hint is not None:
+                    memo.cool(name, hint, exc.reason)
+                else:
+                    hint = 0.0
+                if attempts >= max_attempts:
+                    raise await self._exhausted(attempts, reasons, last_error) from exc
+                delay = self._backoff.delay(attempts - 1)
+                if hint > delay and not self._runnable(dead, None, None):
+                    # Retry-After speaks for the failed source only: wait it out when no
+                    # other source can take the retry, otherwise switch after the backoff.
+                    delay = hint
+                avoid = name
+                refused = None
+                denial_wait = None
+                await clock.sleep(delay)
+                continue
+            except SourceDeadError as exc:
+                attempts += 1
+                last_error = exc
+                reasons = noted(reasons, name, "source_dead")
+                memo.cool(name, self._cooldown_s, "source_dead")
+                if dead is None:
+                    dead = set()
+                dead.add(name)
+                if attempts >= max_attempts:
+                    raise await self._exhausted(attempts, reasons, last_error) from exc
+                continue  # switch at once, no backoff
+            if isinstance(admitted, Outcome):
+                return admitted
+            # Refused before the attempt: no attempt spent; try another source this round.
+            if refused is None:
+                refused = set()
+            if isinstance(admitted, Denial):
+                reasons = noted(reasons, name, "rate_limited")
+                wait = admitted.wait_s
+                denial_wait = wait if denial_wait is None else min(denial_wait, wait)
+                if admitted.gate.startswith("global"):
+                    # A scope-wide gate refuses every source alike: asking the others is waste.
+                    refused.update(self._names)
+                else:
+                    refused.add(name)
+            else:
+                reasons = noted(reasons, name, "circuit_open")
+                wait = admitted.retry_after_s
+                if admitted.state == "half_open":
+                    # Another call holds the probe: its verdict may come any moment, so look
+                    # again soon instead of for the whole probe lease.
+                    wait = min(wait, self._blocked.poll_interval_s)
+                memo.cool(name, wait, "circuit_open")
+                refused.add(name)
+
+    # ------------------------------------------------------------------ selection state
+
+    def _runnable(
+        self, dead: set[str] | None, refused: set[str] | None, avoid: str | None
+    ) -> Sequence[SourceConfig]:
+        """Configured sources minus cooling, dead-for-this-call and refused-this-round ones.
+
+        ``avoid`` (the source that just failed) is left out when another one is runnable: a
+        retry switches source.
+        """
+        memo = self._memo
+        cooling = bool(memo)
+        if not cooling and dead is None and refused is None and avoid is None:
+            return self._sources
+        now = self._clock.monotonic() if cooling else 0.0
+        runnable: list[SourceConfig] = []
+        for source in self._sources:
+            name = source.name
+            if (dead is not None and name in dead) or (refused is not None and name in refused):
+                continue
+            if cooling and memo.blocks(name, now):
+                continue
+            runnable.append(source)
+        if avoid is not None and len(runnable) > 1:
+            others = [s for s in runnable if s.name != avoid]
+            if others:
+                return others
+        return runnable
+
+    async def _exhausted(
+        self, attempts: int, reasons: dict[str, str] | None, last_error: BaseException
+    ) -> ScopeUnavailableError:
+        return await exhausted_error(
+            attempts,
+            reasons,
+            last_error,
+            names=self._names,
+            memo=self._memo,
+            breaker=self._breaker,
+            backoff=self._backoff,
+        )

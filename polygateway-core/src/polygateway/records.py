@@ -1,0 +1,416 @@
+"""THE telemetry row builder, for every call kind (ARCHITECTURE §7.8; the single-helper rule).
+
+One attempt, cache hit or call refused before any attempt is one ``TelemetryRecord``. Rows of
+every call kind are built here, so the 18 fields mean the same thing everywhere; kinds differ
+only in what ``messages`` (the request) and ``response`` (the answer) summarise:
+
+- chat: the canonical messages JSON (multimodal parts digested) and the completion text;
+- embeddings, OCR (written by their clients): e.g. a JSON list of input digests and a short
+  description of the result (``"3 vectors x 1024"``, the recognised text).
+
+A successful outcome is anything with the attributes of ``RowSummary``: ``LLMResponse`` has
+them; other call kinds pass an ``AttemptSummary``. A failed one is the exception.
+
+``RowWriter`` hands rows to a recorder without awaiting (``record_nowait`` when the recorder
+has it, a task per row otherwise, ``drain()`` to wait for those) and never raises into a call;
+``AttemptRows`` is the governor observer that writes one row per attempt of one call. The
+chat telemetry layer writes through them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from polygateway.ports import Clock, Pricing, SupportsRecordNowait, TelemetryRecorder
+from polygateway.settings import SourceConfig, TelemetryContent
+from polygateway.types import TelemetryRecord, UsageSource
+
+__all__ = [
+    "CANCELLED",
+    "AttemptRows",
+    "AttemptSummary",
+    "RowSummary",
+    "RowWriter",
+    "build_record",
+    "error_name",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CANCELLED = "cancelled"
+"""The ``error`` of a row whose attempt (or call) was cancelled."""
+
+
+class RowSummary(Protocol):
+    """What a row reads of a successful outcome (``LLMResponse`` and ``AttemptSummary``)."""
+
+    @property
+    def content(self) -> str:
+        """The ``response`` column."""
+        ...
+
+    @property
+    def thinking(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def source_name(self) -> str: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def usage_source(self) -> UsageSource: ...
+
+    @property
+    def latency_ms(self) -> int: ...
+
+    @property
+    def ttft_ms(self) -> float | None: ...
+
+    @property
+    def max_inter_token_ms(self) -> float | None: ...
+
+    @property
+    def cache_hit(self) -> bool: ...
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens read from the provider's prompt cache (part of ``prompt_tokens``)."""
+        ...
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Prompt tokens written to the provider's prompt cache (part of ``prompt_tokens``)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSummary:
+    """A ``RowSummary`` for call kinds without an ``LLMResponse`` (embeddings, OCR, ...).
+
+    Empty ``model``/``provider``/``source_name`` fall back to the attempt's source; a
+    ``latency_ms`` of 0 to the latency the governor measured.
+    """
+
+    content: str = ""
+    model: str = ""
+    provider: str = ""
+    source_name: str = ""
+    thinking: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usage_source: UsageSource = "measured"
+    latency_ms: int = 0
+    ttft_ms: float | None = None
+    max_inter_token_ms: float | None = None
+    cache_hit: bool = False
+    cached_prompt_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+def error_name(outcome: BaseException) -> str:
+    """The ``error`` column: the exception class name, or ``"cancelled"``."""
+    if isinstance(outcome, asyncio.CancelledError):
+        return CANCELLED
+    return type(outcome).__name__
+
+
+def build_record(
+    outcome: RowSummary | BaseException,
+    *,
+    call_id: str,
+    parent_call_id: str | None,
+    session_id: str | None,
+    messages: str,
+    latency_ms: int,
+    created_at: float,
+    pricing: Pricing | None = None,
+    source: SourceConfig | None = None,
+) -> TelemetryRecord:
+    """One row from what became of one attempt (or cache hit, or refused call).
+
+    ``source`` is the source the attempt went to (``None`` for cache hits and for errors
+    raised before any attempt); ``messages`` is the request's summary. Cost: ``0.0`` for a
+    cache hit; otherwise ``pricing.cost`` of the source's configured model (``None`` without
+    pricing, for an unknown model, or when no model is known).
+    """
+    source_model = source.model if source is not None else ""
+    if not isinstance(outcome, BaseException):
+        model = outcome.model or source_model
+        prompt_tokens = outcome.prompt_tokens
+        completion_tokens = outcome.completion_tokens
+        cache_hit = outcome.cache_hit
+        if cache_hit:
+            cost: float | None = 0.0
+        elif pricing is not None and (source_model or model):
+            cached, written = outcome.cached_prompt_tokens, outcome.cache_write_tokens
+            if cached or written:
+                cost = pricing.cost(
+                    source_model or model,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens=cached,
+                    cache_write_tokens=written,
+                )
+            else:  # the usual call: pricing implementations without cache rates still work
+                cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
+        else:
+            cost = None
+        # Positional, in field order: keywords cost a third more on this per-attempt path.
+        return TelemetryRecord(
+            call_id,
+            parent_call_id,
+            session_id,
+            model,
+            outcome.provider or (source.provider if source is not None else ""),  # provider
+            outcome.source_name or (source.name if source is not None else ""),  # source_name
+            messages,
+            outcome.content,  # response
+            outcome.thinking,
+            prompt_tokens,
+            completion_tokens,
+            outcome.usage_source,
+            # latency_ms: the outcome's own, so the row and what the caller saw agree.
+            0 if cache_hit else (outcome.latency_ms or latency_ms),
+            None if cache_hit else outcome.ttft_ms,
+            None if cache_hit else outcome.max_inter_token_ms,
+            cache_hit,
+            None,  # error
+            cost,
+            created_at,
+        )
+    # A failed attempt: the upstream's usage is unknown, so tokens are 0 and marked estimated.
+    return TelemetryRecord(
+        call_id=call_id,
+        parent_call_id=parent_call_id,
+        session_id=session_id,
+        model=source_model,
+        provider=source.provider if source is not None else "",
+        source_name=source.name if source is not None else "",
+        messages=messages,
+        response="",
+        thinking="",
+        prompt_tokens=0,
+        completion_tokens=0,
+        usage_source="estimated",
+        latency_ms=latency_ms,
+        ttft_ms=None,
+        max_inter_token_ms=None,
+        cache_hit=False,
+        error=error_name(outcome),
+        cost=pricing.cost(source_model, 0, 0) if pricing is not None and source_model else None,
+        created_at=created_at,
+    )
+
+
+def _digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest() if text else ""
+
+
+def with_content(record: TelemetryRecord, content: TelemetryContent) -> TelemetryRecord:
+    """The row as ``PGW_TELEMETRY_CONTENT`` wants it kept: prompt, answer and thinking as
+    ``sha256:<hex>`` digests (equal texts stay recognisable, nothing readable is stored) or
+    empty; every other field unchanged."""
+    if content == "full":
+        return record
+    if content == "digest":
+        return dataclasses.replace(
+            record,
+            messages=_digest(record.messages),
+            response=_digest(record.response),
+            thinking=_digest(record.thinking),
+        )
+    return dataclasses.replace(record, messages="", response="", thinking="")
+
+
+class RowWriter:
+    """Builds rows with its clock and pricing and hands them to a recorder, never awaiting.
+
+    Recorders that implement ``ports.SupportsRecordNowait`` (the builtin ones) get each row
+    synchronously; others get a task per row, which ``drain()`` waits for (await it before the
+    recorder's ``flush`` on shutdown). Nothing here raises into a call: a row that cannot be
+    built or recorded is a warning, once per cause.
+    """
+
+    __slots__ = ("_clock", "_content", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
+
+    def __init__(
+        self,
+        recorder: TelemetryRecorder,
+        *,
+        clock: Clock,
+        pricing: Pricing | None = None,
+        content: TelemetryContent = "full",
+    ) -> None:
+        self._recorder = recorder
+        self._content = content
+        self._clock = clock
+        self._pricing = pricing
+        self._warned: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Checked once: recorders that enqueue synchronously skip a task per row.
+        self._submit: Callable[[TelemetryRecord], None] = (
+            recorder.record_nowait
+            if isinstance(recorder, SupportsRecordNowait)
+            else self._submit_as_task
+        )
+
+    @property
+    def recorder(self) -> TelemetryRecorder:
+        return self._recorder
+
+    @property
+    def pricing(self) -> Pricing | None:
+        return self._pricing
+
+    def build(
+        self,
+        outcome: RowSummary | BaseException,
+        *,
+        call_id: str,
+        parent_call_id: str | None,
+        session_id: str | None,
+        messages: str,
+        latency_ms: int,
+        source: SourceConfig | None = None,
+    ) -> TelemetryRecord | None:
+        """``build_record`` stamped with this writer's clock and pricing; ``None`` (and a
+        warning) when the row cannot be built."""
+        try:
+            record = build_record(
+                outcome,
+                call_id=call_id,
+                parent_call_id=parent_call_id,
+                session_id=session_id,
+                messages=messages,
+                latency_ms=latency_ms,
+                created_at=self._clock.time(),
+                pricing=self._pricing,
+                source=source,
+            )
+            return record if self._content == "full" else with_content(record, self._content)
+        except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
+            self.warn_once("build", "telemetry row could not be built: %r", exc)
+            return None
+
+    def submit(self, record: TelemetryRecord) -> None:
+        """Hand a row to the recorder without awaiting; never raises."""
+        try:
+            self._submit(record)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self.warn_once(f"record:{type(exc).__name__}", "telemetry recorder failed: %r", exc)
+
+    def write(
+        self,
+        outcome: RowSummary | BaseException,
+        *,
+        call_id: str,
+        parent_call_id: str | None,
+        session_id: str | None,
+        messages: str,
+        latency_ms: int,
+        source: SourceConfig | None = None,
+    ) -> TelemetryRecord | None:
+        """``build`` then ``submit``; the row written, or ``None``."""
+        record = self.build(
+            outcome,
+            call_id=call_id,
+            parent_call_id=parent_call_id,
+            session_id=session_id,
+            messages=messages,
+            latency_ms=latency_ms,
+            source=source,
+        )
+        if record is not None:
+            self.submit(record)
+        return record
+
+    async def drain(self) -> None:
+        """Wait until every row handed over as a task (no ``record_nowait``) is recorded."""
+        while self._tasks:
+            await asyncio.gather(*tuple(self._tasks), return_exceptions=True)
+
+    def warn_once(self, cause: str, message: str, *args: Any) -> None:
+        """Log ``message`` at warning level the first time ``cause`` happens."""
+        if cause in self._warned:
+            return
+        self._warned.add(cause)
+        logger.warning(message, *args)
+
+    def _submit_as_task(self, record: TelemetryRecord) -> None:
+        task = asyncio.get_running_loop().create_task(self._record(record))
+        self._tasks.add(task)  # a strong reference until done, or the task may vanish
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record(self, record: TelemetryRecord) -> None:
+        try:
+            await self._recorder.record(record)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self.warn_once(f"record:{type(exc).__name__}", "telemetry recorder failed: %r", exc)
+
+    def __repr__(self) -> str:
+        return f"RowWriter(recorder={self._recorder!r}, pricing={self._pricing!r})"
+
+
+class AttemptRows(Generic[T]):
+    """A ``governance.AttemptObserver`` writing one row per attempt of one call, any kind.
+
+    ``summarise`` turns the call kind's value into what the row says of it (an
+    ``AttemptSummary``); ``messages`` is the request's summary, the same on every row of the
+    call. Make one per call: ``governor.run(attempt, observer=AttemptRows(writer, ...))``.
+    """
+
+    __slots__ = ("_messages", "_parent_call_id", "_session_id", "_summarise", "_writer")
+
+    def __init__(
+        self,
+        writer: RowWriter,
+        *,
+        messages: str,
+        summarise: Callable[[T], RowSummary],
+        parent_call_id: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        self._writer = writer
+        self._messages = messages
+        self._summarise = summarise
+        self._parent_call_id = parent_call_id
+        self._session_id = session_id
+
+    def on_attempt(
+        self, source: SourceConfig, call_id: str, outcome: T | BaseException, latency_ms: int
+    ) -> None:
+        if isinstance(outcome, BaseException):
+            summary: RowSummary | BaseException = outcome
+        else:
+            try:
+                summary = self._summarise(outcome)
+            except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
+                self._writer.warn_once("summarise", "attempt could not be summarised: %r", exc)
+                return
+        self._writer.write(
+            summary,
+            call_id=call_id,
+            parent_call_id=self._parent_call_id,
+            session_id=self._session_id,
+            messages=self._messages,
+            latency_ms=latency_ms,
+            source=source,
+        )
