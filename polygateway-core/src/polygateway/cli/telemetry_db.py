@@ -4,8 +4,7 @@ The database is the one the configuration names, found as ``from_env`` finds it:
 ``.env``, then the pipeline file (``PGW_TELEMETRY_SQLITE_PATH``, ``{SCOPE}__TELEMETRY__
 SQLITE_PATH``, ``[scopes.X.telemetry].sqlite_path``), unless ``--db`` names a file or ``--dsn``
 a database URL. Rows are read by a registered ``telemetry_reader`` (``ports.TelemetryReader``):
-``sqlite`` for a file, the reader the URL's scheme names for ``--dsn`` (``postgresql://``
-with pgw-postgres installed). The price
+``sqlite`` for a file, the reader the URL's scheme names for ``--dsn`` (plugins add them). The price
 table's currency label comes from the same configuration (``PGW_PRICING_PATH``).
 """
 
@@ -51,8 +50,8 @@ def add_source_arguments(parser: argparse.ArgumentParser, *, inherit: bool = Fal
         "--dsn",
         metavar="URL",
         default=argparse.SUPPRESS if inherit else None,
-        help="a telemetry database URL, read by the reader its scheme names (postgresql:// "
-        "with pgw-postgres)",
+        help="a telemetry database URL, read by the telemetry reader its scheme names "
+        "(plugins add readers)",
     )
     where.add_argument(
         "--db",
