@@ -54,7 +54,13 @@ class FakeDist:
 
 
 def install_fake_plugin(
-    site: Path, dist: str, entry_point: str, source: str, *, version: str = "1.2.3"
+    site: Path,
+    dist: str,
+    entry_point: str,
+    source: str,
+    *,
+    version: str = "1.2.3",
+    requires: tuple[str, ...] = (),
 ) -> FakeDist:
     """Write distribution ``dist`` with entry point ``entry_point`` into ``site``.
 
@@ -64,8 +70,10 @@ def install_fake_plugin(
     (site / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
     info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
     info.mkdir()
+    requirements = "".join(f"Requires-Dist: {r}\n" for r in requires)
     (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n", encoding="utf-8"
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n{requirements}",
+        encoding="utf-8",
     )
     (info / "entry_points.txt").write_text(
         f"[polygateway]\n{entry_point} = {module}\n", encoding="utf-8"

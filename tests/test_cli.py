@@ -14,7 +14,7 @@ from plugin_dists import BROKEN_PLUGIN_SOURCE, GOOD_PLUGIN_SOURCE, install_fake_
 from polygateway import __version__
 from polygateway.cli import main
 
-JSON_KEYS = {"name", "version", "entry_point", "hooks", "provides", "status", "error"}
+JSON_KEYS = {"name", "version", "entry_point", "hooks", "provides", "status", "error", "hint"}
 
 COMMAND_PLUGIN_SOURCE = """
 from polygateway import ConfigError, hookimpl
@@ -171,7 +171,7 @@ def test_failed_plugin_is_listed_with_its_error(
     table = capsys.readouterr().out
     assert re.search(r"^pgw-broken-example +1\.2\.3 +failed +error: ModuleNotFound", table, re.M)
     assert "error: ModuleNotFoundError: No module named" in table
-    assert "hint: pip install pgw-broken-example" in table
+    assert "hint: pip install pgw_test_dependency_that_is_not_installed" in table
 
 
 def test_pgw_plugins_env_is_honoured(
@@ -349,7 +349,7 @@ def test_config_check_reads_the_given_files(
     )
     pipeline = config_env / "custom.toml"
     pipeline.write_text('[scopes.LLM]\nmiddleware = ["telemetry", "retry"]\n', encoding="utf-8")
-    args = ["config", "check", "--file", str(pipeline), "--env-file", str(env_file)]
+    args = ["config", "check", "--config", str(pipeline), "--env-file", str(env_file)]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "  pipeline: telemetry -> retry -> transport\n" in out
@@ -357,7 +357,7 @@ def test_config_check_reads_the_given_files(
 
 
 def test_config_check_missing_file(config_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["config", "check", "--file", "missing.toml"]) == 2
+    assert main(["config", "check", "--config", "missing.toml"]) == 2
     assert "missing.toml" in capsys.readouterr().err
 
 
@@ -378,10 +378,10 @@ def test_config_check_scope_filter(
     ]
 
 
-def test_config_check_without_any_scope_warns(
+def test_config_check_without_any_scope_fails(
     config_env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["config", "check"]) == 0
+    assert main(["config", "check"]) == 2
     captured = capsys.readouterr()
-    assert "warning: no scope is configured" in captured.err
-    assert captured.out.splitlines() == ["configuration OK: 0 scope(s): none"]
+    assert "pgw: no scope is configured: set {SCOPE}__{PROVIDER}__{N}__BASE_URL" in captured.err
+    assert "configuration OK" not in captured.out

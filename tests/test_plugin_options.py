@@ -159,8 +159,11 @@ def test_unknown_options_list_the_allowed_ones_for_both(
     found = problems(env_of(**TOLLGATE), pipeline_path=path)
     plugin = reason(found, f"{path}:[scopes.LLM.limiter.options].maxinflight")
     builtin = reason(found, f"{path}:[scopes.LLM.cache.options].maxentries")
-    assert plugin == "unknown key; allowed: endpoint, max_inflight, strict, window_s"
-    assert builtin == "unknown key; allowed: max_entries"
+    assert plugin == (
+        "unknown key (did you mean max_inflight?); "
+        "allowed: endpoint, max_inflight, strict, window_s"
+    )
+    assert builtin == "unknown key (did you mean max_entries?); allowed: max_entries"
 
 
 def test_the_plugin_flat_key_is_required_and_checked_without_the_core_knowing_it(

@@ -17,7 +17,7 @@ def test_demo_runs_the_batch_and_reports_from_telemetry(
     assert main(["demo", "--calls", "60", "--concurrency", "8", "--quiet", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert "healthy" in out and "dead key (401)" in out
-    assert "failed calls 0" in out
+    assert "calls made 61: 61 answered, 0 failed" in out
     assert "structured call: Invoice(number='INV-42', total=99.5)" in out
     assert "deepseek-1: closed -> open" in out
     with closing(sqlite3.connect(db)) as conn:
@@ -31,7 +31,10 @@ def test_demo_runs_the_batch_and_reports_from_telemetry(
     assert hits == 10  # the repeated prompts of the second phase
     assert dead == 0  # the revoked key never answers
     assert reask == 1  # the structured call's first answer failed validation
-    assert "cache hits 10/61" in out
+    assert "  cache hits 10\n" in out
+    assert "  answered calls 61 (51 by a source, 10 from the cache)" in out
+    # Computed, not hard-coded: one ResultInvalidError row, so "once".
+    assert "(re-asked once after a validation error)" in out
 
 
 def test_demo_rejects_a_tiny_batch(capsys: pytest.CaptureFixture[str]) -> None:

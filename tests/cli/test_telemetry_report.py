@@ -60,7 +60,11 @@ def test_report_aggregates_rows(telemetry_db: str) -> None:
     rows = read_sqlite_rows(telemetry_db)
     assert len(rows) == 23
     report = build_report(rows, by="source")
-    assert report.total.calls == 23
+    # Calls, attempts and cache hits are counted apart: 20 successful attempts and one cache
+    # hit answered 21 calls; 22 rows reached a source.
+    assert report.total.rows == 23
+    assert report.total.calls == 21
+    assert report.total.attempts == 22
     assert report.total.errors == 2
     assert report.total.cache_hits == 1
     assert report.errors_by_class == {"TransientError": 1, "SourceDeadError": 1}
@@ -91,7 +95,7 @@ def test_cli_prints_tables_and_writes_html(
     assert "TransientError" in out
     page = html_path.read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>")
-    assert "Latency distribution" in page and "Cost over time" in page
+    assert "Latency of successful attempts" in page and "Cost over time" in page
     assert "Errors by source" in page and "<svg" in page
     assert "<script" not in page  # self-contained, static
 

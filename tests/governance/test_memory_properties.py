@@ -68,6 +68,9 @@ class LimiterMachine(RuleBasedStateMachine):
         self.clock = FakeClock(start=1000.0)
         self.permits: list[tuple[Permit, ModelPermit]] = []
         self.progress_at: float | None = None
+        # How long released leases were held (moving average, newest weighted 0.2): the
+        # concurrency gates' wait hint, globally and per source.
+        self.hold: dict[str | None, float] = {}
 
     @initialize(
         global_limits=st.builds(
@@ -113,6 +116,13 @@ class LimiterMachine(RuleBasedStateMachine):
         mine = [m for _, m in self.permits if m.window == window and source in (None, m.source)]
         return len(mine), sum(m.charged for m in mine)
 
+    def slot_wait(self, live: list[ModelPermit], key: str | None, now: float) -> float:
+        """Until the oldest lease expires, at most the typical hold (1 s before any release,
+        at least 10 ms)."""
+        hold = self.hold.get(key)
+        estimate = 1.0 if hold is None else max(0.01, hold)
+        return min(min(m.expires_at for m in live) - now, estimate)
+
     def expected(self, source: str, est: int) -> Denial | None:
         now, wall = self.clock.monotonic(), self.clock.time()
         window = math.floor(wall / WINDOW_S)
@@ -120,9 +130,9 @@ class LimiterMachine(RuleBasedStateMachine):
         g, s = self.global_limits, self.source_limits[source]
         live_all, live_source = self.live(), self.live(source)
         if g.max_concurrency and len(live_all) >= g.max_concurrency:
-            return Denial("global_concurrency", min(m.expires_at for m in live_all) - now)
+            return Denial("global_concurrency", self.slot_wait(live_all, None, now))
         if s.max_concurrency and len(live_source) >= s.max_concurrency:
-            return Denial("source_concurrency", min(m.expires_at for m in live_source) - now)
+            return Denial("source_concurrency", self.slot_wait(live_source, source, now))
         g_requests, g_tokens = self.used(None, window)
         s_requests, s_tokens = self.used(source, window)
         if g.rpm and g_requests >= g.rpm:
@@ -160,6 +170,12 @@ class LimiterMachine(RuleBasedStateMachine):
     def release(self, pick: int) -> None:
         permit, model = self.permits[pick % len(self.permits)]
         run(permit.release())
+        now = self.clock.monotonic()
+        if not model.released and now < model.expires_at:
+            held = now - (model.expires_at - self.lease_ttl_s)
+            for key in (None, model.source):
+                before = self.hold.get(key)
+                self.hold[key] = held if before is None else before + 0.2 * (held - before)
         model.released = True
 
     @precondition(lambda self: self.permits)

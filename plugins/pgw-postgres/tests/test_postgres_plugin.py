@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -181,15 +182,22 @@ def test_the_report_reads_postgres_as_it_reads_sqlite(
     assert main(["telemetry", "report", "--dsn", dsn, "--by", "source", "--html", str(html)]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
-    assert lines["a-1"][1:3] == ["4", "0"]  # calls, errors
-    assert lines["b-1"][1:3] == ["2", "1"]
+    assert lines["a-1"][1:4] == ["4", "4", "0"]  # answered calls, attempts, failed attempts
+    assert lines["b-1"][1:4] == ["1", "2", "1"]
     assert "TransientError" in out
     assert "<svg" in html.read_text(encoding="utf-8")
 
     assert main(["telemetry", "report", "--dsn", dsn, "--since", "2025-01-01"]) == 0
     out = capsys.readouterr().out
-    assert any(line.split()[:2] == ["m-b", "2"] for line in out.splitlines())
+    assert any(line.split()[:3] == ["m-b", "1", "2"] for line in out.splitlines())
     assert not any(line.startswith("m-a") for line in out.splitlines())
+
+    # pgw logs reads through the same reader.
+    assert main(["logs", "--dsn", dsn, "--json", "-n", "2"]) == 0
+    newest = json.loads(capsys.readouterr().out)
+    assert [r["call_id"] for r in newest] == [records[-1].call_id, records[-2].call_id]
+    assert main(["logs", "--dsn", dsn, "--errors", "--json"]) == 0
+    assert [r["error"] for r in json.loads(capsys.readouterr().out)] == ["TransientError"]
 
 
 def test_the_reader_rejects_a_dsn_that_is_not_postgresql() -> None:

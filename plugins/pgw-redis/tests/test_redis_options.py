@@ -124,7 +124,11 @@ def test_bad_options_name_the_key_the_user_wrote(tmp_path: Path) -> None:
         "LLM__BREAKER__ELIDE_CLEAN_SUCCESS": "maybe",
     }
     found = problems(env, pipeline_path=path)
-    one_with(found, f"{path}:[scopes.LLM.limiter.options].sockettimeout", "unknown key; allowed")
+    one_with(
+        found,
+        f"{path}:[scopes.LLM.limiter.options].sockettimeout",
+        "unknown key (did you mean socket_timeout_s?); allowed",
+    )
     one_with(found, f"{path}:[scopes.LLM.limiter.options].max_connections", "an integer")
     one_with(found, "LLM__BREAKER__SOCKET_TIMEOUT_S: must be > 0, got '0'")
     one_with(found, "LLM__BREAKER__ELIDE_CLEAN_SUCCESS: must be true or false", "'maybe'")

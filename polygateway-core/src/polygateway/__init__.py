@@ -5,6 +5,9 @@
 
 Types, errors and ports import eagerly (they are light); the client and its implementations are
 imported on first use so that ``import polygateway`` stays fast.
+
+Comments cite the design as ``D1``-``D14``, ``ARCHITECTURE §N``, ``M2 §N`` and ``protocols §N``:
+each is a section of ``docs/design.md``.
 """
 
 from __future__ import annotations

@@ -179,4 +179,5 @@ def pgw_register_commands(register: Register) -> None:
     register("chat", lazy("polygateway.cli.chat_cmd"))
     register("demo", lazy("polygateway.cli.demo_cmd"))
     register("telemetry", lazy("polygateway.cli.telemetry_cmd"))
+    register("logs", lazy("polygateway.cli.logs_cmd"))
     register("fake-upstream", lazy("polygateway.cli.fake_upstream_cmd"))

@@ -151,7 +151,8 @@ class GatewayClient:
     ) -> GatewayClient:
         """Build the client of ``scope`` from the environment, ``.env`` and the pipeline file.
 
-        ``env`` replaces ``os.environ`` (tests); plugins are filtered by ``PGW_PLUGINS``.
+        ``env`` replaces ``os.environ`` (tests); plugins are filtered by ``PGW_PLUGINS`` (env,
+        then ``.env``, then the file's ``plugins``), exactly as the ``pgw`` commands read it.
         """
         from polygateway.config import load_scope, plugin_filter
 
@@ -159,7 +160,8 @@ class GatewayClient:
         if registry is None:
             from polygateway.plugins import load_registry
 
-            registry = injected["registry"] = load_registry(allowed=plugin_filter(env))
+            allowed = plugin_filter(env, dotenv_path=dotenv_path, pipeline_path=pipeline_path)
+            registry = injected["registry"] = load_registry(allowed=allowed)
         # With the registry, the loader names unregistered implementations at the key.
         settings = load_scope(
             scope, env, pipeline_path=pipeline_path, dotenv_path=dotenv_path, registry=registry

@@ -115,10 +115,12 @@ class PluginInfo:
     """Kind -> registered names."""
     status: PluginStatus
     error: str | None = None
+    hint: str | None = None
+    """What would fix a failed plugin (its missing dependencies), when the loader knows it."""
 
     @property
     def install_hint(self) -> str:
-        return f"pip install {self.name}"
+        return self.hint or f"pip install --force-reinstall {self.name} (or report the error)"
 
 
 def parse_plugin_filter(value: str | None) -> list[str] | None:
@@ -302,7 +304,7 @@ class Registry:
             ctx = dataclasses.replace(ctx, options=options)
         if not callable(factory):
             raise PluginError(self._blame(kind, name, "registered a non-callable"))
-        return self.check(kind, name, factory(ctx))
+        return self.check(kind, name, self._call(kind, name, factory, ctx))
 
     def build_transport(
         self,
@@ -314,7 +316,9 @@ class Registry:
         factory = self.get("transport", name)
         if not callable(factory):
             raise PluginError(self._blame("transport", name, "registered a non-callable"))
-        transport: Transport = self.check("transport", name, factory(source, providers))
+        transport: Transport = self.check(
+            "transport", name, self._call("transport", name, factory, source, providers)
+        )
         return transport
 
     def check(self, kind: str, name: str, obj: Any) -> Any:
@@ -341,7 +345,7 @@ class Registry:
         factory: Any = self.get(kind, name)
         if not callable(factory):
             raise PluginError(self._blame(kind, name, "registered a non-callable"))
-        return self.check(kind, name, factory(source))
+        return self.check(kind, name, self._call(kind, name, factory, source))
 
     def unavailable(self) -> list[str]:
         """Lines for plugins that could have provided a missing name: failed ones (with an
@@ -367,7 +371,25 @@ class Registry:
             raise PluginError(
                 f"plugin {dist_name} is installed but PGW_PLUGINS does not include it"
             )
-        raise PluginError(f"plugin {dist_name} is not installed; try: pip install {dist_name}")
+        raise PluginError(
+            f"plugin {dist_name} is not installed (no distribution with a polygateway entry "
+            "point by that name); install the distribution that provides it"
+        )
+
+    def _call(self, kind: str, name: str, factory: Any, *args: Any) -> Any:
+        """Run a factory; a dependency it imports late and that is missing is a
+        ``PluginError`` naming the plugin and the module, not a raw traceback."""
+        try:
+            return factory(*args)
+        except ImportError as exc:
+            module = exc.name or str(exc)
+            raise PluginError(
+                self._blame(
+                    kind,
+                    name,
+                    f"needs module {module!r}, which is not installed; try: pip install {module}",
+                )
+            ) from exc
 
     def _blame(self, kind: str, name: str, what: str) -> str:
         return f"{kind} {name!r} (plugin {self.provider_of(kind, name)}): {what}"
@@ -436,6 +458,7 @@ class _Candidate:
     errors: list[str] = field(default_factory=list)
     provides: dict[str, list[str]] = field(default_factory=dict)
     hooks: tuple[str, ...] = ()
+    hint: str | None = None
 
     def freeze(self) -> PluginInfo:
         provides = {
@@ -449,6 +472,7 @@ class _Candidate:
             provides=MappingProxyType(provides),
             status="failed" if self.errors else "loaded",
             error="; ".join(self.errors) if self.errors else None,
+            hint=self.hint if self.errors else None,
         )
 
 
@@ -457,6 +481,48 @@ def _distribution_version(dist: str, fallback: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return fallback
+
+
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _missing_requirements(dist: str) -> list[str]:
+    """The declared dependencies of ``dist`` that are not installed (unconditional ones only:
+    a requirement with an environment marker or an extra is not judged here).
+
+    A plugin imports its heavy dependencies lazily (when a factory runs), so importing it
+    proves nothing; without this a missing ``redis`` would surface as a raw
+    ``ModuleNotFoundError`` at the first call."""
+    try:
+        requirements = importlib.metadata.requires(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    missing: list[str] = []
+    for requirement in requirements:
+        match = _REQUIREMENT.match(requirement)
+        if match is None or ";" in requirement:
+            continue
+        try:
+            importlib.metadata.distribution(match.group(1))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(requirement.strip())
+    return missing
+
+
+def _module_hint(exc: BaseException) -> str | None:
+    """For a missing module: what to install (the module's name is usually its distribution's)."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return None
+    named = exc.name or next(iter(re.findall(r"No module named '([^']+)'", str(exc))), None)
+    if named:
+        top = named.split(".")[0]
+        return f"pip install {top} (the distribution that provides module {top!r})"
+    return None
+
+
+def _pip_hint(requirements: Sequence[str]) -> str:
+    quoted = [f"'{r}'" if set(r) & set("<>=!~ ") else r for r in requirements]
+    return "pip install " + " ".join(quoted)
 
 
 def _discover(
@@ -582,6 +648,7 @@ def _call_registration_hook(
     except Exception as exc:
         logger.debug("plugin %s: %s raised", candidate.dist, hook_name, exc_info=True)
         candidate.errors.append(f"{hook_name} raised {_one_line(exc)}")
+        candidate.hint = _module_hint(exc) or candidate.hint
         return None
     if inspect.isawaitable(result):
         close = getattr(result, "close", None)
@@ -628,7 +695,16 @@ def load_registry(
             except Exception as exc:
                 logger.debug("plugin %s failed to import", candidate.dist, exc_info=True)
                 candidate.errors.append(_one_line(exc))
+                candidate.hint = _module_hint(exc) or candidate.hint
                 plugin = None
+            missing = _missing_requirements(candidate.dist)
+            if missing:
+                if plugin is not None:
+                    candidate.errors.append(
+                        f"ModuleNotFoundError: missing dependency {', '.join(missing)}"
+                    )
+                plugin = None  # its factories would fail at the first call: refuse it now
+                candidate.hint = _pip_hint(missing)
             staged.append((candidate, plugin))
     for dist, plugin in extra_plugins:
         version = str(getattr(plugin, "__version__", "unknown"))

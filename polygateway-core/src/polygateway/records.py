@@ -20,13 +20,15 @@ chat telemetry layer writes through them too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from polygateway.ports import Clock, Pricing, SupportsRecordNowait, TelemetryRecorder
-from polygateway.settings import SourceConfig
+from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import TelemetryRecord, UsageSource
 
 __all__ = [
@@ -218,6 +220,26 @@ def build_record(
     )
 
 
+def _digest(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest() if text else ""
+
+
+def with_content(record: TelemetryRecord, content: TelemetryContent) -> TelemetryRecord:
+    """The row as ``PGW_TELEMETRY_CONTENT`` wants it kept: prompt, answer and thinking as
+    ``sha256:<hex>`` digests (equal texts stay recognisable, nothing readable is stored) or
+    empty; every other field unchanged."""
+    if content == "full":
+        return record
+    if content == "digest":
+        return dataclasses.replace(
+            record,
+            messages=_digest(record.messages),
+            response=_digest(record.response),
+            thinking=_digest(record.thinking),
+        )
+    return dataclasses.replace(record, messages="", response="", thinking="")
+
+
 class RowWriter:
     """Builds rows with its clock and pricing and hands them to a recorder, never awaiting.
 
@@ -227,12 +249,18 @@ class RowWriter:
     built or recorded is a warning, once per cause.
     """
 
-    __slots__ = ("_clock", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
+    __slots__ = ("_clock", "_content", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
 
     def __init__(
-        self, recorder: TelemetryRecorder, *, clock: Clock, pricing: Pricing | None = None
+        self,
+        recorder: TelemetryRecorder,
+        *,
+        clock: Clock,
+        pricing: Pricing | None = None,
+        content: TelemetryContent = "full",
     ) -> None:
         self._recorder = recorder
+        self._content = content
         self._clock = clock
         self._pricing = pricing
         self._warned: set[str] = set()
@@ -266,7 +294,7 @@ class RowWriter:
         """``build_record`` stamped with this writer's clock and pricing; ``None`` (and a
         warning) when the row cannot be built."""
         try:
-            return build_record(
+            record = build_record(
                 outcome,
                 call_id=call_id,
                 parent_call_id=parent_call_id,
@@ -277,6 +305,7 @@ class RowWriter:
                 pricing=self._pricing,
                 source=source,
             )
+            return record if self._content == "full" else with_content(record, self._content)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self.warn_once("build", "telemetry row could not be built: %r", exc)
             return None

@@ -1,4 +1,4 @@
-"""Source selection strategies (``ports.SourceSelector``, ARCHITECTURE D6/§7.7).
+"""Source selection strategies (``ports.SourceSelector``, D6, ARCHITECTURE §7.7).
 
 The retry layer hands a selector the runnable sources only (cooling, dead and refused sources
 are already filtered out) and its local in-flight counts. Selectors are synchronous and keep

@@ -58,6 +58,10 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 (a 100k-token stream is about 25 MB of events), far below what would hurt the process."""
 
 
+TelemetryContent = Literal["full", "digest", "none"]
+"""How much of prompts and answers telemetry rows keep."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Concurrency / requests per minute / tokens per minute. 0 disables that gate."""
@@ -169,6 +173,9 @@ class TelemetrySettings:
     """Registered telemetry recorder name, or ``none``."""
     sqlite_path: str = "pgw_telemetry.db"
     options: ComponentOptionsValue = field(default_factory=dict)
+    content: TelemetryContent = "full"
+    """What rows keep of prompts and answers: ``full`` text, a ``digest`` (sha256) of each, or
+    ``none`` (empty). Env ``PGW_TELEMETRY_CONTENT``, file ``[..telemetry].content``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +227,11 @@ class ScopeSettings:
         t = self.max_timeout_s
         return max(2 * t, self.breaker.cooldown_s, t + 5.0)
 
+    def effective_fail_threshold(self, source: SourceConfig) -> int:
+        """The breaker threshold a source gets: ``max(configured, 2 x its concurrency)``
+        (ARCHITECTURE §7.4), so that one burst of in-flight failures cannot open it alone."""
+        return effective_fail_threshold(self.breaker.fail_threshold, source)
+
     def source(self, name: str) -> SourceConfig:
         for s in self.sources:
             if s.name == name:
@@ -235,3 +247,8 @@ class GatewaySettings:
 
     def scope(self, name: str) -> ScopeSettings:
         return self.scopes[name]
+
+
+def effective_fail_threshold(configured: int, source: SourceConfig) -> int:
+    """``max(configured, 2 x source.limits.max_concurrency)`` (ARCHITECTURE §7.4)."""
+    return max(configured, source.limits.max_concurrency * 2)

@@ -1,6 +1,6 @@
 """Anthropic Messages answers (a JSON body, or the events of a stream) -> one parsed message.
 
-Streaming events (protocols.md §4 and corrections): ``message_start`` (model, initial usage),
+Streaming events (protocols §4 and corrections): ``message_start`` (model, initial usage),
 ``content_block_start`` / ``content_block_delta`` / ``content_block_stop`` with ``text_delta``,
 ``thinking_delta``, ``signature_delta``, ``input_json_delta``, ``citations_delta``,
 ``message_delta`` (``stop_reason``, cumulative usage), ``message_stop`` (the stream is

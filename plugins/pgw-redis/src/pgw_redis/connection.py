@@ -2,12 +2,13 @@
 
 ``connect(url)`` makes the asyncio client: ``redis://``, ``rediss://`` and ``unix://`` give a
 ``redis.asyncio.Redis``; ``redis+cluster://host:port`` (or ``rediss+cluster://``) gives a
-``redis.asyncio.cluster.RedisCluster`` seeded from that node. The scheme is the one switch:
-``REDIS_URL`` is shared by the limiter, the breaker and the cache, so one value selects Cluster
-for all three.
+``redis.asyncio.cluster.RedisCluster`` seeded from that node. The scheme is the one switch,
+read per component: ``REDIS_URL`` (shared by the limiter, the breaker and the cache unless one
+is given its own ``url`` option) selects Cluster for every component that uses it.
 
-Clients are made with socket and connect timeouts (a dead or black-holed Redis fails a call
-within them instead of hanging it) and with redis-py's automatic command retries turned off:
+Clients are made with socket and connect timeouts (a black-holed Redis fails a call within
+two socket timeouts instead of hanging it: queued accounting may ride ahead of the call's own
+script) and with redis-py's automatic command retries turned off:
 re-sending a script whose reply was lost could apply it twice (two RPM charges), and a failed
 admission must surface as ``GovernanceBackendError`` promptly rather than after a retry ladder.
 

@@ -6,9 +6,11 @@
     pgw:limit:{<scope>}:global:progress_ms        STRING server ms of the last completed call
     pgw:limit:{<scope>}:global:abandoned          ZSET  lease ids given up before admission
     pgw:limit:{<scope>}:global:settled:<window>   SET   lease ids whose TPM correction ran
+    pgw:limit:{<scope>}:global:hold_ms            STRING typical lease hold time (moving average)
     pgw:limit:{<scope>}:source:<source>:lease     ZSET
     pgw:limit:{<scope>}:source:<source>:rpm:<window>
     pgw:limit:{<scope>}:source:<source>:tpm:<window>
+    pgw:limit:{<scope>}:source:<source>:hold_ms
     pgw:gate:{<scope>}:<source>                   HASH  breaker state of one source
 
 ``<window>`` is ``floor(server_seconds / 60)``. All keys of a scope hash to one slot, so every
@@ -49,6 +51,8 @@ class SourceKeys:
     rpm_base: str
     """Append the window id to get the key."""
     tpm_base: str
+    hold: str
+    """Typical hold time of the source's leases (ms), the concurrency gate's wait hint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,8 @@ class LimiterKeys:
     abandoned: str
     settled_base: str
     """Append the acquire-time window id to get the key."""
+    hold: str
+    """Typical hold time of the scope's leases (ms)."""
 
     @classmethod
     def for_scope(cls, scope: str) -> LimiterKeys:
@@ -75,11 +81,17 @@ class LimiterKeys:
             progress=base + "global:progress_ms",
             abandoned=base + "global:abandoned",
             settled_base=base + "global:settled:",
+            hold=base + "global:hold_ms",
         )
 
     def source(self, source: str) -> SourceKeys:
         base = f"{LIMIT_PREFIX}{self.tag}:source:{encode_name(source, 'source name')}:"
-        return SourceKeys(lease=base + "lease", rpm_base=base + "rpm:", tpm_base=base + "tpm:")
+        return SourceKeys(
+            lease=base + "lease",
+            rpm_base=base + "rpm:",
+            tpm_base=base + "tpm:",
+            hold=base + "hold_ms",
+        )
 
 
 def gate_key(scope_tag_: str, source: str) -> str:

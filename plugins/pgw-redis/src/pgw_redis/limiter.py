@@ -287,6 +287,8 @@ class RedisLimiter:
                     keys.tpm_base + w,
                     source_keys.tpm_base + w,
                     keys.abandoned,
+                    keys.hold,
+                    source_keys.hold,
                 ),
                 (
                     window,
@@ -543,6 +545,8 @@ class RedisLimiter:
                             keys.progress,
                             keys.abandoned,
                             keys.settled_base + w,
+                            keys.hold,
+                            source_keys.hold,
                         ),
                         (
                             entry.lease_id,

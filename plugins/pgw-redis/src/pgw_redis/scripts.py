@@ -50,7 +50,8 @@ ACQUIRE = LuaScript(
     _PRELUDE
     + """
 -- KEYS: 1 global lease, 2 source lease, 3 global rpm, 4 source rpm, 5 global tpm, 6 source tpm
---       (rpm/tpm keys of window ARGV[1]), 7 abandoned lease ids
+--       (rpm/tpm keys of window ARGV[1]), 7 abandoned lease ids, 8 global hold ms,
+--       9 source hold ms (typical lease hold times, written by RELEASE)
 -- ARGV: 1 window, 2 lease id, 3 est tokens, 4 lease ttl ms, 5 global concurrency,
 --       6 source concurrency, 7 global rpm, 8 source rpm, 9 global tpm, 10 source tpm (0 = off)
 -- Reply: {1, now}            admitted
@@ -71,16 +72,27 @@ if redis.call('ZSCORE', KEYS[7], ARGV[2]) then return {-2, now} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 
-local function lease_wait(key)
+-- A full concurrency gate's hint: the typical hold time of its released leases (1000 ms
+-- before any), floored at 10 ms and capped by its oldest lease's expiry: the in-memory
+-- limiter's slot_wait, so both backends report the same.
+local function lease_wait(key, hold_key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  return tonumber(first[2]) - now
+  local expiry_in = tonumber(first[2]) - now
+  local hold = tonumber(redis.call('GET', hold_key))
+  local estimate = 1000
+  if hold then estimate = math.max(10, hold) end
+  return math.max(0, math.min(expiry_in, estimate))
 end
 local function used(key) return tonumber(redis.call('GET', key)) or 0 end
 
 local limit = tonumber(ARGV[5])
-if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then return {0, 1, lease_wait(KEYS[1])} end
+if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
+  return {0, 1, lease_wait(KEYS[1], KEYS[8])}
+end
 limit = tonumber(ARGV[6])
-if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then return {0, 2, lease_wait(KEYS[2])} end
+if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then
+  return {0, 2, lease_wait(KEYS[2], KEYS[9])}
+end
 limit = tonumber(ARGV[7])
 if limit > 0 and used(KEYS[3]) >= limit then return {0, 3, window_left} end
 limit = tonumber(ARGV[8])
@@ -113,15 +125,30 @@ RELEASE = LuaScript(
     + """
 -- Release a lease; optionally settle its TPM and mark progress in the same step.
 -- KEYS: 1 global lease, 2 source lease, 3 global tpm, 4 source tpm (acquire-time window),
---       5 progress, 6 abandoned lease ids, 7 settled lease ids (acquire-time window)
+--       5 progress, 6 abandoned lease ids, 7 settled lease ids (acquire-time window),
+--       8 global hold ms, 9 source hold ms
 -- ARGV: 1 lease id, 2 tpm delta, 3 compensation (1: the caller never got the permit; apply
 --       the delta only if the acquire ran, and if it has not run yet make sure it never
 --       admits), 4 mark progress (1/0), 5 lease ttl ms, 6 end of the acquire-time window (s)
 -- Running twice (a release re-sent after its reply was lost) changes nothing more: ZREM finds
 -- nothing, and the delta is applied only by the run that adds the id to KEYS[7] (see SETTLE).
 -- Reply: 1 when the lease was held, else 0 (already released, expired, or never granted)
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local held = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+local released_at = now_ms()
+if held == 1 and expiry and tonumber(expiry) > released_at then
+  -- How long the lease was held feeds the concurrency gates' wait hints (moving average,
+  -- weight 0.2 for the newest, as in the in-memory limiter's next_hold); an expired lease
+  -- says nothing about how long calls take.
+  local duration = math.max(0, released_at - (tonumber(expiry) - tonumber(ARGV[5])))
+  for _, key in ipairs({KEYS[8], KEYS[9]}) do
+    local previous = tonumber(redis.call('GET', key))
+    local value = duration
+    if previous then value = previous + 0.2 * (duration - previous) end
+    redis.call('SET', key, int(value), 'EX', 3600)
+  end
+end
 local delta = tonumber(ARGV[2])
 if delta ~= 0 and (ARGV[3] == '0' or held == 1) and redis.call('SADD', KEYS[7], ARGV[1]) == 1 then
   redis.call('EXPIREAT', KEYS[7], ARGV[6])

@@ -9,7 +9,6 @@ command is configured (imported), so one broken command never breaks the others,
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -33,10 +32,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgw {__version__}")
         return 0
 
-    from polygateway.plugins import load_registry, parse_plugin_filter
+    from polygateway.config import plugin_filter
+    from polygateway.plugins import load_registry
 
+    # PGW_PLUGINS is read as from_env reads it (env, .env, the file), with the files the
+    # command names, so that the CLI and the library load the same plugins.
+    dotenv_path, pipeline_path = _config_paths(args)
     try:
-        registry = load_registry(allowed=parse_plugin_filter(os.environ.get("PGW_PLUGINS")))
+        allowed = plugin_filter(None, dotenv_path=dotenv_path, pipeline_path=pipeline_path)
+        registry = load_registry(allowed=allowed)
     except ConfigError as exc:
         return _report(exc)
 
@@ -49,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: dict[str, str] = {}
     listing: list[tuple[str, str]] = []
     for name in registry.names("command"):
-        sub = subparsers.add_parser(name)
+        sub = subparsers.add_parser(name, formatter_class=HelpFormatter)
         # Configuring imports the command's module: only the one invoked, or all for --help.
         if invoked is not None and name != invoked:
             continue
@@ -80,6 +84,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         return runners[namespace.command](namespace)
     except ConfigError as exc:
         return _report(exc)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every command's ``--help`` shows each option's default (unless its help already says,
+    or there is none to show) and keeps its description's lines."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: {default})"
+
+
+ENV_FILE_FLAG = "--env-file"
+CONFIG_FLAG = "--config"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, inherit: bool = False) -> None:
+    """The two flags every command that reads the configuration takes, named alike.
+
+    ``inherit``: on an action's subparser, so that ``pgw logs --config X show`` keeps ``X``
+    (a subparser's own defaults would overwrite what the parent parsed).
+    """
+    default = argparse.SUPPRESS if inherit else None
+    parser.add_argument(
+        CONFIG_FLAG,
+        dest="pipeline_path",
+        metavar="PATH",
+        default=default,
+        help="pipeline file (default: $PGW_CONFIG, else ./pgw.toml if present)",
+    )
+    parser.add_argument(
+        ENV_FILE_FLAG,
+        dest="env_file",
+        metavar="PATH",
+        default=default,
+        help=".env file read under the environment (default: ./.env if present)",
+    )
+
+
+def _config_paths(args: Sequence[str]) -> tuple[str | None, str | None]:
+    """The ``--env-file`` and ``--config`` values in ``args`` (before the command parses them)."""
+    found: dict[str, str | None] = {ENV_FILE_FLAG: None, CONFIG_FLAG: None}
+    for index, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        if flag in found:
+            if equals:
+                found[flag] = value
+            elif index + 1 < len(args):
+                found[flag] = args[index + 1]
+    return found[ENV_FILE_FLAG], found[CONFIG_FLAG]
 
 
 def _split_command(args: Sequence[str]) -> tuple[list[str], str | None]:

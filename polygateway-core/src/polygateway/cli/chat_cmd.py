@@ -6,16 +6,17 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from polygateway.cli import add_config_arguments
+
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.description = "One governed call with the configured sources."
     parser.add_argument("text", help="the user message")
-    parser.add_argument("--scope", default="LLM", help="configuration scope (default LLM)")
+    parser.add_argument("--scope", default="LLM", help="configuration scope")
     parser.add_argument("--system", help="an optional system message")
     parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
     parser.add_argument("--no-stream", action="store_true", help="use the non-streaming API")
-    parser.add_argument("--config", help="pipeline file (default: PGW_CONFIG or ./pgw.toml)")
-    parser.add_argument("--env-file", help=".env file (default: ./.env if present)")
+    add_config_arguments(parser)
     return run
 
 
@@ -37,7 +38,7 @@ async def _chat(args: argparse.Namespace) -> int:
     messages.append({"role": "user", "content": args.text})
     try:
         client = GatewayClient.from_env(
-            scope=args.scope, pipeline_path=args.config, dotenv_path=args.env_file
+            scope=args.scope, pipeline_path=args.pipeline_path, dotenv_path=args.env_file
         )
     except ConfigError as exc:
         for problem in exc.problems:

@@ -9,33 +9,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from polygateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from polygateway.settings import ScopeSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.description = "Check the configuration (environment, .env, pipeline file)."
     # ``pgw config`` alone runs the check with its defaults.
     parser.set_defaults(pipeline_path=None, env_file=None, scopes=None, as_json=False)
+    parser.epilog = "Exit status: 0 when the configuration is usable, 2 on any problem."
     actions = parser.add_subparsers(dest="config_action", metavar="ACTION")
+    from polygateway.cli import HelpFormatter, add_config_arguments
+
     check = actions.add_parser(
         "check",
+        formatter_class=HelpFormatter,
         help="resolve every scope and run the assembly guards (the default action)",
         description="Load the environment, .env and the pipeline file, resolve every scope, "
-        "run the assembly guards and print the resolved pipeline (secrets masked). On "
-        "problems, print one line per problem to stderr and exit with 2.",
+        "run the assembly guards, load the pricing file and print the resolved pipeline "
+        "(secrets masked) with the values the code derives. On problems (no scope at all is "
+        "one), print one line per problem to stderr and exit with 2; --json prints "
+        '{"ok", "scopes", "warnings", "errors"} instead.',
     )
-    check.add_argument(
-        "--file",
-        dest="pipeline_path",
-        metavar="PATH",
-        help="pipeline file (default: $PGW_CONFIG, else ./pgw.toml if present)",
-    )
-    check.add_argument(
-        "--env-file", dest="env_file", metavar="PATH", help=".env file (default: ./.env)"
-    )
+    add_config_arguments(check)
     check.add_argument(
         "--scope",
         dest="scopes",
@@ -48,37 +49,68 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     return run
 
 
+NO_SCOPE = (
+    "no scope is configured: set {SCOPE}__{PROVIDER}__{N}__BASE_URL and __MODEL (e.g. "
+    "LLM__OPENAI__1__BASE_URL=https://api.openai.com/v1 and LLM__OPENAI__1__MODEL=gpt-4o-mini, "
+    "plus LLM__OPENAI__1__API_KEY), in the environment, .env or as [[scopes.LLM.sources]] in "
+    "the pipeline file (pgw.example.toml shows every key)"
+)
+
+
 def run(namespace: argparse.Namespace) -> int:
     from polygateway.cli import registry_of
     from polygateway.config import describe_settings, load_settings
 
-    # ConfigError propagates: ``pgw`` prints one line per problem and exits with 2.
-    settings = load_settings(
-        None,
-        pipeline_path=namespace.pipeline_path,
-        dotenv_path=namespace.env_file,
-        registry=registry_of(namespace),
-    )
-    described = describe_settings(settings)
-    scopes = scope_descriptions(described)
-    chosen = select_scopes(scopes, namespace.scopes)
-    warnings = [str(w) for w in described.get("warnings", ())]
-    if namespace.as_json:
-        print(json.dumps({"scopes": chosen, "warnings": warnings}, indent=2, default=str))
-        return 0
-    if not scopes:
-        warnings.append(
-            "no scope is configured: set {SCOPE}__{PROVIDER}__{N}__BASE_URL and __MODEL "
-            "(e.g. LLM__OPENAI__1__BASE_URL) or add [[scopes.<SCOPE>.sources]] to the pipeline file"
+    errors: list[str] = []
+    chosen: dict[str, Any] = {}
+    scopes: dict[str, Any] = {}
+    warnings: list[str] = []
+    try:
+        settings = load_settings(
+            None,
+            pipeline_path=namespace.pipeline_path,
+            dotenv_path=namespace.env_file,
+            registry=registry_of(namespace),
         )
+    except ConfigError as exc:
+        errors.extend(exc.problems)
+    else:
+        described = describe_settings(settings)
+        scopes = scope_descriptions(described)
+        warnings = [str(w) for w in described.get("warnings", ())]
+        if not scopes:
+            errors.append(NO_SCOPE)
+        errors.extend(pricing_problems(settings.scopes.values()))
+        chosen = select_scopes(scopes, namespace.scopes)
+    if namespace.as_json:
+        report = {"ok": not errors, "scopes": chosen, "warnings": warnings, "errors": errors}
+        print(json.dumps(report, indent=2, default=str))
+        return 2 if errors else 0
     for warning in warnings:
         print(f"pgw config check: warning: {warning}", file=sys.stderr)
+    if errors:
+        for problem in errors:
+            print(f"pgw: {problem}", file=sys.stderr)
+        return 2
     for name, description in chosen.items():
         print(f"scope {name}")
         print("\n".join(render_scope(description)))
         print()
-    print(f"configuration OK: {len(scopes)} scope(s): {', '.join(scopes) or 'none'}")
+    print(f"configuration OK: {len(scopes)} scope(s): {', '.join(scopes)}")
     return 0
+
+
+def pricing_problems(scopes: Iterable[ScopeSettings]) -> list[str]:
+    """Each pricing file a scope names, loaded and validated as assembly will load it."""
+    from polygateway.telemetry.pricing import PricingTable
+
+    problems: list[str] = []
+    for path in dict.fromkeys(s.pricing_path for s in scopes if s.pricing_path):
+        try:
+            PricingTable.from_file(path)
+        except ConfigError as exc:
+            problems.extend(f"PGW_PRICING_PATH / pricing_path: {line}" for line in exc.problems)
+    return problems
 
 
 def scope_descriptions(described: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 ROLES = {"openai-1": "healthy", "qwen-1": "flaky (429/5xx)", "deepseek-1": "dead key (401)"}
-PRICES = {
+PRICES: dict[str, Any] = {
+    "currency": "USD",
     "demo-healthy": {"input_per_1m": 0.15, "output_per_1m": 0.60},
     "demo-flaky": {"input_per_1m": 0.10, "output_per_1m": 0.40},
     "demo-dead": {"input_per_1m": 0.20, "output_per_1m": 0.80},
@@ -24,9 +25,11 @@ PRICES = {
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.description = "Run a governed batch against an in-process fake upstream; summarize it."
     parser.add_argument("--calls", type=int, default=300, help="governed calls in the batch")
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=32, help="calls in flight at once")
     parser.add_argument("--db", default="pgw_demo_telemetry.db", help="SQLite telemetry file")
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--seed", type=int, default=7, help="seed of the prompts repeated to hit the cache"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return run
 
@@ -228,44 +231,43 @@ def _summary(
     invoice: Any,
     db: str,
 ) -> None:
-    from polygateway.telemetry.report import build_report, percentile
+    """Everything printed is computed: from the telemetry rows (the same totals ``pgw telemetry
+    report`` prints for this database), the calls the demo made, and the breaker's log."""
+    from polygateway.telemetry.report import build_report, fmt_ms, percentile, summary_lines
 
-    report = build_report(rows, by="source")
-    attempts = [r for r in rows if not r["cache_hit"]]
-    hits = sum(1 for r in rows if r["cache_hit"])
+    report = build_report(rows, by="source", currency=str(PRICES["currency"]))
     print()
     print(f"{'source':12} {'role':18} {'attempts':>8} {'ok':>6} {'errors':>7}  top error")
     for group in report.groups:
         if group.key == "-":
             continue
-        src_rows = [r for r in attempts if r["source_name"] == group.key]
-        ok = sum(1 for r in src_rows if not r["error"])
         errs = report.errors_by_source.get(group.key)
         top = errs.most_common(1)[0][0] if errs else ""
         print(
-            f"{group.key:12} {ROLES.get(group.key, ''):18} {len(src_rows):>8} {ok:>6} "
-            f"{len(src_rows) - ok:>7}  {top}"
+            f"{group.key:12} {ROLES.get(group.key, ''):18} {group.attempts:>8} {group.ok:>6} "
+            f"{group.failed_attempts:>7}  {top}"
         )
-    ok_rows = [r for r in attempts if not r["error"]]
-    latencies = [float(r["latency_ms"]) for r in ok_rows]
-    ttfts = [float(r["ttft_ms"]) for r in ok_rows if r["ttft_ms"] is not None]
+    total = report.total
+    failed = sum(failures.values())
     print()
+    print(f"calls made {calls}: {calls - failed} answered, {failed} failed {failures or ''}")
+    print("from the telemetry database (what `pgw telemetry report` prints for it):")
+    for line in summary_lines(report):
+        print(f"  {line}")
+    print(f"  cache hit rate {total.cache_hits / max(1, total.calls):.0%} of answered calls")
+    print(f"  retries/switches {total.attempts - total.ok}")
     print(
-        f"calls {calls}, attempts {len(attempts)}, retries/switches "
-        f"{len(attempts) - (calls - hits)}, failed calls {sum(failures.values())} {failures or ''}"
-    )
-    print(f"cache hits {hits}/{calls} ({hits / calls:.0%})")
-    print(
-        f"latency p50 {percentile(latencies, 50) or 0:.0f} ms, p95 "
-        f"{percentile(latencies, 95) or 0:.0f} ms; TTFT p50 {percentile(ttfts, 50) or 0:.0f} ms"
-        f", p95 {percentile(ttfts, 95) or 0:.0f} ms"
-    )
-    print(
-        f"tokens {report.total.prompt_tokens} prompt + {report.total.completion_tokens} "
-        f"completion; cost {report.total.cost:.6f}"
+        f"  latency p50 {fmt_ms(percentile(total.latencies, 50))}, p95 "
+        f"{fmt_ms(percentile(total.latencies, 95))}; TTFT p50 "
+        f"{fmt_ms(percentile(total.ttfts, 50))}, p95 {fmt_ms(percentile(total.ttfts, 95))}"
     )
     print(f"breaker transitions: {len(transitions)}")
-    for source, before, after in transitions[:12]:
-        print(f"  {source}: {before} -> {after}")
-    print(f"structured call: {invoice.structured_data!r} (re-asked once after a validation error)")
+    for source in dict.fromkeys(s for s, _, _ in transitions):
+        states = [before for s, before, _ in transitions if s == source]
+        states.append([after for s, _, after in transitions if s == source][-1])
+        print(f"  {source}: {' -> '.join(states)}")
+    reasks = report.errors_by_class.get("ResultInvalidError", 0)
+    times = "once" if reasks == 1 else f"{reasks} times"
+    after = f"re-asked {times} after a validation error" if reasks else "valid at once"
+    print(f"structured call: {invoice.structured_data!r} ({after})")
     print(f"\nEvery attempt is in {db}: try  pgw telemetry report --db {db} --by source")

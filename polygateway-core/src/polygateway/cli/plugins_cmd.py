@@ -13,8 +13,11 @@ from polygateway.plugins import PluginInfo
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.description = "Show installed plugins, their status and what each one provides."
     actions = parser.add_subparsers(dest="plugins_action", metavar="ACTION")
+    from polygateway.cli import HelpFormatter
+
     listing = actions.add_parser(
         "list",
+        formatter_class=HelpFormatter,
         help="list plugins (the default action)",
         description="List every plugin (the builtin one too): distribution, version, status "
         "and the names it registers per kind.",
@@ -45,6 +48,7 @@ def plugin_as_json(plugin: PluginInfo) -> dict[str, Any]:
         "provides": {kind: list(names) for kind, names in plugin.provides.items()},
         "status": plugin.status,
         "error": plugin.error,
+        "hint": plugin.install_hint if plugin.status == "failed" else None,
     }
 
 

@@ -15,13 +15,14 @@ format are documented in ``env.py``, ``merge.py`` and ``pgw.example.toml``; comp
 from __future__ import annotations
 
 from polygateway.config.describe import describe_settings
-from polygateway.config.env import plugin_filter, read_env
+from polygateway.config.env import read_env
 from polygateway.config.guards import (
     NameRegistry,
     check_guards,
     middleware_problems,
     validate_against_registry,
 )
+from polygateway.config.inputs import plugin_filter
 from polygateway.config.loader import load_scope, load_settings
 
 __all__ = [

@@ -50,13 +50,41 @@ def _plain(value: Any, name: str = "") -> Any:
 
 def describe_scope(scope: ScopeSettings) -> dict[str, Any]:
     described: dict[str, Any] = _plain(scope)
-    described["effective"] = {
-        "max_timeout_s": scope.max_timeout_s,
+    described["effective"] = effective_values(scope)
+    return described
+
+
+def effective_values(scope: ScopeSettings) -> dict[str, Any]:
+    """The values the code derives, each with how (what ``pgw config check`` shows)."""
+    longest = scope.max_timeout_s
+    lease = (
+        "configured"
+        if scope.backpressure.lease_ttl_s is not None
+        else (f"derived: longest source timeout {longest:g} + 30")
+    )
+    probe = (
+        "configured"
+        if scope.breaker.probe_ttl_s is not None
+        else (
+            f"derived: max(2 x longest timeout {longest:g}, cooldown {scope.breaker.cooldown_s:g}, "
+            f"longest timeout + 5)"
+        )
+    )
+    configured = scope.breaker.fail_threshold
+    return {
+        "max_timeout_s": longest,
         "max_ttft_s": scope.max_ttft_s,
         "lease_ttl_s": scope.lease_ttl_s,
+        "lease_ttl": lease,
         "probe_ttl_s": scope.probe_ttl_s,
+        "probe_ttl": probe,
+        "breaker_fail_threshold": {
+            source.name: scope.effective_fail_threshold(source) for source in scope.sources
+        },
+        "breaker_fail_threshold_rule": (
+            f"max(configured {configured}, 2 x the source's max_concurrency)"
+        ),
     }
-    return described
 
 
 def describe_settings(settings: GatewaySettings) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The environment side of the configuration: ``.env`` reading and the env key families.
 
-Families (the seeds' names, ARCHITECTURE §9, M2 §1):
+Families (ARCHITECTURE §9, M2 §1 in docs/design.md):
 
 - sources: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}``, e.g. ``LLM__QWEN__1__BASE_URL``; the source is
   named ``{provider}-{N}`` (``qwen-1``);
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from polygateway.config.models import Loc
+from polygateway.config.suggest import closest, did_you_mean
 from polygateway.errors import ConfigError
 
 SOURCE_FIELDS: dict[str, str] = {
@@ -81,7 +82,10 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
     "GLOBAL": ("global", {"MAX_CONCURRENCY": "max_concurrency", "RPM": "rpm", "TPM": "tpm"}),
     "STRUCTURED": ("structured", {"MAX_RETRIES": "max_retries", "STRATEGY": "strategy"}),
     "CACHE": ("cache", {"BACKEND": "backend", "NAMESPACE": "namespace", "TTL_S": "ttl_s"}),
-    "TELEMETRY": ("telemetry", {"BACKEND": "backend", "SQLITE_PATH": "sqlite_path"}),
+    "TELEMETRY": (
+        "telemetry",
+        {"BACKEND": "backend", "SQLITE_PATH": "sqlite_path", "CONTENT": "content"},
+    ),
 }
 """``{SCOPE}__{GROUP}__{FIELD}`` -> (table, {FIELD: key})."""
 
@@ -116,12 +120,16 @@ FLAT_KEYS: dict[str, Loc] = {
     "PGW_CACHE_TTL_S": ("cache", "ttl_s"),
     "PGW_TELEMETRY_BACKEND": ("telemetry", "backend"),
     "PGW_TELEMETRY_SQLITE_PATH": ("telemetry", "sqlite_path"),
+    "PGW_TELEMETRY_CONTENT": ("telemetry", "content"),
     "PGW_PRICING_PATH": ("pricing_path",),
 }
 """Flat keys (every scope) -> layer path. Scope keys and the pipeline file's scope tables win."""
 
 CONFIG_PATH_KEY = "PGW_CONFIG"
 PLUGINS_KEY = "PGW_PLUGINS"
+OTHER_KEYS: frozenset[str] = frozenset({CONFIG_PATH_KEY, PLUGINS_KEY, "PGW_REQUIRE_SERVICES"})
+"""``PGW_*`` keys read outside ``FLAT_KEYS``: the file's path, the plugin filter, and the test
+suite's switch (``tools/test.sh``); known, so never reported as typos."""
 
 _SEGMENT = re.compile(r"^[A-Z0-9]+(?:_[A-Z0-9]+)*$")
 _SCOPE_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*$")
@@ -154,13 +162,8 @@ def read_env(
     return merged
 
 
-def plugin_filter(env: Mapping[str, str] | None = None) -> list[str] | None:
-    """``PGW_PLUGINS`` parsed: unset -> ``None`` (every plugin), empty -> ``[]`` (builtin only).
-
-    ``env=None`` reads ``os.environ`` over ``./.env`` like ``load_settings``.
-    """
-    values = read_env(env)
-    raw = values.get(PLUGINS_KEY)
+def parse_plugins(raw: str | None) -> list[str] | None:
+    """A ``PGW_PLUGINS`` value: unset -> ``None`` (every plugin), empty -> ``[]`` (builtin only)."""
     if raw is None:
         return None
     return [item.strip() for item in raw.split(",") if item.strip()]
@@ -254,6 +257,33 @@ def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> En
     return config
 
 
+def unknown_key_problems(
+    values: Mapping[str, str], scopes: Iterable[str], declared: Iterable[str] = ()
+) -> list[str]:
+    """Every set ``PGW_*`` key, and every ``{SCOPE}_*`` key of a configured scope, that no one
+    reads: a typo (``PGW_CACHE_TTL``, ``LLM_TIMOUT``) would otherwise leave a default in place.
+
+    ``declared``: the flat keys plugins' options models declare (``REDIS_URL``...). Keys of the
+    ``{SCOPE}__...`` families are ``parse_env``'s. Each problem suggests the nearest known key.
+    """
+    names = sorted({scope.upper() for scope in scopes})
+    known = set(FLAT_KEYS) | OTHER_KEYS | set(declared)
+    problems: list[str] = []
+    for key, value in sorted(values.items()):
+        if key in known or value is None or not value.strip():
+            continue
+        if any(key.startswith(f"{name}__") for name in names):
+            continue
+        owner = "PGW" if key.startswith("PGW_") else None
+        owner = owner or next((n for n in names if key.startswith(f"{n}_")), None)
+        if owner is None:
+            continue
+        candidates = sorted(k for k in known if k.startswith(f"{owner}_")) or sorted(known)
+        hint = did_you_mean(key, candidates) or did_you_mean(key, sorted(known))
+        problems.append(f"{key}: unknown key{hint}; known {owner}_* keys: {_allowed(candidates)}")
+    return problems
+
+
 def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
     second = parts[1]
     shapes = (
@@ -276,7 +306,7 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
                 + " or ".join(choices)
             )
         else:
-            scope.problems.append(f"{key}: not a PolyGateway key; {shapes}")
+            scope.problems.append(f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes}")
         return
     if len(parts) == 3:
         if second in SCOPE_GROUPS:
@@ -289,7 +319,8 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
                 return
             if parts[2] not in fields:
                 scope.problems.append(
-                    f"{key}: unknown {second} field {parts[2]}; allowed: {_allowed(fields)}"
+                    f"{key}: unknown {second} field {parts[2]}"
+                    f"{did_you_mean(parts[2], fields)}; allowed: {_allowed(fields)}"
                 )
                 return
             path = (table, fields[parts[2]])
@@ -298,7 +329,7 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
         elif second in SCOPE_SCALARS:
             scope.problems.append(f"{key}: {scope.name}__{second} takes no field")
         else:
-            scope.problems.append(f"{key}: not a PolyGateway key; {shapes}")
+            scope.problems.append(f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes}")
         return
     if len(parts) == 4 and second not in RESERVED_SEGMENTS and parts[2].isdigit():
         _parse_source_key(scope, key, parts, value)
@@ -310,7 +341,13 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
     elif len(parts) == 4:
         scope.problems.append(f"{key}: the source number {parts[2]!r} must be an integer; {shapes}")
     else:
-        scope.problems.append(f"{key}: not a PolyGateway key; {shapes}")
+        scope.problems.append(f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes}")
+
+
+def _segment_hint(parts: list[str]) -> str:
+    """A mistyped second segment (``LLM__RETRI__MAX_ATTEMPTS``) spelled right."""
+    found = closest(parts[1], RESERVED_SEGMENTS)
+    return f" (did you mean {'__'.join([parts[0], found, *parts[2:]])}?)" if found else ""
 
 
 def _parse_source_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
@@ -318,7 +355,8 @@ def _parse_source_key(scope: EnvScope, key: str, parts: list[str], value: str) -
     source_field = SOURCE_FIELDS.get(field_name)
     if source_field is None:
         scope.problems.append(
-            f"{key}: unknown source field {field_name}; allowed: {_allowed(SOURCE_FIELDS)}"
+            f"{key}: unknown source field {field_name}"
+            f"{did_you_mean(field_name, SOURCE_FIELDS)}; allowed: {_allowed(SOURCE_FIELDS)}"
         )
         return
     prefix = f"{scope.name}__{provider}__{number}"

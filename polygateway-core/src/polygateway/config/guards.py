@@ -1,6 +1,6 @@
 """Assembly guards: settings that would misbehave at run time are refused before assembly.
 
-ARCHITECTURE §7.3/§7.6 and M2 §1/§3:
+ARCHITECTURE §7.3, §7.6 and M2 §1, M2 §3:
 
 - per source ``0 < inter_token < ttft < timeout`` (for whichever are set): the watchdog's
   layers must nest, or the outer one fires first and hides the inner one's meaning;
@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
@@ -61,10 +62,36 @@ def middleware_key(scope: str) -> str:
     return f"[scopes.{scope}].middleware"
 
 
+@dataclass(frozen=True)
+class WrittenKeys:
+    """The keys the user actually wrote, when the loader knows them: problems then name
+    ``LLM_TTFT_TIMEOUT`` or ``pgw.toml:[...].ttft_timeout_s`` rather than a spelling the user
+    never used."""
+
+    sources: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """(source name, field) -> key."""
+    scope: Mapping[tuple[str, ...], str] = field(default_factory=dict)
+    """Scope path (``("backpressure", "lease_ttl_s")``) -> key."""
+
+
+_NOTHING_WRITTEN = WrittenKeys()
+
+
 # --------------------------------------------------------------------------- guards
 
 
-def _timeout_chain(scope: str, source: SourceConfig) -> list[str]:
+def _timeout_chain(
+    scope: str, source: SourceConfig, written: WrittenKeys = _NOTHING_WRITTEN
+) -> list[str]:
+    def key(name: str) -> str:
+        return written.sources.get((source.name, name)) or source_key(scope, source, name)
+
+    def origin(name: str) -> str:
+        if not written.sources:  # settings built by hand: no idea who set it
+            return f"{key(name)}"
+        set_by = written.sources.get((source.name, name))
+        return f"set by {set_by}" if set_by else f"the default; set {key(name)} to change it"
+
     problems: list[str] = []
     chain = [
         ("inter_token_timeout_s", source.inter_token_timeout_s),
@@ -74,12 +101,12 @@ def _timeout_chain(scope: str, source: SourceConfig) -> list[str]:
     present = [(name, value) for name, value in chain if value is not None]
     for name, value in [*present, ("connect_timeout_s", source.connect_timeout_s)]:
         if not value > 0:
-            problems.append(f"{source_key(scope, source, name)}: must be > 0, got {value:g}")
+            problems.append(f"{key(name)}: must be > 0, got {value:g}")
     for (inner, inner_value), (outer, outer_value) in itertools.pairwise(present):
         if inner_value > 0 and not inner_value < outer_value:
             problems.append(
-                f"{source_key(scope, source, inner)}: {inner_value:g} must be < {outer.upper()} "
-                f"{outer_value:g} (rule 0 < inter_token < ttft < timeout, source {source.name})"
+                f"{key(inner)}: {inner_value:g} must be < {outer.upper()} {outer_value:g} "
+                f"({origin(outer)}; rule 0 < inter_token < ttft < timeout, source {source.name})"
             )
     return problems
 
@@ -95,9 +122,16 @@ def middleware_problems(scope: ScopeSettings) -> list[str]:
     return problems
 
 
-def check_guards(scope: ScopeSettings) -> list[str]:
-    """Problems that refuse assembly of ``scope`` (empty list = fine)."""
+def check_guards(scope: ScopeSettings, written: WrittenKeys = _NOTHING_WRITTEN) -> list[str]:
+    """Problems that refuse assembly of ``scope`` (empty list = fine).
+
+    ``written``: the keys the user set (from the loader), named in place of generic spellings.
+    """
     name = scope.scope
+
+    def skey(env_suffix: str, table: str, file_key: str) -> str:
+        return written.scope.get((table, file_key)) or scope_key(name, env_suffix, table, file_key)
+
     problems: list[str] = []
     seen: set[str] = set()
     for source in scope.sources:
@@ -107,7 +141,7 @@ def check_guards(scope: ScopeSettings) -> list[str]:
                 "within a scope"
             )
         seen.add(source.name)
-        problems.extend(_timeout_chain(name, source))
+        problems.extend(_timeout_chain(name, source, written))
 
     if scope.sources:
         longest = max(scope.sources, key=lambda s: s.timeout_s)
@@ -115,14 +149,14 @@ def check_guards(scope: ScopeSettings) -> list[str]:
         lease_ttl = scope.lease_ttl_s
         if max_timeout > lease_ttl:
             problems.append(
-                f"{scope_key(name, 'BACKPRESSURE__LEASE_TTL_S', 'backpressure', 'lease_ttl_s')}: "
+                f"{skey('BACKPRESSURE__LEASE_TTL_S', 'backpressure', 'lease_ttl_s')}: "
                 f"lease TTL {lease_ttl:g} must be >= the longest source timeout {max_timeout:g} "
                 f"({longest.name}), or a permit expires while its request still runs"
             )
         probe_ttl = scope.probe_ttl_s
         if probe_ttl < max_timeout + 5.0:
             problems.append(
-                f"{scope_key(name, 'BREAKER__PROBE_TTL_S', 'breaker', 'probe_ttl_s')}: "
+                f"{skey('BREAKER__PROBE_TTL_S', 'breaker', 'probe_ttl_s')}: "
                 f"{probe_ttl:g} must be >= the longest source timeout + 5 = {max_timeout + 5.0:g} "
                 f"({longest.name})"
             )
@@ -131,9 +165,7 @@ def check_guards(scope: ScopeSettings) -> list[str]:
             slowest = max(with_ttft, key=lambda s: s.ttft_timeout_s or 0.0)
             stall = scope.backpressure.stall_window_s
             if stall < scope.max_ttft_s:
-                key = scope_key(
-                    name, "BACKPRESSURE__STALL_WINDOW_S", "backpressure", "stall_window_s"
-                )
+                key = skey("BACKPRESSURE__STALL_WINDOW_S", "backpressure", "stall_window_s")
                 problems.append(
                     f"{key}: {stall:g} must be >= the longest TTFT timeout {scope.max_ttft_s:g} "
                     f"({slowest.name}), or a slow first token reads as a stall"

@@ -14,6 +14,7 @@ from polygateway.config.merge import Layer, rejected_names
 from polygateway.config.models import Loc, ScopeCommonLayer, validate_layer
 from polygateway.config.scope import GUARD_FIELDS
 from polygateway.errors import ConfigError
+from polygateway.options import env_keys
 
 
 @dataclass
@@ -82,9 +83,12 @@ def read_inputs(
         defaults = Layer(data, defaults_label)
 
     if registry is None:
-        registry, found = installed_registry(values)
+        registry, found = installed_registry(_plugins_of(values, pipeline))
         shared_problems.extend(found)
     shared_problems.extend(flat_key_problems(registry, values))
+    declared = [key for _k, _n, model in registry.schemas() for key in env_keys(model).values()]
+    configured = [*env_config.scopes, *(pipeline.scopes if pipeline else ())]
+    shared_problems.extend(envkeys.unknown_key_problems(values, configured, declared))
     problems.extend(shared_problems)
     return Inputs(
         env=values,
@@ -98,11 +102,42 @@ def read_inputs(
     )
 
 
-def installed_registry(env: Mapping[str, str]) -> tuple[OptionsRegistry, list[str]]:
-    """The installed plugins (``PGW_PLUGINS`` of ``env`` applies), for their options models."""
-    from polygateway.plugins import Registry, load_registry, parse_plugin_filter
+def _plugins_of(
+    values: Mapping[str, str], pipeline: pipefile.PipelineFile | None
+) -> list[str] | None:
+    if envkeys.PLUGINS_KEY in values:
+        return envkeys.parse_plugins(values[envkeys.PLUGINS_KEY])
+    return pipeline.plugins if pipeline is not None else None
+
+
+def plugin_filter(
+    env: Mapping[str, str] | None = None,
+    *,
+    dotenv_path: str | os.PathLike[str] | None = None,
+    pipeline_path: str | os.PathLike[str] | None = None,
+) -> list[str] | None:
+    """The plugin filter, read as the loader reads every key: ``PGW_PLUGINS`` from env, then
+    ``.env``, then the pipeline file's top-level ``plugins``. ``None``: every plugin.
+
+    ``from_env`` and every ``pgw`` command call this, so they load the same plugins. Problems
+    (a missing file, bad TOML) are left to ``load_settings``, which reports them by key.
+    """
+    try:
+        values = envkeys.read_env(env, dotenv_path=dotenv_path)
+    except ConfigError:
+        values = dict(os.environ if env is None else env)
+    if envkeys.PLUGINS_KEY in values:
+        return envkeys.parse_plugins(values[envkeys.PLUGINS_KEY])
+    path, _missing = pipefile.locate(values, pipeline_path)
+    pipeline = pipefile.read(path)[0] if path is not None else None
+    return _plugins_of(values, pipeline)
+
+
+def installed_registry(allowed: list[str] | None) -> tuple[OptionsRegistry, list[str]]:
+    """The installed plugins passing the filter ``allowed``, for their options models."""
+    from polygateway.plugins import Registry, load_registry
 
     try:
-        return load_registry(allowed=parse_plugin_filter(env.get(envkeys.PLUGINS_KEY))), []
+        return load_registry(allowed=allowed), []
     except ConfigError as exc:  # two plugins registering one name: nothing to look up
         return Registry({}, []), list(exc.problems)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from polygateway.config.inputs import Inputs, read_inputs
 from polygateway.config.scope import build_scope
-from polygateway.errors import ConfigError
+from polygateway.errors import ConfigError, PluginError
 from polygateway.settings import GatewaySettings, ScopeSettings
 
 if TYPE_CHECKING:
@@ -26,8 +26,14 @@ def _scope_names(inputs: Inputs) -> list[str]:
     return names
 
 
-def _unique(lines: list[str]) -> list[str]:
-    return list(dict.fromkeys(lines))
+def _error(problems: list[str], registry: ConfigRegistry | None) -> ConfigError:
+    """``PluginError`` when a problem comes from a plugin that failed to load (what
+    ``from_env`` and ``pgw config check`` both raise), else ``ConfigError``."""
+    lines = list(dict.fromkeys(problems))
+    failures = [line for line in (registry.unavailable() if registry else ()) if "failed" in line]
+    if any(failure in line for line in lines for failure in failures):
+        return PluginError(lines)
+    return ConfigError(lines)
 
 
 def no_sources_problem(scope: str) -> str:
@@ -66,7 +72,7 @@ def load_settings(
         if scope is not None:
             scopes[name] = scope
     if problems:
-        raise ConfigError(_unique(problems))
+        raise _error(problems, registry)
     return GatewaySettings(scopes=scopes)
 
 
@@ -96,5 +102,5 @@ def load_scope(
     else:
         problems.append(no_sources_problem(name))
     if problems or built is None:
-        raise ConfigError(_unique(problems))
+        raise _error(problems, registry)
     return built

@@ -29,6 +29,7 @@ from pydantic import (
     ValidationError,
 )
 
+from polygateway.config.suggest import did_you_mean
 from polygateway.options import (
     BOOL_WORDS,
     Bool,
@@ -154,6 +155,7 @@ class CacheLayer(LayerModel):
 class TelemetryLayer(LayerModel):
     backend: Name | None = None
     sqlite_path: Name | None = None
+    content: Literal["full", "digest", "none"] | None = None
     options: Options | None = None
 
 
@@ -310,7 +312,8 @@ def _reason(error: Mapping[str, Any], root: type[BaseModel]) -> str:
     ctx: Mapping[str, Any] = error.get("ctx") or {}
     if kind == "extra_forbidden":
         allowed = allowed_keys(root, tuple(error["loc"][:-1]))
-        return "unknown key; allowed: " + ", ".join(allowed)
+        hint = did_you_mean(str(error["loc"][-1]), allowed)
+        return f"unknown key{hint}; allowed: " + ", ".join(allowed)
     simple = {
         "missing": "required",
         "int_parsing": "must be an integer",

@@ -23,9 +23,10 @@ from typing import Any
 
 from polygateway.config.env import CONFIG_PATH_KEY
 from polygateway.config.models import Loc
+from polygateway.config.suggest import did_you_mean
 
 DEFAULT_FILE = "pgw.toml"
-TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "scopes")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "plugins", "scopes")
 _SCOPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -50,6 +51,8 @@ class PipelineFile:
     root: dict[str, Any]
     defaults: dict[str, Any] | None = None
     scopes: dict[str, FileScope] = field(default_factory=dict)
+    plugins: list[str] | None = None
+    """Top-level ``plugins = [...]``: the plugin filter when ``PGW_PLUGINS`` is not set."""
 
     def key(self, loc: Loc) -> str:
         """``path:[table.path].key`` for a path from the file's root."""
@@ -138,7 +141,18 @@ def read(path: Path) -> tuple[PipelineFile | None, list[str]]:
     for key in root:
         if key not in TOP_LEVEL_KEYS:
             problems.append(
-                f"{pipeline.key((key,))}: unknown key; allowed: {', '.join(TOP_LEVEL_KEYS)}"
+                f"{pipeline.key((key,))}: unknown key{did_you_mean(key, TOP_LEVEL_KEYS)}; "
+                f"allowed: {', '.join(TOP_LEVEL_KEYS)}"
+            )
+
+    plugins = root.get("plugins")
+    if plugins is not None:
+        if isinstance(plugins, list) and all(isinstance(item, str) for item in plugins):
+            pipeline.plugins = [item.strip() for item in plugins if item.strip()]
+        else:
+            problems.append(
+                f"{pipeline.key(('plugins',))}: must be a list of distribution or entry-point "
+                'names, e.g. plugins = ["my-plugin"]'
             )
 
     defaults = root.get("defaults")

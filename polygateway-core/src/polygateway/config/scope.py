@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from polygateway.config import components
 from polygateway.config.components import DEFAULT_BACKEND
-from polygateway.config.guards import NO_BACKEND, check_guards, scope_registry_problems
+from polygateway.config.guards import (
+    NO_BACKEND,
+    WrittenKeys,
+    check_guards,
+    scope_registry_problems,
+)
 from polygateway.config.merge import Layer, Resolved, get_path, rejected_names, resolve_layers
 from polygateway.config.models import Loc, MaskedOptions, ScopeCommonLayer, validate_layer
 from polygateway.config.sources import build_source, source_drafts
@@ -125,7 +130,16 @@ def build_scope(
         return None, problems
     if not invalid:
         # Guards on defaults standing in for rejected values would only add noise.
-        problems.extend(check_guards(scope))
+        written = WrittenKeys(
+            sources={
+                (draft.name, str(loc[0])): key
+                for draft in drafts
+                for loc, key in draft.keys.items()
+                if len(loc) == 1
+            },
+            scope={tuple(map(str, loc)): key for loc, key in resolved.keys.items()},
+        )
+        problems.extend(check_guards(scope, written))
     if registry is not None:
         chosen_by = {
             kind: resolved.keys[path]
@@ -286,4 +300,6 @@ def _telemetry_settings(resolved: Resolved, options: Any) -> TelemetrySettings:
         kwargs["backend"] = str(table["backend"])
     if "sqlite_path" in table:
         kwargs["sqlite_path"] = str(table["sqlite_path"])
+    if "content" in table:
+        kwargs["content"] = table["content"]
     return TelemetrySettings(options=options, **kwargs)

@@ -24,7 +24,7 @@ from polygateway.governance.attempts import Attempt, AttemptObserver, Outcome
 from polygateway.governance.cooldowns import CooldownMemo
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import Clock, Denial, GateDecision, Permit, ProviderGate, RateLimiter
-from polygateway.settings import BreakerSettings, SourceConfig
+from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
 
 __all__ = ["Admission"]
 
@@ -69,8 +69,7 @@ class Admission:
         self._memo = memo
         self._clock = clock
         self._thresholds: dict[str, int] = {
-            s.name: max(breaker_settings.fail_threshold, s.limits.max_concurrency * 2)
-            for s in sources
+            s.name: effective_fail_threshold(breaker_settings.fail_threshold, s) for s in sources
         }
         self.inflight: dict[str, int] = {s.name: 0 for s in sources}
         # Progress is a liveness signal read against windows of minutes: marking it at most

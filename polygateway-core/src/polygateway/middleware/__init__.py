@@ -89,7 +89,12 @@ def _telemetry(ctx: BuildContext) -> Middleware:
         return PassThroughMiddleware("telemetry")
     from polygateway.middleware.telemetry import TelemetryMiddleware
 
-    return TelemetryMiddleware(components.telemetry, pricing=components.pricing, clock=ctx.clock)
+    return TelemetryMiddleware(
+        components.telemetry,
+        pricing=components.pricing,
+        clock=ctx.clock,
+        content=ctx.settings.telemetry.content,
+    )
 
 
 def _cache(ctx: BuildContext) -> Middleware:

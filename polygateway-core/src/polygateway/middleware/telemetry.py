@@ -33,7 +33,7 @@ from polygateway.digest import canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
 from polygateway.records import CANCELLED, RowWriter, build_record, error_name
-from polygateway.settings import SourceConfig
+from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
 
 
@@ -82,11 +82,17 @@ class TelemetryMiddleware:
     __slots__ = ("_clock", "_recorder", "_rows", "submit", "warn_once")
 
     def __init__(
-        self, recorder: TelemetryRecorder, *, pricing: Pricing | None, clock: Clock
+        self,
+        recorder: TelemetryRecorder,
+        *,
+        pricing: Pricing | None,
+        clock: Clock,
+        content: TelemetryContent = "full",
     ) -> None:
         self._recorder = recorder
         self._clock = clock
-        self._rows = RowWriter(recorder, clock=clock, pricing=pricing)
+        # PGW_TELEMETRY_CONTENT applies to every row the writer builds.
+        self._rows = RowWriter(recorder, clock=clock, pricing=pricing, content=content)
         # The writer's, bound once: the observer submits every row through them.
         self.submit = self._rows.submit
         self.warn_once = self._rows.warn_once

@@ -3,8 +3,10 @@
 A price table maps a model name to ``{"input_per_1m": x, "output_per_1m": y}`` (money per one
 million tokens, one currency for the whole table), optionally with ``"cached_input_per_1m"``
 (prompt tokens read from the provider's prompt cache) and ``"cache_write_per_1m"`` (prompt
-tokens written to it); both default to ``input_per_1m``. The library ships no prices: they change
-with the gateway's billing and a stale default would hide real cost.
+tokens written to it); both default to ``input_per_1m``. An optional top-level
+``"currency": "USD"`` labels the table's currency (reports print it next to costs). The library
+ships no prices: they change with the gateway's billing and a stale default would hide real
+cost.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 PRICE_FIELDS: tuple[str, str] = ("input_per_1m", "output_per_1m")
 OPTIONAL_PRICE_FIELDS: tuple[str, str] = ("cached_input_per_1m", "cache_write_per_1m")
+CURRENCY_KEY = "currency"
+"""Top-level key of a price table naming its currency (not a model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +48,14 @@ class PricingTable:
     the log. Bad entries raise ``ConfigError`` naming the model and the field.
     """
 
-    __slots__ = ("_origin", "_prices", "_unpriced_warned")
+    __slots__ = ("_origin", "_prices", "_unpriced_warned", "currency")
 
-    def __init__(self, prices: Mapping[str, Mapping[str, Any]], *, origin: str = "pricing") -> None:
+    def __init__(self, prices: Mapping[str, Any], *, origin: str = "pricing") -> None:
         self._origin = origin
         self._prices: dict[str, ModelPrice] = _validate(prices, origin)
+        label = prices.get(CURRENCY_KEY) if isinstance(prices, Mapping) else None
+        self.currency: str = label if isinstance(label, str) else ""
+        """The table's currency label (``""`` when the file names none)."""
         self._unpriced_warned: set[str] = set()
 
     @classmethod
@@ -136,6 +143,10 @@ def _validate(prices: object, origin: str) -> dict[str, ModelPrice]:
     problems: list[str] = []
     table: dict[str, ModelPrice] = {}
     for model, entry in prices.items():
+        if model == CURRENCY_KEY:
+            if not isinstance(entry, str) or not entry.strip():
+                problems.append(f'{origin}: "{CURRENCY_KEY}" must be a label such as "USD"')
+            continue
         if not isinstance(model, str) or not model:
             problems.append(f"{origin}: model names must be non-empty strings, got {model!r}")
             continue
@@ -183,4 +194,4 @@ def _validate(prices: object, origin: str) -> dict[str, ModelPrice]:
     return table
 
 
-__all__ = ["OPTIONAL_PRICE_FIELDS", "PRICE_FIELDS", "ModelPrice", "PricingTable"]
+__all__ = ["CURRENCY_KEY", "OPTIONAL_PRICE_FIELDS", "PRICE_FIELDS", "ModelPrice", "PricingTable"]

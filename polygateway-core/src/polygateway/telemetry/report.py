@@ -1,7 +1,16 @@
 """Telemetry report: aggregate rows of ``pgw_calls`` into tables and a self-contained HTML page.
 
-Pure functions over ``TelemetryRow`` mappings so the same report serves SQLite and any other
-recorder that can hand back rows. Charts are inline SVG: the HTML file needs nothing else.
+Pure functions over row mappings so the same report serves SQLite and any other recorder that
+can hand back rows. Charts are inline SVG: the HTML file needs nothing else.
+
+What the rows can tell (one row per attempt, per cache hit, per call refused before any
+attempt; ARCHITECTURE §7.8), counted apart and never mixed:
+
+- attempts: rows that reached a source (``source_name`` set, not a cache hit);
+- answered calls: successful attempts plus cache hits (a call has one successful row at most);
+- cache hits; refused calls (rows without a source: refused before any attempt);
+- failed attempts by error class. How many calls failed after several attempts is not in the
+  rows (attempts of one call share no id), so the report does not pretend to know it.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 GroupBy = Literal["model", "source", "session"]
@@ -32,8 +41,6 @@ def parse_since(value: str | None, *, now: float | None = None) -> float | None:
     match = _DURATION.match(value)
     if match:
         return now - float(match.group(1)) * _UNIT_S[match.group(2)]
-    from datetime import datetime
-
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError as exc:
@@ -71,31 +78,80 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(rank, len(ordered)) - 1]
 
 
+def is_attempt(row: Mapping[str, Any]) -> bool:
+    """A row of an attempt that reached a source (not a cache hit, not a refused call)."""
+    return not row.get("cache_hit") and bool(row.get("source_name"))
+
+
 @dataclass
 class GroupStats:
     key: str
-    calls: int = 0
-    errors: int = 0
+    rows: int = 0
+    attempts: int = 0
+    ok: int = 0
+    """Successful attempts."""
+    failed_attempts: int = 0
     cache_hits: int = 0
+    refused: int = 0
+    """Calls refused before any attempt (no source)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
     priced: int = 0
+    unpriced: int = 0
+    """Successful attempts without a price (cost unknown: not counted as zero)."""
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        """Answered calls: successful attempts plus cache hits."""
+        return self.ok + self.cache_hits
+
+    @property
+    def errors(self) -> int:
+        """Rows with an error: failed attempts plus refused calls."""
+        return self.failed_attempts + self.refused
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        self.rows += 1
+        error = row.get("error")
+        if row.get("cache_hit"):
+            self.cache_hits += 1
+        elif not row.get("source_name"):
+            self.refused += 1
+        else:
+            self.attempts += 1
+            if error:
+                self.failed_attempts += 1
+            else:
+                self.ok += 1
+                self.latencies.append(float(row.get("latency_ms") or 0))
+                if row.get("ttft_ms") is not None:
+                    self.ttfts.append(float(row["ttft_ms"]))
+        self.prompt_tokens += int(row.get("prompt_tokens") or 0)
+        self.completion_tokens += int(row.get("completion_tokens") or 0)
+        if row.get("cost") is not None:
+            self.cost += float(row["cost"])
+            self.priced += 1
+        elif not error and not row.get("cache_hit"):
+            self.unpriced += 1
 
     def as_row(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "calls": self.calls,
-            "errors": self.errors,
+            "attempts": self.attempts,
+            "failed_attempts": self.failed_attempts,
             "cache_hits": self.cache_hits,
+            "refused": self.refused,
             "p50_ms": percentile(self.latencies, 50),
             "p95_ms": percentile(self.latencies, 95),
             "ttft_p50_ms": percentile(self.ttfts, 50),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost": round(self.cost, 6) if self.priced else None,
+            "unpriced": self.unpriced,
         }
 
 
@@ -107,9 +163,21 @@ class Report:
     errors_by_source: dict[str, Counter[str]]
     by: GroupBy
     rows: list[Mapping[str, Any]]
+    currency: str = ""
+    """The price table's currency label (``""``: not given)."""
+
+    @property
+    def first_at(self) -> float | None:
+        return float(self.rows[0].get("created_at") or 0) if self.rows else None
+
+    @property
+    def last_at(self) -> float | None:
+        return float(self.rows[-1].get("created_at") or 0) if self.rows else None
 
 
-def build_report(rows: Iterable[Mapping[str, Any]], *, by: GroupBy = "model") -> Report:
+def build_report(
+    rows: Iterable[Mapping[str, Any]], *, by: GroupBy = "model", currency: str = ""
+) -> Report:
     column = _GROUP_COLUMN[by]
     total = GroupStats("total")
     groups: dict[str, GroupStats] = {}
@@ -119,154 +187,322 @@ def build_report(rows: Iterable[Mapping[str, Any]], *, by: GroupBy = "model") ->
     for row in rows:
         kept.append(row)
         key = str(row.get(column) or "-")
-        group = groups.setdefault(key, GroupStats(key))
-        for stats in (total, group):
-            stats.calls += 1
-            error = row.get("error")
-            if error:
-                stats.errors += 1
-            if row.get("cache_hit"):
-                stats.cache_hits += 1
-            stats.prompt_tokens += int(row.get("prompt_tokens") or 0)
-            stats.completion_tokens += int(row.get("completion_tokens") or 0)
-            if row.get("cost") is not None:
-                stats.cost += float(row["cost"])
-                stats.priced += 1
-            if not error and not row.get("cache_hit"):
-                stats.latencies.append(float(row.get("latency_ms") or 0))
-                if row.get("ttft_ms") is not None:
-                    stats.ttfts.append(float(row["ttft_ms"]))
+        total.add(row)
+        groups.setdefault(key, GroupStats(key)).add(row)
         if row.get("error"):
             errors_by_class[str(row["error"])] += 1
             errors_by_source[str(row.get("source_name") or "-")][str(row["error"])] += 1
-    ordered = sorted(groups.values(), key=lambda g: (-g.calls, g.key))
-    return Report(total, ordered, errors_by_class, dict(errors_by_source), by, kept)
+    kept.sort(key=lambda r: float(r.get("created_at") or 0))
+    ordered = sorted(groups.values(), key=lambda g: (-g.rows, g.key))
+    return Report(total, ordered, errors_by_class, dict(errors_by_source), by, kept, currency)
 
 
-def _fmt(value: Any) -> str:
+# ------------------------------------------------------------------------------ formatting
+
+
+def fmt_count(value: int | None) -> str:
+    return "-" if value is None else f"{int(value):,}"
+
+
+def fmt_ms(value: float | None) -> str:
+    """A duration given in milliseconds, with its unit: ``85 ms``, ``1.24 s``, ``3 min``."""
     if value is None:
         return "-"
-    if isinstance(value, float):
-        return f"{value:.4f}" if value < 10 else f"{value:.0f}"
-    return str(value)
+    if value < 1000:
+        return f"{value:.0f} ms"
+    if value < 60_000:
+        return f"{value / 1000:.2f} s"
+    return f"{value / 60_000:.1f} min"
 
 
-_COLUMNS = (
+def fmt_cost(value: float | None, currency: str) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.6f}" if value < 1 else f"{value:,.2f}"
+    return f"{text} {currency}" if currency else text
+
+
+def fmt_time(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def summary_lines(report: Report) -> list[str]:
+    """The totals, one fact per line: what ``pgw demo`` prints too, from the same rows."""
+    t = report.total
+    lines = [
+        f"answered calls {fmt_count(t.calls)} ({fmt_count(t.ok)} by a source, "
+        f"{fmt_count(t.cache_hits)} from the cache)",
+        f"attempts {fmt_count(t.attempts)} ({fmt_count(t.ok)} ok, "
+        f"{fmt_count(t.failed_attempts)} failed)",
+        f"cache hits {fmt_count(t.cache_hits)}",
+        f"refused before any attempt {fmt_count(t.refused)}",
+        f"tokens {fmt_count(t.prompt_tokens)} prompt + {fmt_count(t.completion_tokens)} completion",
+    ]
+    cost = fmt_cost(t.cost if t.priced else None, report.currency)
+    unpriced = f" ({fmt_count(t.unpriced)} attempts without a price)" if t.unpriced else ""
+    lines.append(f"cost {cost}{unpriced}")
+    return lines
+
+
+_COLUMNS: tuple[tuple[str, str], ...] = (
     ("key", "group"),
     ("calls", "calls"),
-    ("errors", "errors"),
+    ("attempts", "attempts"),
+    ("failed_attempts", "failed"),
     ("cache_hits", "cache hits"),
-    ("p50_ms", "p50 ms"),
-    ("p95_ms", "p95 ms"),
-    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("p50_ms", "latency p50"),
+    ("p95_ms", "latency p95"),
+    ("ttft_p50_ms", "TTFT p50"),
     ("prompt_tokens", "prompt tok"),
     ("completion_tokens", "compl tok"),
     ("cost", "cost"),
 )
 
 
-def render_text(report: Report) -> str:
+def _cell(name: str, value: Any, currency: str) -> str:
+    if name == "key":
+        return str(value)
+    if name.endswith("_ms"):
+        return fmt_ms(value)
+    if name == "cost":
+        return fmt_cost(value, currency)
+    return fmt_count(value)
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    # The group name left-aligned, numbers right-aligned.
+    padded = [
+        c.ljust(w) if i == 0 else c.rjust(w)
+        for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+    ]
+    return "  ".join(padded)
+
+
+def render_text(report: Report, *, source: str = "") -> str:
     """Plain-text tables for the terminal."""
     table = [[label for _, label in _COLUMNS]]
     for stats in [*report.groups, report.total]:
         row = stats.as_row()
-        table.append([_fmt(row[k]) for k, _ in _COLUMNS])
+        table.append([_cell(k, row[k], report.currency) for k, _ in _COLUMNS])
     table[0][0] = report.by
     widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table]
+    lines = [_line(r, widths) for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.insert(len(lines) - 1, "  ".join("-" * w for w in widths))
-    out = [f"Calls by {report.by}", *lines, ""]
-    out.append("Errors by class")
+    out: list[str] = []
+    if source:
+        out.append(
+            f"{source}: {fmt_count(len(report.rows))} rows, "
+            f"{fmt_time(report.first_at)} to {fmt_time(report.last_at)}"
+        )
+        out.append("")
+    out += [f"By {report.by} (calls = answered calls; latency of successful attempts)", *lines, ""]
+    out += summary_lines(report)
+    out += ["", "Errors by class"]
     if report.errors_by_class:
+        width = max(len(name) for name in report.errors_by_class)
         for name, count in report.errors_by_class.most_common():
-            out.append(f"  {name:32} {count}")
+            out.append(f"  {name.ljust(width)}  {fmt_count(count)}")
     else:
         out.append("  (none)")
     return "\n".join(out) + "\n"
 
 
-# ------------------------------------------------------------------------------ HTML
+# ------------------------------------------------------------------------------ charts
+
+Bar = tuple[str, float | None]
+"""A label and its value; ``None`` draws an explicit "no data" bar (never a zero)."""
 
 
-def _svg_bars(items: Sequence[tuple[str, float]], *, title: str, unit: str = "") -> str:
+def _svg_bars(
+    items: Sequence[Bar], *, title: str, value_label: str, category_label: str, fmt: Any = None
+) -> str:
+    """Horizontal bars with a value axis (ticks, unit) and a category axis caption."""
+    show = fmt or (lambda v: fmt_count(int(v)) if float(v).is_integer() else f"{v:g}")
+    heading = f"<h3>{html.escape(title)}</h3>"
     if not items:
-        return f"<h3>{html.escape(title)}</h3><p>(no data)</p>"
-    width, bar_h, label_w = 640, 18, 170
-    peak = max(v for _, v in items) or 1.0
-    parts = [f'<svg width="{width}" height="{len(items) * (bar_h + 4) + 8}" role="img">']
+        return heading + "<p>(no data)</p>"
+    width, bar_h, label_w, right = 720, 18, 190, 110
+    plot_w = width - label_w - right
+    peak = max((v for _, v in items if v is not None), default=0.0) or 1.0
+    if all(v is None or float(v).is_integer() for _, v in items):
+        peak = float(math.ceil(peak / 4) * 4)  # counts: whole-number ticks
+    top = 8
+    height = top + len(items) * (bar_h + 4) + 44
+    parts = [
+        f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}" '
+        'font-family="system-ui,sans-serif">'
+    ]
     for i, (label, value) in enumerate(items):
-        y = 4 + i * (bar_h + 4)
-        w = (width - label_w - 80) * value / peak
+        y = top + i * (bar_h + 4)
         parts.append(
-            f'<text x="0" y="{y + 13}" font-size="12">{html.escape(label[:26])}</text>'
+            f'<text x="{label_w - 6}" y="{y + 13}" font-size="12" text-anchor="end">'
+            f"{html.escape(label[:30])}</text>"
+        )
+        if value is None:
+            parts.append(
+                f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{bar_h}" fill="none" '
+                f'stroke="#bbb" stroke-dasharray="4 3"/><text x="{label_w + 6}" y="{y + 13}" '
+                'font-size="12" fill="#888">no price</text>'
+            )
+            continue
+        w = plot_w * value / peak
+        parts.append(
             f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="#4a78c2"/>'
             f'<text x="{label_w + w + 4:.1f}" y="{y + 13}" font-size="12">'
-            f"{_fmt(value)}{unit}</text>"
+            f"{html.escape(show(value))}</text>"
         )
+    axis_y = top + len(items) * (bar_h + 4) + 2
+    parts.append(
+        f'<line x1="{label_w}" y1="{top - 4}" x2="{label_w}" y2="{axis_y}" stroke="#444"/>'
+        f'<line x1="{label_w}" y1="{axis_y}" x2="{label_w + plot_w}" y2="{axis_y}" '
+        'stroke="#444"/>'
+    )
+    for k in range(5):
+        x = label_w + plot_w * k / 4
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 4}" stroke="#444"/>'
+            f'<text x="{x:.1f}" y="{axis_y + 16}" font-size="11" text-anchor="middle">'
+            f"{html.escape(show(peak * k / 4))}</text>"
+        )
+    parts.append(
+        f'<text x="{label_w + plot_w / 2:.1f}" y="{axis_y + 34}" font-size="12" '
+        f'text-anchor="middle">{html.escape(value_label)}</text>'
+        f'<text x="4" y="{axis_y + 34}" font-size="12">{html.escape(category_label)}</text>'
+    )
     parts.append("</svg>")
-    return f"<h3>{html.escape(title)}</h3>" + "".join(parts)
+    return heading + "".join(parts)
 
 
-def latency_histogram(latencies: Sequence[float], buckets: int = 12) -> list[tuple[str, float]]:
+_NICE_MS = (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10_000, 30_000, 60_000)
+
+
+def latency_histogram(latencies: Sequence[float], buckets: int = 12) -> list[Bar]:
+    """Counts per latency range, ranges a whole number of milliseconds wide (a "nice" step), so
+    a small or narrow data set never gets ``1-1 ms`` buckets."""
     if not latencies:
         return []
     low, high = min(latencies), max(latencies)
-    if high <= low:
-        return [(f"{low:.0f} ms", float(len(latencies)))]
-    step = (high - low) / buckets
-    counts = [0] * buckets
+    span = high - low
+    step = next((s for s in _NICE_MS if s * buckets >= span), _NICE_MS[-1])
+    start = math.floor(low / step) * step
+    count = max(1, math.floor((high - start) / step) + 1)
+    counts = [0] * count
     for value in latencies:
-        counts[min(buckets - 1, int((value - low) / step))] += 1
+        counts[min(count - 1, int((value - start) // step))] += 1
     return [
-        (f"{low + i * step:.0f}-{low + (i + 1) * step:.0f} ms", float(c))
+        (f"{fmt_ms(start + i * step)} - {fmt_ms(start + (i + 1) * step)}", float(c))
         for i, c in enumerate(counts)
     ]
 
 
-def cost_over_time(rows: Sequence[Mapping[str, Any]], buckets: int = 12) -> list[tuple[str, float]]:
-    stamped = [(float(r.get("created_at") or 0), float(r.get("cost") or 0)) for r in rows]
-    if not stamped:
-        return []
-    start, end = stamped[0][0], stamped[-1][0]
-    span = max(end - start, 1e-9)
-    totals = [0.0] * buckets
-    for ts, cost in stamped:
-        totals[min(buckets - 1, int((ts - start) / span * buckets))] += cost
-    labels = [
-        time.strftime("%m-%d %H:%M:%S", time.localtime(start + i * span / buckets))
-        for i in range(buckets)
+_BUCKETS_S = (1, 5, 10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86_400)
+
+
+def time_bucket_s(span_s: float, most: int = 24) -> int:
+    """The smallest round bucket (1 s ... 1 day) giving at most ``most`` buckets for a span."""
+    return next((b for b in _BUCKETS_S if span_s / b <= most), _BUCKETS_S[-1] * 7)
+
+
+def _bucket_label(epoch: float, bucket_s: int) -> str:
+    moment = datetime.fromtimestamp(epoch, UTC)
+    if bucket_s >= 86_400:
+        return moment.strftime("%Y-%m-%d")
+    if bucket_s >= 60:
+        return moment.strftime("%m-%d %H:%M")
+    return moment.strftime("%H:%M:%S")
+
+
+def cost_over_time(rows: Sequence[Mapping[str, Any]]) -> tuple[list[Bar], int]:
+    """Cost per time bucket (bucket size from the span) and the bucket size; a bucket whose
+    rows carry no price is ``None`` (drawn as "no price"), never zero."""
+    stamped = [
+        (float(r.get("created_at") or 0), r.get("cost"))
+        for r in rows
+        if not r.get("error") or r.get("cost") is not None
     ]
-    return list(zip(labels, totals, strict=True))
+    if not stamped:
+        return [], 0
+    first, last = min(t for t, _ in stamped), max(t for t, _ in stamped)
+    bucket = time_bucket_s(last - first)
+    origin = math.floor(first / bucket) * bucket
+    count = int((last - origin) // bucket) + 1
+    totals: list[float | None] = [None] * count
+    for ts, cost in stamped:
+        if cost is None:
+            continue
+        index = int((ts - origin) // bucket)
+        totals[index] = (totals[index] or 0.0) + float(cost)
+    labels = [_bucket_label(origin + i * bucket, bucket) for i in range(count)]
+    return list(zip(labels, totals, strict=True)), bucket
 
 
-def render_html(report: Report, *, title: str = "PolyGateway telemetry") -> str:
+def _bucket_name(bucket_s: int) -> str:
+    if bucket_s % 86_400 == 0:
+        return f"{bucket_s // 86_400} d"
+    if bucket_s % 3600 == 0:
+        return f"{bucket_s // 3600} h"
+    if bucket_s % 60 == 0:
+        return f"{bucket_s // 60} min"
+    return f"{bucket_s} s"
+
+
+def render_html(report: Report, *, title: str = "PolyGateway telemetry", source: str = "") -> str:
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _COLUMNS)
     body_rows = []
     for stats in [*report.groups, report.total]:
         row = stats.as_row()
-        cells = "".join(f"<td>{html.escape(_fmt(row[k]))}</td>" for k, _ in _COLUMNS)
+        cells = "".join(
+            f"<td>{html.escape(_cell(k, row[k], report.currency))}</td>" for k, _ in _COLUMNS
+        )
         body_rows.append(f"<tr>{cells}</tr>")
     by_source = sorted(
         ((src, float(sum(c.values()))) for src, c in report.errors_by_source.items()),
-        key=lambda kv: -kv[1],
+        key=lambda kv: -(kv[1] or 0.0),
     )
-    errors = [(name, float(n)) for name, n in report.errors_by_class.most_common()]
+    errors: list[Bar] = [(name, float(n)) for name, n in report.errors_by_class.most_common()]
+    costs, bucket = cost_over_time(report.rows)
+    money = report.currency or "price-table units"
     sections = [
-        _svg_bars(latency_histogram(report.total.latencies), title="Latency distribution"),
-        _svg_bars(cost_over_time(report.rows), title="Cost over time"),
-        _svg_bars(by_source, title="Errors by source"),
-        _svg_bars(errors, title="Errors by class"),
+        _svg_bars(
+            latency_histogram(report.total.latencies),
+            title="Latency of successful attempts",
+            value_label="attempts",
+            category_label="latency (ms)",
+        ),
+        _svg_bars(
+            costs,
+            title=f"Cost over time (per {_bucket_name(bucket)}, UTC)"
+            if costs
+            else "Cost over time",
+            value_label=f"cost ({money})",
+            category_label="time (UTC)",
+            fmt=lambda v: fmt_cost(v, ""),
+        ),
+        _svg_bars(
+            by_source,
+            title="Errors by source",
+            value_label="rows with an error",
+            category_label="source",
+        ),
+        _svg_bars(errors, title="Errors by class", value_label="rows", category_label="class"),
     ]
     style = (
         "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
         "text-align:right}td:first-child,th:first-child{text-align:left}"
+        "ul.totals{line-height:1.5}"
     )
+    where = html.escape(source or "telemetry rows")
+    span = f"{fmt_time(report.first_at)} to {fmt_time(report.last_at)}"
+    totals = "".join(f"<li>{html.escape(line)}</li>" for line in summary_lines(report))
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
-        f"<p>{report.total.calls} rows, grouped by {report.by}.</p>"
+        f"<p>Database: <code>{where}</code><br>{fmt_count(len(report.rows))} rows from "
+        f"{html.escape(span)}, grouped by {report.by}.</p><ul class='totals'>{totals}</ul>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body_rows)}</tbody></table>"
         + "".join(sections)
         + "</body></html>"

@@ -23,7 +23,7 @@ source, and retrying this one cannot help until someone fixes its model name or 
 as ``SourceDeadError`` switches source at once and keeps the breaker of this source open.
 
 Exhausted quota or balance is recognised by rules (``ErrorRule``, data: provider profiles add
-their own): by error ``code`` (protocols.md §1.4: several codes, the ``type`` varies between
+their own): by error ``code`` (protocols §1.4: several codes, the ``type`` varies between
 gateways), by the ``type`` when the code is missing, and by the message a relay keeps when it
 drops the code. An error event in a stream (HTTP 200) is a ``TransientError`` unless a rule
 matches (``tool_use_failed``, a context-length error: the same request fails the same way on
@@ -182,7 +182,7 @@ def _seconds(value: str | None) -> float | None:
     try:
         seconds = float(value.strip())
     except ValueError:
-        return None  # the HTTP-date form is not supported (§6.2: seconds only)
+        return None  # the HTTP-date form is not supported (ARCHITECTURE §6.2: seconds only)
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         return None
     return seconds
@@ -289,9 +289,9 @@ def error_for_stream_event(
     rules: Sequence[ErrorRule] = (),
 ) -> PolyGatewayError:
     """An error object sent instead of an answer, on an HTTP 200 (in a stream, or as the whole
-    body). ``TransientError`` (§6.2: SSE faults) unless a rule matches (``rules`` first: the
-    source's profile's) or the event's integer ``code`` is an HTTP status, classified as that
-    status. Shared by every OpenAI-wire transport."""
+    body). ``TransientError`` (ARCHITECTURE §6.2: SSE faults) unless a rule matches (``rules``
+    first: the source's profile's) or the event's integer ``code`` is an HTTP status, classified
+    as that status. Shared by every OpenAI-wire transport."""
     code, kind, message = describe_error_body(payload)
     label = "/".join(str(x) for x in (kind, code) if x) or "error"
     prefix = f"source {source_name!r}: " if source_name else ""

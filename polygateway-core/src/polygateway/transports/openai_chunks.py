@@ -2,7 +2,7 @@
 
 ``ChatStreamParser`` interprets the SSE events of a chat completion stream: content and
 reasoning deltas (``reasoning_content`` -> ``reasoning`` -> ``reasoning_details`` -> inline
-``<think>`` tags, §2), content given as a list of parts (Mistral: ``text`` parts are the
+``<think>`` tags, protocols §2), content given as a list of parts (Mistral: ``text`` parts are the
 answer, ``thinking`` parts the reasoning), the usage chunk (``choices`` empty, null or missing;
 Groq's ``x_groq.usage`` when there is no ``usage``), ``finish_reason``, ``[DONE]``; malformed
 frames raise ``TransientError``, error events the class ``error_for_stream_event`` gives them
@@ -363,7 +363,7 @@ def parse_completion(
     source_name: str | None = None,
     error_rules: Sequence[ErrorRule] = (),
 ) -> ParsedCompletion:
-    """Interpret a parsed non-streaming ``chat.completion`` body (protocols.md §1.2).
+    """Interpret a parsed non-streaming ``chat.completion`` body (protocols §1.2).
 
     An ``error`` object (some gateways answer 200 with one) raises what
     ``error_for_stream_event`` makes of it (``error_rules`` first); a body without a first

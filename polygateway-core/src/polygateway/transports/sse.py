@@ -1,6 +1,6 @@
 """Server-sent events as a pure, incremental, I/O-free decoder.
 
-``SSEDecoder`` turns arbitrary byte chunks into events (protocols.md §1.3): events end at a
+``SSEDecoder`` turns arbitrary byte chunks into events (protocols §1.3): events end at a
 blank line (``\\n\\n``, ``\\r\\n\\r\\n``, ``\\r\\r``, mixed), ``:`` comment lines (keep-alives) are
 ignored, ``data:`` with or without the space, several ``data:`` lines join with ``\\n``. Bytes are
 only split at line ends, never decoded here, so a UTF-8 character cut between two chunks is

@@ -1,5 +1,5 @@
 """Reasoning inline in the answer: ``<think>...</think>`` at the start of the content, split
-off incrementally (protocols.md §2) whatever the chunk boundaries."""
+off incrementally (protocols §2) whatever the chunk boundaries."""
 
 from __future__ import annotations
 

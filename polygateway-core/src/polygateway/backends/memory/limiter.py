@@ -25,6 +25,32 @@ from polygateway.validation import check_limits
 WINDOW_S = 60.0
 """Length of one RPM/TPM window."""
 
+SLOT_WAIT_S = 1.0
+"""Concurrency wait hint before any lease was released (no hold time observed yet)."""
+
+MIN_SLOT_WAIT_S = 0.01
+"""Floor of a concurrency wait hint: a zero would have callers re-ask in a tight loop."""
+
+HOLD_WEIGHT = 0.2
+"""Weight of the newest hold time in the running estimate (exponential moving average)."""
+
+
+def slot_wait(oldest_expiry_in_s: float, hold_s: float | None) -> float:
+    """A full concurrency gate's wait hint: when a slot is likely to free.
+
+    A slot frees when an in-flight call ends, which the gate cannot foresee; the typical hold
+    time of released leases estimates it (``SLOT_WAIT_S`` before any release), and the oldest
+    lease's expiry bounds it (a holder that died frees its slot then). The Redis backend
+    computes the same in its acquire script."""
+    estimate = SLOT_WAIT_S if hold_s is None else max(MIN_SLOT_WAIT_S, hold_s)
+    return max(0.0, min(oldest_expiry_in_s, estimate))
+
+
+def next_hold(previous: float | None, held_s: float) -> float:
+    """The hold-time estimate after one more release."""
+    held_s = max(0.0, held_s)
+    return held_s if previous is None else previous + HOLD_WEIGHT * (held_s - previous)
+
 
 class _WindowUsage:
     """Requests and tokens charged to one key (the scope, or one source) in one window."""
@@ -39,7 +65,7 @@ class _WindowUsage:
 
 
 class _SourceState:
-    __slots__ = ("leases", "usage")
+    __slots__ = ("hold_s", "leases", "usage")
 
     def __init__(self) -> None:
         # lease id -> expiry (monotonic). Insertion order is expiry order: the TTL is constant
@@ -48,6 +74,8 @@ class _SourceState:
         # first entry costs at most a scan over the slots freed since the last resize.
         self.leases: dict[int, float] = {}
         self.usage = _WindowUsage()
+        self.hold_s: float | None = None
+        """How long this source's leases are typically held (``None``: none released yet)."""
 
 
 class _MemoryPermit(OnceOnlyPermit):
@@ -81,8 +109,14 @@ class _MemoryPermit(OnceOnlyPermit):
     def _apply_release(self) -> None:
         # Absent when the lease already expired and was purged: then releasing is a no-op.
         lease = self._lease
-        if self._limiter._leases.pop(lease, None) is not None:
-            del self._state.leases[lease]
+        limiter = self._limiter
+        if limiter._leases.pop(lease, None) is not None:
+            expiry = self._state.leases.pop(lease)
+            now = limiter._clock.monotonic()
+            if expiry > now:  # an expired lease says nothing about how long calls take
+                held = now - (expiry - limiter._lease_ttl_s)
+                self._state.hold_s = next_hold(self._state.hold_s, held)
+                limiter._hold_s = next_hold(limiter._hold_s, held)
 
 
 class InMemoryLimiter:
@@ -92,9 +126,10 @@ class InMemoryLimiter:
     global TPM -> source TPM. Concurrency/RPM refuse at ``used >= limit``, TPM at
     ``used + est > limit``; a limit of 0 disables its gate. A refusal changes nothing.
 
-    Wait hints: RPM/TPM -> seconds to the end of the current window; concurrency -> seconds
-    until the earliest lease of the full gate expires (an upper bound: a release usually
-    frees a slot much earlier, so callers poll at ``min(hint, poll_interval)``).
+    Wait hints: RPM/TPM -> seconds to the end of the current window; concurrency -> the
+    typical hold time of that gate's released leases, at most the time until its earliest
+    lease expires (``slot_wait``): in-flight calls that finish in milliseconds give a hint in
+    milliseconds, not the lease TTL.
 
     Counters are kept whether or not a gate is enabled, so ``source_stats`` always reports.
     """
@@ -103,6 +138,7 @@ class InMemoryLimiter:
         "_clock",
         "_global_limits",
         "_global_usage",
+        "_hold_s",
         "_lease_numbers",
         "_lease_prefix",
         "_lease_ttl_s",
@@ -123,6 +159,7 @@ class InMemoryLimiter:
         self._sources: dict[str, _SourceState] = {}
         self._global_usage = _WindowUsage()
         self._progress_at: float | None = None
+        self._hold_s: float | None = None
         # Unique, cheap lease ids: a random per-limiter prefix plus a counter (the number is
         # the key; the id string is built only when a permit's ``lease_id`` is read).
         self._lease_prefix = secrets.token_hex(4) + "-"
@@ -233,10 +270,10 @@ class InMemoryLimiter:
 
     def _lease_wait(self, now: float, leases: dict[int, _SourceState]) -> float:
         lease_id, state = next(iter(leases.items()))
-        return state.leases[lease_id] - now
+        return slot_wait(state.leases[lease_id] - now, self._hold_s)
 
     def _source_lease_wait(self, now: float, state: _SourceState) -> float:
-        return next(iter(state.leases.values())) - now
+        return slot_wait(next(iter(state.leases.values())) - now, state.hold_s)
 
     def _adjust_tokens(self, state: _SourceState, window: int, delta: int) -> None:
         # The acquire-time window only: once it has rolled over nobody reads it again, so a

@@ -488,6 +488,41 @@ class LimiterContract:
         denial = await _refuse(limiter, "a", limits=Limits(max_concurrency=1))
         assert denial.gate == "global_concurrency"
 
+    async def test_concurrency_wait_hint_follows_the_hold_time_not_the_lease_ttl(
+        self, governance_backend: GovernanceBackend
+    ) -> None:
+        # In-flight calls finish in milliseconds: a refusal must not tell the caller to come
+        # back after the lease TTL (a dead holder's worst case), for either concurrency gate.
+        limiter = _limiter(governance_backend, Limits(max_concurrency=1), lease_ttl_s=120.0)
+        one = Limits(max_concurrency=1)
+        held = await _admit(limiter, "a", limits=one)
+        before = await _refuse(limiter, "b")
+        assert before.gate == "global_concurrency"
+        assert 0.0 < before.wait_s <= 1.0 + 1e-6  # nothing released yet: 1 s, not 120 s
+        await held.release()
+        held = await _admit(limiter, "a", limits=one)
+        after = await _refuse(limiter, "b")
+        assert after.gate == "global_concurrency"
+        assert 0.0 < after.wait_s < 1.0  # the released lease was held for milliseconds
+        await held.release()
+        wide = _limiter(governance_backend, lease_ttl_s=120.0)
+        first = await _admit(wide, "s", limits=one)
+        await first.release()
+        second = await _admit(wide, "s", limits=one)
+        denial = await _refuse(wide, "s", limits=one)
+        assert denial.gate == "source_concurrency"
+        assert 0.0 < denial.wait_s < 1.0
+        await second.release()
+        if governance_backend.supports_fake_time:
+            # Held 0.3 s: the next hint is that hold time.
+            clock = governance_backend.clock
+            third = await _admit(wide, "t", limits=one)
+            clock.advance(0.3)
+            await third.release()
+            fourth = await _admit(wide, "t", limits=one)
+            assert (await _refuse(wide, "t", limits=one)).wait_s == pytest.approx(0.3)
+            await fourth.release()
+
     async def test_rpm_window_rolls_over_after_the_wait_hint(
         self, governance_backend: GovernanceBackend
     ) -> None:

@@ -81,7 +81,7 @@ ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
 
 _WIRE_FAULTS = ERROR_TABLE[-7:]  # cut .. reset-after-headers: the same for every protocol
 
-# The Messages API classifies by error.type (protocols.md §4 and corrections).
+# The Messages API classifies by error.type (protocols §4 and corrections).
 ANTHROPIC_ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
     ("429-rate_limit_error", Reply.error(429), TransientError, 429),
     ("529-overloaded_error", Reply.error(529), TransientError, 529),
