@@ -146,7 +146,19 @@ def build_record(
         if cache_hit:
             cost: float | None = 0.0
         elif pricing is not None and (source_model or model):
-            cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
+            # Chat responses carry cache-aware usage; other kinds' summaries need not.
+            cached = getattr(outcome, "cached_prompt_tokens", 0)
+            written = getattr(outcome, "cache_write_tokens", 0)
+            if cached or written:
+                cost = pricing.cost(
+                    source_model or model,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens=cached,
+                    cache_write_tokens=written,
+                )
+            else:  # the usual call: pricing implementations without cache rates still work
+                cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
         else:
             cost = None
         # Positional, in field order: keywords cost a third more on this per-attempt path.
