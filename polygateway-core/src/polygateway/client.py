@@ -23,6 +23,7 @@ from polygateway.chat.messages import check_message_shape
 from polygateway.clock import SystemClock
 from polygateway.context import CallContext
 from polygateway.errors import ConfigError, RequestRejectedError
+from polygateway.params import ChatParams, check_params
 from polygateway.ports import (
     CacheBackend,
     Clock,
@@ -193,16 +194,53 @@ class GatewayClient:
         cache_namespace: str | None = None,
         structured: StructuredSpec = None,
         stream: bool = True,
+        model: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        user: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> LLMResponse:
         """One governed chat call (ARCHITECTURE §5.2).
 
         :param structured: ``None`` raw text, ``"json"`` repaired JSON in
             ``structured_data``, or a pydantic model class (the full D14 ladder).
-        :raises RequestRejectedError: malformed ``messages`` (before any network).
+        The generation parameters (``model`` ... ``extra_body``, see ``polygateway.params``)
+        override the source's defaults for this call, are sent through the provider profile
+        (``max_tokens`` as ``max_completion_tokens`` for OpenAI) and are part of the cache key.
+        :raises RequestRejectedError: malformed ``messages`` or a bad parameter (naming it),
+            before any network.
         """
         if self._closed:
             raise RuntimeError("this GatewayClient is closed")
         check_message_shape(messages)
+        params = ChatParams(
+            model=model,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
+            seed=seed,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            tools=None if tools is None else tuple(tools),
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            response_format=response_format,
+            user=user,
+            extra_body=extra_body,
+        )
+        plain = params.is_empty()
+        if not plain:
+            check_params(params)
         if structured is not None and not self._structured_on:
             raise RequestRejectedError(
                 "structured output was requested but this client's middleware has no "
@@ -216,6 +254,7 @@ class GatewayClient:
             cache_namespace=cache_namespace,
             structured=structured,
             stream=stream,
+            params=None if plain else params,
             context=CallContext(),
         )
         return await self._handler(request)

@@ -164,6 +164,8 @@ class ProviderProfile:
     think_tags: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
     supports_native_schema: bool = False
     thinking_requires_stream: bool = False
+    max_tokens_field: str = "max_tokens"
+    """The body field the per-call ``max_tokens`` is sent as (OpenAI: ``max_completion_tokens``)."""
 
 
 # --------------------------------------------------------------------------- limiter

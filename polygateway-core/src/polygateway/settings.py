@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
+from polygateway.params import ChatParams
+
 
 class Secret:
     """A string that never shows itself in ``repr``/``str``. ``reveal()`` returns the value."""
@@ -95,6 +97,9 @@ class SourceConfig:
     """Cap on one response body, on the wire and decoded (gzip); 0 = unlimited. Exceeding it
     is a ``TransientError`` naming the cap."""
     transport: str = "openai-compat"
+    params: ChatParams = field(default_factory=ChatParams)
+    """Default generation parameters of this source (``{SCOPE}__{P}__{N}__TEMPERATURE``, ...);
+    a call's own values win."""
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """Transport options (e.g. ``engine``, ``trust_env``, ``headers``) from env or the pipeline
     file. Kept out of the repr: headers may carry credentials."""

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from polygateway.params import ChatParams
+
 if TYPE_CHECKING:
     from polygateway.context import CallContext
 
@@ -110,6 +112,8 @@ class ChatRequest:
     """Set by the native-schema strategy; sent as the body's ``response_format``."""
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     """Extra top-level body fields merged into every attempt's request body."""
+    params: ChatParams | None = None
+    """Per-call generation parameters (``polygateway.params``), over the source's defaults."""
     context: CallContext | None = field(default=None, compare=False, repr=False)
     """The call's ``polygateway.context.CallContext`` (observers, shared encodings): set by
     ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""

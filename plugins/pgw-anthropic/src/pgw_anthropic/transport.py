@@ -5,8 +5,9 @@ Built on the core's HTTP engines, SSE decoder and liveness watchdog (the same on
 measurement behind that choice.
 
 Source options (strings from the environment are accepted): ``engine`` (as openai-compat),
-``max_tokens`` (default 4096; ``max_tokens`` / ``max_completion_tokens`` in ``extra_body``
-override it per call), ``thinking_budget_tokens`` (default 1024), ``anthropic_version``
+``max_tokens`` (default 4096; the call's ``max_tokens``, or ``max_completion_tokens`` in
+``extra_body``, override it per call), ``thinking_budget_tokens`` (default 1024),
+``anthropic_version``
 (default ``2023-06-01``), ``headers`` (extra request headers, e.g. ``anthropic-beta``),
 ``trust_env``, ``read_timeout_s``, ``max_connections``, ``keepalive_s``.
 
@@ -49,7 +50,7 @@ from polygateway.transports.openai_compat import (
 from polygateway.transports.sse import SSEDecoder, SSEProtocolError
 from polygateway.types import ChatRequest, TransportResult
 
-from pgw_anthropic.convert import apply_extra_body, convert_messages
+from pgw_anthropic.convert import apply_extra_body, apply_params, convert_messages
 from pgw_anthropic.errors import ContextWindowExceededError, error_for_response
 from pgw_anthropic.parse import FINISH_REASONS, MessageParser, ParsedMessage
 from pgw_anthropic.profile import ANTHROPIC_PROFILE, DEFAULT_THINKING_BUDGET
@@ -105,6 +106,9 @@ def build_messages_body(
         body.update(extra)
     if request.extra_body:
         apply_extra_body(body, request.extra_body, source_name=source.name)
+    params = request.params.over(source.params) if request.params is not None else source.params
+    if not params.is_empty():
+        apply_params(body, params, source_name=source.name)
     setting = body.get("thinking")
     if isinstance(setting, Mapping) and setting.get("type") == "enabled":
         budget = setting.get("budget_tokens")

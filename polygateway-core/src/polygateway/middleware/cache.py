@@ -3,7 +3,8 @@ and never reaches the network (ARCHITECTURE §4.3, §7.5; D4).
 
 Key: ``pgw:cache:`` + sha256 of the canonical JSON of ``{model, messages_digest, namespace,
 salt, structured}`` (plus ``extra``, the request's ``extra_body``, when it is not empty: other
-body parameters mean another answer). Canonical JSON makes delimiters in tenant ids harmless.
+body parameters mean another answer; and ``args``, the per-call generation parameters of
+``polygateway.params``, when any is set). Canonical JSON makes delimiters in tenant ids harmless.
 
 Value: the ``LLMResponse`` as JSON, without ``structured_data``. Only what passed the
 structured ladder is stored (the structured layer is inside this one), never an empty or a
@@ -31,6 +32,7 @@ import orjson
 from polygateway.digest import canonical_json, messages_digest
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ids import new_call_id
+from polygateway.params import identity
 from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy, SupportsCacheNowait
 from polygateway.types import ChatRequest, LLMResponse
 
@@ -272,6 +274,9 @@ class CacheMiddleware:
             tail = self._key_tail(namespace, salt, structured)
         extra = request.extra_body
         head = '{"extra":' + canonical_json(extra) + "," if extra else "{"
+        args = identity(request.params)
+        if args is not None:  # the per-call generation parameters change the answer
+            head = '{"args":' + canonical_json(args) + "," + head[1:]
         key_json = f'{head}"messages_digest":"{digest}"{tail}'
         return KEY_PREFIX + hashlib.sha256(key_json.encode("utf-8")).hexdigest()
 

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from polygateway.digest import canonical_messages_json
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
 from polygateway.options import parse_bool, parse_number
+from polygateway.params import body_fields
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
@@ -115,14 +116,19 @@ def build_request_body(
         raise RequestRejectedError("messages must not be empty", source_name=source.name)
     stream = request.stream
     messages = request.messages
+    params = request.params.over(source.params) if request.params is not None else source.params
+    plain = params.is_empty()
     body: dict[str, Any] = {
-        "model": source.model,
+        "model": source.model if plain or params.model is None else params.model,
         "messages": messages if isinstance(messages, list) else list(messages),
         "stream": stream,
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
-    if request.response_format is not None:
+    if not plain:
+        field = profile.max_tokens_field if profile is not None else "max_tokens"
+        body.update(body_fields(params, max_tokens_field=field))
+    if request.response_format is not None:  # the native-schema strategy's, over the caller's
         body["response_format"] = request.response_format
     thinking = source.enable_thinking
     if thinking is not None and profile is not None and profile.thinking_body is not None:
@@ -135,6 +141,8 @@ def build_request_body(
         body.update(profile.thinking_body(thinking))
     if request.extra_body:
         body.update(request.extra_body)
+    if not plain and params.extra_body:
+        body.update(params.extra_body)
     return body
 
 
