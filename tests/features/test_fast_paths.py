@@ -462,6 +462,7 @@ def test_a_success_row_carries_every_field_in_its_place() -> None:
         error=None,
         cost=None,
         created_at=12.0,
+        scope="LLM",  # the source's
     )
     assert "sk-never-recorded" not in repr(record)
 

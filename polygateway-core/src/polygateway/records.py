@@ -129,8 +129,14 @@ def build_record(
     created_at: float,
     pricing: Pricing | None = None,
     source: SourceConfig | None = None,
+    scope: str = "",
+    cache_namespace: str = "",
+    params: str = "",
 ) -> TelemetryRecord:
     """One row from what became of one attempt (or cache hit, or refused call).
+
+    ``scope`` defaults to the source's; ``cache_namespace`` and ``params`` (the request's
+    generation parameters as canonical JSON) are the call's.
 
     ``source`` is the source the attempt went to (``None`` for cache hits and for errors
     raised before any attempt); ``messages`` is the request's summary. Cost: ``0.0`` for a
@@ -183,6 +189,9 @@ def build_record(
             None,  # error
             cost,
             created_at,
+            scope or (source.scope if source is not None else ""),
+            cache_namespace,
+            params,
         )
     # A failed attempt: the upstream's usage is unknown, so tokens are 0 and marked estimated.
     return TelemetryRecord(
@@ -205,6 +214,9 @@ def build_record(
         error=error_name(outcome),
         cost=pricing.cost(source_model, 0, 0) if pricing is not None and source_model else None,
         created_at=created_at,
+        scope=scope or (source.scope if source is not None else ""),
+        cache_namespace=cache_namespace,
+        params=params,
     )
 
 
@@ -252,6 +264,9 @@ class RowWriter:
         messages: str,
         latency_ms: int,
         source: SourceConfig | None = None,
+        scope: str = "",
+        cache_namespace: str = "",
+        params: str = "",
     ) -> TelemetryRecord | None:
         """``build_record`` stamped with this writer's clock and pricing; ``None`` (and a
         warning) when the row cannot be built."""
@@ -266,6 +281,9 @@ class RowWriter:
                 created_at=self._clock.time(),
                 pricing=self._pricing,
                 source=source,
+                scope=scope,
+                cache_namespace=cache_namespace,
+                params=params,
             )
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self.warn_once("build", "telemetry row could not be built: %r", exc)
@@ -288,6 +306,9 @@ class RowWriter:
         messages: str,
         latency_ms: int,
         source: SourceConfig | None = None,
+        scope: str = "",
+        cache_namespace: str = "",
+        params: str = "",
     ) -> TelemetryRecord | None:
         """``build`` then ``submit``; the row written, or ``None``."""
         record = self.build(
@@ -298,6 +319,9 @@ class RowWriter:
             messages=messages,
             latency_ms=latency_ms,
             source=source,
+            scope=scope,
+            cache_namespace=cache_namespace,
+            params=params,
         )
         if record is not None:
             self.submit(record)

@@ -145,6 +145,12 @@ class TelemetryRecord:
     cost: float | None
     created_at: float = 0.0
     """Wall-clock seconds since the epoch when the row was made (not one of the 18 fields)."""
+    scope: str = ""
+    """The scope (logical role, e.g. ``LLM``, ``JUDGE``) the call ran in."""
+    cache_namespace: str = ""
+    """The call's cache namespace (tenant): per-call, else the scope's; ``""`` when none."""
+    params: str = ""
+    """Canonical JSON of the call's own generation parameters (``""`` when none were set)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,9 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     report = sub.add_parser("report", help="calls, errors, latency, tokens and cost")
     report.add_argument("--db", default="pgw_telemetry.db", help="SQLite telemetry file")
     report.add_argument("--since", help="30m, 2h, 7d or an ISO date")
-    report.add_argument("--by", choices=("model", "source", "session"), default="model")
+    report.add_argument(
+        "--by", choices=("model", "source", "session", "scope", "namespace"), default="model"
+    )
     report.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     return run
 

@@ -89,7 +89,13 @@ def _telemetry(ctx: BuildContext) -> Middleware:
         return PassThroughMiddleware("telemetry")
     from polygateway.middleware.telemetry import TelemetryMiddleware
 
-    return TelemetryMiddleware(components.telemetry, pricing=components.pricing, clock=ctx.clock)
+    return TelemetryMiddleware(
+        components.telemetry,
+        pricing=components.pricing,
+        clock=ctx.clock,
+        scope=ctx.settings.scope,
+        namespace=ctx.settings.cache.namespace,
+    )
 
 
 def _cache(ctx: BuildContext) -> Middleware:

@@ -29,8 +29,9 @@ import asyncio
 import dataclasses
 
 from polygateway.context import CallContext, with_context
-from polygateway.digest import canonical_messages_json
+from polygateway.digest import canonical_json, canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
+from polygateway.params import identity
 from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
 from polygateway.records import CANCELLED, RowWriter, build_record, error_name
 from polygateway.settings import SourceConfig
@@ -73,17 +74,35 @@ def build_telemetry_record(
         created_at=created_at,
         pricing=pricing,
         source=source,
+        cache_namespace=request.cache_namespace or "",
+        params=params_json(request),
     )
+
+
+def params_json(request: ChatRequest) -> str:
+    """The ``params`` column: the call's own generation parameters (``""`` when none)."""
+    args = identity(request.params)
+    return "" if args is None else canonical_json(args)
 
 
 class TelemetryMiddleware:
     """Records every attempt, cache hit and pre-attempt failure; fills ``LLMResponse.cost``."""
 
-    __slots__ = ("_clock", "_recorder", "_rows", "submit", "warn_once")
+    __slots__ = ("_clock", "_namespace", "_recorder", "_rows", "_scope", "submit", "warn_once")
 
     def __init__(
-        self, recorder: TelemetryRecorder, *, pricing: Pricing | None, clock: Clock
+        self,
+        recorder: TelemetryRecorder,
+        *,
+        pricing: Pricing | None,
+        clock: Clock,
+        scope: str = "",
+        namespace: str | None = None,
     ) -> None:
+        """``scope`` and ``namespace`` (the cache's default) fill the rows' ``scope`` and
+        ``cache_namespace`` when neither the source nor the call says otherwise."""
+        self._scope = scope
+        self._namespace = namespace or ""
         self._recorder = recorder
         self._clock = clock
         self._rows = RowWriter(recorder, clock=clock, pricing=pricing)
@@ -172,6 +191,9 @@ class TelemetryMiddleware:
             messages=messages,
             latency_ms=latency_ms,
             source=source,
+            scope=self._scope,
+            cache_namespace=request.cache_namespace or self._namespace,
+            params=params_json(request) if request.params is not None else "",
         )
 
     def _emit(
