@@ -283,3 +283,23 @@ async def test_parameters_without_a_messages_field_are_refused(
     with pytest.raises(RequestRejectedError, match=name):
         await transport.send(request, source, call_id="c")
     assert fake_upstream.requests("claude", route="messages") == 0
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_tool_use_becomes_tool_calls(
+    open_transport: Open, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    from polygateway.params import ChatParams
+
+    transport, source = open_transport()
+    fake_upstream.script(
+        "claude", Reply.ok('{"city": "Paris", "n": [1, 2]}', chunks=5), route="messages"
+    )
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    params = ChatParams(tools=(tool,), tool_choice="required")
+    request = ChatRequest(messages=MESSAGES, stream=stream, params=params)
+    result = await transport.send(request, source, call_id="c")
+    assert result.finish_reason == "tool_calls"
+    (call,) = result.tool_calls
+    assert (call.name, call.id.startswith("toolu_fake")) == ("lookup", True)
+    assert call.parsed_arguments() == {"city": "Paris", "n": [1, 2]}

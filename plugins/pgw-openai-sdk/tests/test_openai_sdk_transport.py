@@ -275,3 +275,21 @@ async def test_generation_parameters_reach_the_wire(
         4,
     )
     assert body["tools"] == [{"type": "function", "function": {"name": "f"}}]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_tool_calls_are_assembled(
+    open_sdk: Open, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    from polygateway.types import ToolCall
+
+    transport, source = open_sdk()
+    calls = (("call_1", "lookup", '{"q": "Paris"}'), ("call_2", "time", "{}"))
+    fake_upstream.script(
+        "sdk", Reply.ok("", tool_calls=calls, finish_reason="tool_calls", chunks=3)
+    )
+    result = await transport.send(
+        ChatRequest(messages=MESSAGES, stream=stream), source, call_id="c"
+    )
+    assert result.finish_reason == "tool_calls"
+    assert result.tool_calls == tuple(ToolCall(*call) for call in calls)

@@ -26,6 +26,7 @@ from polygateway.errors import (
     TransientError,
 )
 from polygateway.hookspecs import hookimpl
+from polygateway.params import ChatParams
 from polygateway.settings import (
     BackpressureSettings,
     BreakerSettings,
@@ -44,8 +45,10 @@ from polygateway.types import (
     OcrLayoutResult,
     OcrTextResult,
     TelemetryRecord,
+    ToolCall,
     TransportResult,
     Usage,
+    assistant_message,
 )
 
 __version__ = "0.1.0"
@@ -81,6 +84,7 @@ __all__ = [
     "Attempted",
     "BackpressureSettings",
     "BreakerSettings",
+    "ChatParams",
     "ChatRequest",
     "CircuitOpenError",
     "ConfigError",
@@ -108,10 +112,12 @@ __all__ = [
     "SourceDeadError",
     "StreamLivenessTimeout",
     "TelemetryRecord",
+    "ToolCall",
     "TransientError",
     "TransportResult",
     "Usage",
     "__version__",
+    "assistant_message",
     "gather_bounded",
     "hookimpl",
 ]

@@ -5,6 +5,7 @@ These types import nothing concrete: transports, backends and middleware all spe
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -34,6 +35,46 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call the model asked for (OpenAI ``tool_calls[i]``, Anthropic
+    ``tool_use``). ``arguments`` is the raw JSON text as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def parsed_arguments(self) -> Any:
+        """``arguments`` parsed as JSON (``{}`` when empty); ``ValueError`` naming the call
+        when the model wrote something else."""
+        if not self.arguments.strip():
+            return {}
+        try:
+            return json.loads(self.arguments)
+        except ValueError as exc:
+            raise ValueError(
+                f"tool call {self.id!r} ({self.name}): arguments are not JSON: {exc}"
+            ) from None
+
+    def as_message(self) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry of an assistant message (to send the call back)."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def assistant_message(response: LLMResponse) -> dict[str, Any]:
+    """The assistant turn of ``response`` for the next request: its content and, when the
+    model called tools, its ``tool_calls`` (answer each with a ``{"role": "tool",
+    "tool_call_id": ..., "content": ...}`` message)."""
+    message: dict[str, Any] = {"role": "assistant", "content": response.content or None}
+    if response.tool_calls:
+        message["tool_calls"] = [call.as_message() for call in response.tool_calls]
+    return message
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +108,8 @@ class LLMResponse:
     """Prompt tokens read from the provider's prompt cache (included in ``prompt_tokens``)."""
     cache_write_tokens: int = 0
     """Prompt tokens written to the provider's prompt cache (included in ``prompt_tokens``)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tools the model called (``finish_reason="tool_calls"``); ``content`` may be empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +134,7 @@ class TransportResult:
     cache_write_tokens: int = 0
     """Prompt tokens written to the prompt cache, included in ``prompt_tokens`` (Anthropic
     ``cache_creation_input_tokens``): priced at their own rate, never twice."""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

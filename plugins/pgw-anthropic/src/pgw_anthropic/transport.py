@@ -296,6 +296,7 @@ class AnthropicTransport:
             has_tool_calls=message.has_tool_calls,
             cached_tokens=cache_read,
             cache_write_tokens=cache_write,
+            tool_calls=message.tool_calls,
         )
         return transport_result(
             completion,

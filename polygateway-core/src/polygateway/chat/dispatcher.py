@@ -130,6 +130,7 @@ class ChatDispatcher:
             salvaged=result.salvaged,
             cached_prompt_tokens=result.cached_prompt_tokens,
             cache_write_tokens=result.cache_write_tokens,
+            tool_calls=result.tool_calls,
         )
         return Attempted(response, result.prompt_tokens + result.completion_tokens)
 

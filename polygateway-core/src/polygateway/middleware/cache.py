@@ -34,7 +34,7 @@ from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidE
 from polygateway.ids import new_call_id
 from polygateway.params import identity
 from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy, SupportsCacheNowait
-from polygateway.types import ChatRequest, LLMResponse
+from polygateway.types import ChatRequest, LLMResponse, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ def _stored(r: LLMResponse) -> dict[str, Any]:
         "salvaged": r.salvaged,
         "cached_prompt_tokens": r.cached_prompt_tokens,
         "cache_write_tokens": r.cache_write_tokens,
+        "tool_calls": [[c.id, c.name, c.arguments] for c in r.tool_calls] if r.tool_calls else None,
     }
 
 
@@ -123,6 +124,9 @@ def decode_fields(value: str) -> dict[str, Any]:
         raise ValueError("cached value is not an encoded LLMResponse")
     if not _STORED_FIELD_SET.issuperset(data):
         data = {k: v for k, v in data.items() if k in _STORED_FIELD_SET}
+    calls = data.pop("tool_calls", None)
+    if calls:
+        data["tool_calls"] = tuple(ToolCall(*call) for call in calls)
     return data
 
 
@@ -135,12 +139,12 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
 
 def is_cacheable(response: LLMResponse) -> bool:
     """A real, complete answer: not a hit already, not empty, not cut off by the token limit,
-    not salvaged from a stream that ended without ``[DONE]``."""
+    not salvaged from a stream that ended without ``[DONE]`` (tool calls alone are an answer)."""
     return (
         not response.cache_hit
         and not response.salvaged
         and response.finish_reason != "length"
-        and bool(response.content.strip())
+        and (bool(response.content.strip()) or bool(response.tool_calls))
     )
 
 

@@ -17,6 +17,7 @@ from polygateway.errors import TransientError
 from polygateway.transports.errors import error_for_stream_event, sanitize_message
 from polygateway.transports.sse import SSEEvent
 from polygateway.transports.think_tags import BODY, ThinkTagSplitter, opens_think_block, split_think
+from polygateway.types import ToolCall
 
 try:
     import orjson as _orjson
@@ -46,6 +47,64 @@ class ParsedCompletion(NamedTuple):
     """Prompt tokens read from the provider's prompt cache (part of ``prompt_tokens``)."""
     cache_write_tokens: int = 0
     """Prompt tokens written to the provider's prompt cache (part of ``prompt_tokens``)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def _text(value: Any) -> str:
+    return value if type(value) is str else ""
+
+
+class ToolCallAssembler:
+    """Tool calls from streamed fragments: each fragment names its call by ``index``; the
+    first carries ``id`` and ``function.name``, later ones pieces of ``function.arguments``."""
+
+    __slots__ = ("_calls",)
+
+    def __init__(self) -> None:
+        self._calls: dict[int, list[Any]] = {}
+
+    def feed(self, fragments: Any) -> None:
+        if type(fragments) is not list:
+            return
+        for position, fragment in enumerate(fragments):
+            if type(fragment) is not dict:
+                continue
+            index = fragment.get("index", position)
+            call = self._calls.get(index)
+            if call is None:
+                call = self._calls[index] = ["", "", []]
+            if fragment.get("id"):
+                call[0] = _text(fragment["id"])
+            function = fragment.get("function")
+            if type(function) is dict:
+                if function.get("name"):
+                    call[1] = _text(function["name"])
+                arguments = function.get("arguments")
+                if arguments and type(arguments) is str:
+                    call[2].append(arguments)
+
+    def result(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(id_, name, "".join(parts))
+            for _, (id_, name, parts) in sorted(self._calls.items(), key=lambda kv: kv[0])
+        )
+
+
+def tool_calls_of(message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+    """The ``tool_calls`` of a non-streamed ``message`` (``()`` when none)."""
+    calls = message.get("tool_calls")
+    if not calls or type(calls) is not list:
+        return ()
+    out = []
+    for call in calls:
+        function = call.get("function") if type(call) is dict else None
+        if type(function) is not dict:
+            continue
+        arguments = function.get("arguments")
+        if type(arguments) is not str:  # some servers send an object
+            arguments = "" if arguments is None else json.dumps(arguments)
+        out.append(ToolCall(_text(call.get("id")), _text(function.get("name")), arguments))
+    return tuple(out)
 
 
 def _as_tokens(value: Any) -> int:
@@ -98,6 +157,7 @@ class ChatStreamParser:
         "has_tool_calls",
         "model",
         "source_name",
+        "tools",
     )
 
     def __init__(
@@ -118,6 +178,7 @@ class ChatStreamParser:
         self.has_tool_calls = False
         self.model = ""
         self.source_name = source_name
+        self.tools = ToolCallAssembler()
 
     @property
     def has_content(self) -> bool:
@@ -226,8 +287,10 @@ class ChatStreamParser:
                     self._splitter.thinking.append(reasoning)
                     token = True
                     break
-            if delta.get("tool_calls"):
+            fragments = delta.get("tool_calls")
+            if fragments:
                 self.has_tool_calls = True
+                self.tools.feed(fragments)
                 token = True
         if content and type(content) is str:
             self._splitter.feed(content)
@@ -271,6 +334,7 @@ class ChatStreamParser:
             has_tool_calls=self.has_tool_calls,
             cached_tokens=self._cache[0],
             cache_write_tokens=self._cache[1],
+            tool_calls=self.tools.result() if self.has_tool_calls else (),
         )
 
 
@@ -328,7 +392,16 @@ def parse_completion(
         bool(message.get("tool_calls")),
         cached,
         written,
+        tool_calls_of(message),
     )
 
 
-__all__ = ["ChatStreamParser", "ParsedCompletion", "cache_usage", "json_loads", "parse_completion"]
+__all__ = [
+    "ChatStreamParser",
+    "ParsedCompletion",
+    "ToolCallAssembler",
+    "cache_usage",
+    "json_loads",
+    "parse_completion",
+    "tool_calls_of",
+]

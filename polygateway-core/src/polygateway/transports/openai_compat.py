@@ -372,6 +372,7 @@ def transport_result(
         salvaged=salvaged,
         cached_prompt_tokens=completion.cached_tokens,
         cache_write_tokens=completion.cache_write_tokens,
+        tool_calls=completion.tool_calls,
     )
 
 
