@@ -16,13 +16,13 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
 
 from polygateway.assembly import build_pipeline
 from polygateway.chat.messages import check_message_shape
 from polygateway.clock import SystemClock
 from polygateway.context import CallContext
-from polygateway.errors import ConfigError, RequestRejectedError
+from polygateway.errors import ClientClosedError, ConfigError, RequestRejectedError
 from polygateway.params import ChatParams, check_params
 from polygateway.ports import (
     CacheBackend,
@@ -220,7 +220,7 @@ class GatewayClient:
             before any network.
         """
         if self._closed:
-            raise RuntimeError("this GatewayClient is closed")
+            raise ClientClosedError(f"this GatewayClient ({self._settings.scope}) is closed")
         check_message_shape(messages)
         params = ChatParams(
             model=model,
@@ -326,14 +326,37 @@ async def _close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> Non
 # --------------------------------------------------------------------------- gather_bounded
 
 
+@overload
 async def gather_bounded(
-    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]], concurrency: int
-) -> list[T]:
+    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]],
+    concurrency: int,
+    *,
+    return_exceptions: Literal[False] = False,
+) -> list[T]: ...
+
+
+@overload
+async def gather_bounded(
+    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]],
+    concurrency: int,
+    *,
+    return_exceptions: Literal[True],
+) -> list[T | Exception]: ...
+
+
+async def gather_bounded(
+    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]],
+    concurrency: int,
+    *,
+    return_exceptions: bool = False,
+) -> list[T] | list[T | Exception]:
     """Run ``calls`` with at most ``concurrency`` in flight; results in input order.
 
     Each item is a zero-argument coroutine function (started only when a slot is free) or an
     awaitable. The first exception cancels everything still running, closes what never
-    started, and is raised as itself (not wrapped in a group).
+    started, and is raised as itself (not wrapped in a group). With ``return_exceptions=True``
+    (as ``asyncio.gather``) a failed item's exception takes its place in the results and the
+    others keep going; cancellation still cancels everything.
     """
     if type(concurrency) is not int or concurrency < 1:
         raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
@@ -348,8 +371,15 @@ async def gather_bounded(
             position += 1
             item = items[index]
             items[index] = None  # started: nothing left to close for it
-            awaitable = item if inspect.isawaitable(item) else item()
-            results[index] = await awaitable
+            if not return_exceptions:
+                awaitable = item if inspect.isawaitable(item) else item()
+                results[index] = await awaitable
+                continue
+            try:
+                awaitable = item if inspect.isawaitable(item) else item()
+                results[index] = await awaitable
+            except Exception as exc:  # noqa: BLE001 - returned in place, as asked
+                results[index] = exc
 
     try:
         async with asyncio.TaskGroup() as group:

@@ -177,11 +177,16 @@ class PluginError(ConfigError):
     """A plugin failed to load or two plugins registered the same name for one kind."""
 
 
+class ClientClosedError(PolyGatewayError):
+    """A call on a client after ``aclose()`` (a programming error, never retried)."""
+
+
 __all__ = [
     "SCOPE_REASONS",
     "SOURCE_REASONS",
     "AllSourcesExhausted",
     "CircuitOpenError",
+    "ClientClosedError",
     "ConfigError",
     "GovernanceBackendError",
     "PluginError",

@@ -37,6 +37,7 @@ __all__ = [
     "RowWriter",
     "build_record",
     "error_name",
+    "outcome_cost",
 ]
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,28 @@ def error_name(outcome: BaseException) -> str:
     return type(outcome).__name__
 
 
+def outcome_cost(outcome: RowSummary, model: str, pricing: Pricing | None) -> float | None:
+    """``0.0`` for a cache hit; else ``pricing.cost`` of ``model`` (cache-aware when the
+    outcome carries cached/written prompt tokens); ``None`` without pricing or model."""
+    if outcome.cache_hit:
+        return 0.0
+    if pricing is None or not model:
+        return None
+    # Chat responses carry cache-aware usage; other kinds' summaries need not.
+    cached = getattr(outcome, "cached_prompt_tokens", 0)
+    written = getattr(outcome, "cache_write_tokens", 0)
+    if cached or written:
+        return pricing.cost(
+            model,
+            outcome.prompt_tokens,
+            outcome.completion_tokens,
+            cached_tokens=cached,
+            cache_write_tokens=written,
+        )
+    # The usual call: pricing implementations without cache rates still work.
+    return pricing.cost(model, outcome.prompt_tokens, outcome.completion_tokens)
+
+
 def build_record(
     outcome: RowSummary | BaseException,
     *,
@@ -149,24 +172,7 @@ def build_record(
         prompt_tokens = outcome.prompt_tokens
         completion_tokens = outcome.completion_tokens
         cache_hit = outcome.cache_hit
-        if cache_hit:
-            cost: float | None = 0.0
-        elif pricing is not None and (source_model or model):
-            # Chat responses carry cache-aware usage; other kinds' summaries need not.
-            cached = getattr(outcome, "cached_prompt_tokens", 0)
-            written = getattr(outcome, "cache_write_tokens", 0)
-            if cached or written:
-                cost = pricing.cost(
-                    source_model or model,
-                    prompt_tokens,
-                    completion_tokens,
-                    cached_tokens=cached,
-                    cache_write_tokens=written,
-                )
-            else:  # the usual call: pricing implementations without cache rates still work
-                cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
-        else:
-            cost = None
+        cost = outcome_cost(outcome, source_model or model, pricing)
         # Positional, in field order: keywords cost a third more on this per-attempt path.
         return TelemetryRecord(
             call_id,

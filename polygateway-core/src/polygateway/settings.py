@@ -82,7 +82,8 @@ class SourceConfig:
     provider: str
     base_url: str
     model: str
-    api_key: Secret = field(default_factory=lambda: Secret(""), repr=False)
+    api_key: Secret | str = field(default_factory=lambda: Secret(""), repr=False)
+    """A plain ``str`` is wrapped in ``Secret`` on construction (read it as a ``Secret``)."""
     scope: str = "LLM"
     timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
@@ -103,6 +104,18 @@ class SourceConfig:
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """Transport options (e.g. ``engine``, ``trust_env``, ``headers``) from env or the pipeline
     file. Kept out of the repr: headers may carry credentials."""
+
+    def __post_init__(self) -> None:
+        api_key: Any = self.api_key
+        if isinstance(api_key, str):  # SourceConfig(api_key="sk-...") is the obvious spelling
+            object.__setattr__(self, "api_key", Secret(api_key))
+        elif not isinstance(api_key, Secret):
+            raise TypeError(f"api_key must be a str or Secret, got {type(api_key).__name__}")
+
+    def api_key_value(self) -> str:
+        """The API key in clear text (for the transport's header only)."""
+        key = self.api_key
+        return key.reveal() if isinstance(key, Secret) else key
 
     def __repr__(self) -> str:
         # Hand-written so that no credential shows: the key, a password or query in the URL,

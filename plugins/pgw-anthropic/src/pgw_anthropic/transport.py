@@ -146,7 +146,7 @@ class AnthropicTransport:
             "anthropic-version": str(options.get("anthropic_version", ANTHROPIC_VERSION)),
             **option_headers(source),
         }
-        key = source.api_key.reveal()
+        key = source.api_key_value()
         if key:
             headers["x-api-key"] = key
         self._secret = source_secrets(source)

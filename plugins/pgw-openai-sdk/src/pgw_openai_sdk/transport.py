@@ -153,7 +153,7 @@ class OpenAISDKTransport:
                 f"of the openai SDK; choose one of {', '.join(HTTP_CLIENTS)}"
             )
         self._headers = option_headers(source)
-        self._key = source.api_key.reveal()
+        self._key = source.api_key_value()
         self._secret = source_secrets(source)
         read_timeout = option_float(options, "read_timeout_s", None, source.name)
         self._timeout = httpx2.Timeout(

@@ -27,15 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+from collections.abc import Sequence
 
 from polygateway.context import CallContext, with_context
 from polygateway.digest import canonical_json, canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.params import identity
 from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
-from polygateway.records import CANCELLED, RowWriter, build_record, error_name
+from polygateway.records import CANCELLED, RowWriter, build_record, error_name, outcome_cost
 from polygateway.settings import SourceConfig
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
+
+logger = logging.getLogger(__name__)
 
 
 def messages_json(request: ChatRequest) -> str:
@@ -223,6 +227,36 @@ class TelemetryMiddleware:
         return f"TelemetryMiddleware(recorder={self._recorder!r}, pricing={self._rows.pricing!r})"
 
 
+class PricingMiddleware:
+    """Fills ``LLMResponse.cost`` when a pricing table is configured but telemetry is off
+    (with telemetry on, the telemetry layer does it from the row)."""
+
+    __slots__ = ("_models", "_pricing", "_warned")
+
+    def __init__(self, pricing: Pricing, *, sources: Sequence[SourceConfig]) -> None:
+        self._pricing = pricing
+        # Cost is of the source's configured model, as in the telemetry rows.
+        self._models = {source.name: source.model for source in sources}
+        self._warned = False
+
+    async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
+        response = await call_next(request)
+        if response.cost is not None:
+            return response
+        try:
+            model = self._models.get(response.source_name) or response.model
+            cost = outcome_cost(response, model, self._pricing)
+        except Exception as exc:  # noqa: BLE001 - pricing never breaks the call
+            if not self._warned:
+                self._warned = True
+                logger.warning("cost could not be computed: %r", exc)
+            return response
+        return response if cost is None else dataclasses.replace(response, cost=cost)
+
+    def __repr__(self) -> str:
+        return f"PricingMiddleware(pricing={self._pricing!r})"
+
+
 class _CallObserver:
     """Per-call ``ports.CallObserver``: turns attempts into rows as they happen."""
 
@@ -291,6 +325,7 @@ class _CallObserver:
 
 __all__ = [
     "CANCELLED",
+    "PricingMiddleware",
     "TelemetryMiddleware",
     "build_telemetry_record",
     "error_name",

@@ -219,7 +219,7 @@ def source_secrets(source: SourceConfig) -> tuple[str, ...]:
         password = urlsplit(source.base_url).password or ""
     except ValueError:  # an unparsable URL: the engine reports it
         password = ""
-    values = (source.api_key.reveal(), password, *option_headers(source).values())
+    values = (source.api_key_value(), password, *option_headers(source).values())
     return tuple(value for value in values if len(value) >= _MIN_SECRET_CHARS)
 
 
@@ -397,7 +397,7 @@ class OpenAICompatTransport:
             dict(providers) if providers is not None else builtin_profiles_by_name()
         )
         headers = {"Content-Type": "application/json", **option_headers(source)}
-        key = source.api_key.reveal()
+        key = source.api_key_value()
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._secret = source_secrets(source)
