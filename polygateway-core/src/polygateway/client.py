@@ -20,8 +20,9 @@ from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
 
 from polygateway.assembly import build_pipeline
 from polygateway.chat.messages import check_message_shape
+from polygateway.chat.stream import ChatStream
 from polygateway.clock import SystemClock
-from polygateway.context import CallContext
+from polygateway.context import CallContext, with_context
 from polygateway.errors import ClientClosedError, ConfigError, RequestRejectedError
 from polygateway.params import ChatParams, check_params
 from polygateway.ports import (
@@ -45,6 +46,30 @@ __all__ = ["GatewayClient", "Injected", "gather_bounded"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class ChatOptions(TypedDict, total=False):
+    """The keywords of ``GatewayClient.chat`` other than ``stream`` (for ``stream()``)."""
+
+    session_id: str | None
+    parent_call_id: str | None
+    cache_salt: str | None
+    cache_namespace: str | None
+    structured: StructuredSpec
+    model: str | None
+    temperature: float | None
+    top_p: float | None
+    max_tokens: int | None
+    stop: str | Sequence[str] | None
+    seed: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    tools: Sequence[Mapping[str, Any]] | None
+    tool_choice: str | Mapping[str, Any] | None
+    parallel_tool_calls: bool | None
+    response_format: Mapping[str, Any] | None
+    user: str | None
+    extra_body: Mapping[str, Any] | None
 
 
 class Injected(TypedDict, total=False):
@@ -219,6 +244,88 @@ class GatewayClient:
         :raises RequestRejectedError: malformed ``messages`` or a bad parameter (naming it),
             before any network.
         """
+        return await self._handler(
+            self._request(
+                messages,
+                session_id=session_id,
+                parent_call_id=parent_call_id,
+                cache_salt=cache_salt,
+                cache_namespace=cache_namespace,
+                structured=structured,
+                stream=stream,
+                model=model,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                stop=stop,
+                seed=seed,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=parallel_tool_calls,
+                response_format=response_format,
+                user=user,
+                extra_body=extra_body,
+            )
+        )
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        restart_on_cut: bool = False,
+        **options: Unpack[ChatOptions],
+    ) -> ChatStream:
+        """The same governed call as ``chat`` (same keywords, always streamed), its deltas
+        yielded as they arrive::
+
+            async with client.stream(messages, temperature=0.2) as stream:
+                async for delta in stream:  # StreamDelta: content, thinking, tool_call
+                    print(delta.text, end="")
+            response = stream.response
+
+        Before the first delta a failure retries / switches sources as ``chat`` does; after
+        it a cut ends the stream with ``TransientError``, unless ``restart_on_cut=True``
+        (then a ``"restart"`` delta marks that the next attempt starts from scratch). A
+        cached answer arrives as one delta. Leaving the block early cancels the call and
+        releases its permit, probe and connection.
+        :raises RequestRejectedError: as ``chat``, at once (before any network).
+        """
+        request = self._request(messages, stream=True, **options)
+        handler = self._handler
+
+        async def start(context: CallContext) -> LLMResponse:
+            return await handler(with_context(request, context))
+
+        return ChatStream(start, restart_on_cut=restart_on_cut)
+
+    def _request(
+        self,
+        messages: Sequence[Message],
+        *,
+        session_id: str | None = None,
+        parent_call_id: str | None = None,
+        cache_salt: str | None = None,
+        cache_namespace: str | None = None,
+        structured: StructuredSpec = None,
+        stream: bool = True,
+        model: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        user: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> ChatRequest:
+        """The validated request of one call (shared by ``chat`` and ``stream``)."""
         if self._closed:
             raise ClientClosedError(f"this GatewayClient ({self._settings.scope}) is closed")
         check_message_shape(messages)
@@ -257,7 +364,7 @@ class GatewayClient:
             params=None if plain else params,
             context=CallContext(),
         )
-        return await self._handler(request)
+        return request
 
     # ------------------------------------------------------------------ parts and lifecycle
 

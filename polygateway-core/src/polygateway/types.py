@@ -67,6 +67,27 @@ class ToolCall:
         }
 
 
+DeltaKind: TypeAlias = Literal["content", "thinking", "tool_call", "restart"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """One piece of a streamed answer (``GatewayClient.stream``).
+
+    ``content`` / ``thinking``: ``text`` is the new text. ``tool_call``: a fragment of call
+    ``index``; its first fragment carries ``tool_call_id`` and ``name``, ``text`` is the next
+    piece of the arguments JSON. ``restart``: the attempt that produced the deltas so far was
+    cut and another attempt starts from scratch (only with ``restart_on_cut=True``): discard
+    what was shown.
+    """
+
+    kind: DeltaKind
+    text: str = ""
+    index: int = 0
+    tool_call_id: str = ""
+    name: str = ""
+
+
 def assistant_message(response: LLMResponse) -> dict[str, Any]:
     """The assistant turn of ``response`` for the next request: its content and, when the
     model called tools, its ``tool_calls`` (answer each with a ``{"role": "tool",

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
+from polygateway.ports import DeltaSink
 from polygateway.transports.errors import error_for_stream_event, sanitize_message
 from polygateway.transports.sse import SSEEvent
 from polygateway.transports.think_tags import BODY, ThinkTagSplitter, opens_think_block, split_think
-from polygateway.types import ToolCall
+from polygateway.types import StreamDelta, ToolCall
 
 try:
     import orjson as _orjson
@@ -83,11 +84,59 @@ class ToolCallAssembler:
                 if arguments and type(arguments) is str:
                     call[2].append(arguments)
 
+    @property
+    def calls(self) -> Mapping[int, list[Any]]:
+        """``index -> [id, name, argument pieces]`` so far (read, never modify)."""
+        return self._calls
+
     def result(self) -> tuple[ToolCall, ...]:
         return tuple(
             ToolCall(id_, name, "".join(parts))
             for _, (id_, name, parts) in sorted(self._calls.items(), key=lambda kv: kv[0])
         )
+
+
+class DeltaTap:
+    """Hands what a parser added since the last ``flush`` to a ``DeltaSink`` as
+    ``StreamDelta``s (thinking, content, tool-call fragments), for ``GatewayClient.stream``.
+    Reads the parser's growing lists; costs nothing on calls that do not stream."""
+
+    __slots__ = ("_call_id", "_calls", "_content", "_seen", "_seen_calls", "_sink", "_thinking")
+
+    def __init__(
+        self,
+        sink: DeltaSink,
+        call_id: str,
+        *,
+        content: list[str],
+        thinking: list[str],
+        calls: Mapping[int, list[Any]],
+    ) -> None:
+        self._sink = sink
+        self._call_id = call_id
+        self._content = content
+        self._thinking = thinking
+        self._calls = calls
+        self._seen = [0, 0]
+        self._seen_calls: dict[int, int] = {}
+
+    def flush(self) -> None:
+        emit = self._sink.on_delta
+        seen = self._seen
+        for slot, parts, kind in ((0, self._thinking, "thinking"), (1, self._content, "content")):
+            if len(parts) > seen[slot]:
+                text = "".join(parts[seen[slot] :])
+                seen[slot] = len(parts)
+                if text:
+                    emit(self._call_id, StreamDelta(kind, text))  # type: ignore[arg-type]
+        for index, (id_, name, pieces) in self._calls.items():
+            done = self._seen_calls.get(index)
+            if done is None:
+                self._seen_calls[index] = len(pieces)
+                emit(self._call_id, StreamDelta("tool_call", "".join(pieces), index, id_, name))
+            elif len(pieces) > done:
+                self._seen_calls[index] = len(pieces)
+                emit(self._call_id, StreamDelta("tool_call", "".join(pieces[done:]), index))
 
 
 def tool_calls_of(message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
@@ -183,6 +232,15 @@ class ChatStreamParser:
     @property
     def has_content(self) -> bool:
         return self._splitter.has_text
+
+    @property
+    def content_parts(self) -> list[str]:
+        """The content pieces so far (grows as events are fed; read, never modify)."""
+        return self._splitter.content
+
+    @property
+    def thinking_parts(self) -> list[str]:
+        return self._splitter.thinking
 
     def feed_event(self, data: bytes, event: bytes | None = None) -> bool:
         if not data:
@@ -398,6 +456,7 @@ def parse_completion(
 
 __all__ = [
     "ChatStreamParser",
+    "DeltaTap",
     "ParsedCompletion",
     "ToolCallAssembler",
     "cache_usage",

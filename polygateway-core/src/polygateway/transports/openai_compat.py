@@ -52,6 +52,7 @@ from polygateway.transports.engines import (
 from polygateway.transports.errors import Secrets, error_for_status, sanitize_message
 from polygateway.transports.openai_chunks import (
     ChatStreamParser,
+    DeltaTap,
     ParsedCompletion,
     json_loads,
     parse_completion,
@@ -447,7 +448,7 @@ class OpenAICompatTransport:
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
             ) from exc
         if request.stream:
-            return await self._send_stream(body, request, source, profile)
+            return await self._send_stream(body, request, source, profile, call_id)
         return await self._send_json(body, request, source, profile)
 
     async def aclose(self) -> None:
@@ -469,6 +470,7 @@ class OpenAICompatTransport:
         request: ChatRequest,
         source: SourceConfig,
         profile: ProviderProfile | None,
+        call_id: str = "",
     ) -> TransportResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -507,7 +509,20 @@ class OpenAICompatTransport:
                 # Otherwise labelled JSON but not a JSON object: read it as the stream it
                 # probably is.
             if completion is None:
-                await self._read_events(chunk, response, parser, liveness)
+                context = request.context
+                sink = context.stream if context is not None else None
+                tap = (
+                    None
+                    if sink is None
+                    else DeltaTap(
+                        sink,
+                        call_id,
+                        content=parser.content_parts,
+                        thinking=parser.thinking_parts,
+                        calls=parser.tools.calls,
+                    )
+                )
+                await self._read_events(chunk, response, parser, liveness, tap)
                 if parser.done and not response.at_eof():
                     await drain_response(response)
         finally:
@@ -534,6 +549,7 @@ class OpenAICompatTransport:
         response: EngineResponse,
         parser: ChatStreamParser,
         liveness: StreamLiveness,
+        tap: DeltaTap | None = None,
     ) -> None:
         """Feed the body to ``parser`` up to ``[DONE]`` or the end of the body, starting with
         ``chunk`` (already read, may be empty)."""
@@ -550,6 +566,8 @@ class OpenAICompatTransport:
                         return
                 if feed(decoder.feed(chunk)):
                     liveness.token()
+                    if tap is not None:  # GatewayClient.stream: hand the new deltas on
+                        tap.flush()
                 if parser.done:
                     return
                 chunk = b""
