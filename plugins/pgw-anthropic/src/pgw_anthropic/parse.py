@@ -19,8 +19,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
+from polygateway.ports import DeltaSink
 from polygateway.transports.errors import Secrets, sanitize_message
-from polygateway.transports.openai_chunks import json_loads
+from polygateway.transports.openai_chunks import DeltaTap, json_loads
 from polygateway.transports.sse import SSEEvent
 from polygateway.types import ToolCall
 
@@ -142,6 +143,12 @@ class MessageParser:
                 ]
             return True
         return False
+
+    def delta_tap(self, sink: DeltaSink, call_id: str) -> DeltaTap:
+        """A tap handing this parser's new text, thinking and tool input to ``sink``."""
+        return DeltaTap(
+            sink, call_id, content=self._content, thinking=self._thinking, calls=self._tools
+        )
 
     def feed_events(self, events: Iterable[SSEEvent]) -> bool:
         """Feed decoded SSE events; True when any carried a token (text, thinking or a tool

@@ -34,7 +34,7 @@ from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessMonitor, StreamLiveness
 from polygateway.transports.engines import EngineResponse, HttpEngine
-from polygateway.transports.openai_chunks import ParsedCompletion, json_loads
+from polygateway.transports.openai_chunks import DeltaTap, ParsedCompletion, json_loads
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
     attempt_liveness,
@@ -212,7 +212,10 @@ class AnthropicTransport:
                 if not request.stream:
                     raw = await response.read()
             if request.stream:
-                await self._read_events(response, parser, liveness)
+                context = request.context
+                sink = context.stream if context is not None else None
+                tap = None if sink is None else parser.delta_tap(sink, call_id)
+                await self._read_events(response, parser, liveness, tap)
             else:
                 self._parse_json(raw, parser, source)
         finally:
@@ -230,7 +233,11 @@ class AnthropicTransport:
         )
 
     async def _read_events(
-        self, response: EngineResponse, parser: MessageParser, liveness: StreamLiveness
+        self,
+        response: EngineResponse,
+        parser: MessageParser,
+        liveness: StreamLiveness,
+        tap: DeltaTap | None = None,
     ) -> None:
         decoder = SSEDecoder()
         read_chunk = response.read_chunk
@@ -243,6 +250,8 @@ class AnthropicTransport:
                     return
                 if parser.feed_events(decoder.feed(chunk)):
                     liveness.token()
+                    if tap is not None:  # GatewayClient.stream: hand the new deltas on
+                        tap.flush()
             if not response.at_eof():
                 await drain_response(response)
         except SSEProtocolError as exc:
