@@ -242,7 +242,13 @@ class GatewayClient:
         override the source's defaults for this call, are sent through the provider profile
         (``max_tokens`` as ``max_completion_tokens`` for OpenAI) and are part of the cache key.
         :raises RequestRejectedError: malformed ``messages`` or a bad parameter (naming it),
-            before any network.
+            before any network; or the upstream refused the input (another attempt would too).
+        :raises ScopeUnavailableError: (``AllSourcesExhausted``, ``CircuitOpenError``) no
+            source can take the call now: retry the task after ``retry_after_s``; ``reason``
+            and ``per_source_reasons`` say why. Timeouts and network faults end up here.
+        :raises ResultInvalidError: the answer is unusable (the structured ladder failed).
+        :raises ClientClosedError: the client was closed.
+        :raises GovernanceBackendError: the limiter or breaker backend is down (fail closed).
         """
         return await self._handler(
             self._request(
