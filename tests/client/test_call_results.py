@@ -91,3 +91,11 @@ async def test_cost_without_a_telemetry_backend(fake: FakeUpstream) -> None:
 
 def test_source_helper_still_builds() -> None:
     assert source("x").api_key == Secret("")
+
+
+@pytest.mark.parametrize("bad", [42, "yaml", dict, object()])
+async def test_structured_must_be_json_or_a_model_class(fake: FakeUpstream, bad: object) -> None:
+    async with http_client(fake, ["a"]) as client:
+        with pytest.raises(TypeError, match="structured must be"):
+            await client.chat(MESSAGES, structured=bad)
+    assert fake.requests() == 0

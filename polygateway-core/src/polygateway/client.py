@@ -23,7 +23,12 @@ from polygateway.chat.messages import check_message_shape
 from polygateway.chat.stream import ChatStream
 from polygateway.clock import SystemClock
 from polygateway.context import CallContext, with_context
-from polygateway.errors import ClientClosedError, ConfigError, RequestRejectedError
+from polygateway.errors import (
+    ClientClosedError,
+    ConfigError,
+    RequestRejectedError,
+    StructuredSpecError,
+)
 from polygateway.params import ChatParams, check_params
 from polygateway.ports import (
     CacheBackend,
@@ -354,6 +359,11 @@ class GatewayClient:
         plain = params.is_empty()
         if not plain:
             check_params(params)
+        if structured is not None and structured != "json" and not _is_model_class(structured):
+            raise StructuredSpecError(
+                "structured must be None, 'json' or a pydantic BaseModel subclass, got "
+                f"{structured!r} ({type(structured).__name__})"
+            )
         if structured is not None and not self._structured_on:
             raise RequestRejectedError(
                 "structured output was requested but this client's middleware has no "
@@ -437,6 +447,12 @@ async def _close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> Non
 
 
 # --------------------------------------------------------------------------- gather_bounded
+
+
+def _is_model_class(value: Any) -> bool:
+    from pydantic import BaseModel
+
+    return isinstance(value, type) and issubclass(value, BaseModel)
 
 
 @overload
