@@ -122,3 +122,21 @@ def test_report_by_scope_and_namespace(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["telemetry", "report", "--db", path, "--by", "scope"]) == 0
     out = capsys.readouterr().out
     assert "JUDGE" in out and "SEARCH" in out
+
+
+@pytest.mark.parametrize(
+    ("dsn", "scheme"), [("mysql://u:Secret-9@h/db", "'mysql'"), ("u:Secret-9@h/db", "'?'")]
+)
+def test_cli_names_a_dsn_no_reader_reads_without_showing_it(
+    dsn: str, scheme: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["telemetry", "report", "--dsn", dsn]) == 2
+    err = capsys.readouterr().err
+    assert f"no telemetry reader for scheme {scheme}" in err
+    assert "sqlite" in err  # the readers there are
+    assert "Secret-9" not in err
+
+
+def test_cli_takes_a_file_or_a_dsn_not_both(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["telemetry", "report", "--db", "x.db", "--dsn", "postgresql://h/db"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err

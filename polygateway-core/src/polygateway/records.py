@@ -89,6 +89,16 @@ class RowSummary(Protocol):
     @property
     def cache_hit(self) -> bool: ...
 
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens read from the provider's prompt cache (part of ``prompt_tokens``)."""
+        ...
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Prompt tokens written to the provider's prompt cache (part of ``prompt_tokens``)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class AttemptSummary:
@@ -110,6 +120,8 @@ class AttemptSummary:
     ttft_ms: float | None = None
     max_inter_token_ms: float | None = None
     cache_hit: bool = False
+    cached_prompt_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 def error_name(outcome: BaseException) -> str:
@@ -126,9 +138,7 @@ def outcome_cost(outcome: RowSummary, model: str, pricing: Pricing | None) -> fl
         return 0.0
     if pricing is None or not model:
         return None
-    # Chat responses carry cache-aware usage; other kinds' summaries need not.
-    cached = getattr(outcome, "cached_prompt_tokens", 0)
-    written = getattr(outcome, "cache_write_tokens", 0)
+    cached, written = outcome.cached_prompt_tokens, outcome.cache_write_tokens
     if cached or written:
         return pricing.cost(
             model,
