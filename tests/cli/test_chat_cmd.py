@@ -68,3 +68,25 @@ def test_chat_reports_config_problems(
             monkeypatch.delenv(key)
     assert main(["chat", "ping"]) == 2
     assert "LLM__<PROVIDER>__<N>__BASE_URL" in capsys.readouterr().err
+
+
+def test_chat_prints_tokens_as_they_arrive(
+    configured: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pieces: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.pieces.append(text)
+            return super().write(text)
+
+    out = Writes()
+    monkeypatch.setattr("sys.stdout", out)
+    configured.script("a", Reply.ok("one two three four", chunks=4, inter_token_delay=0.02))
+    assert main(["chat", "ping"]) == 0
+    assert out.getvalue().strip() == "one two three four"
+    assert len([p for p in out.pieces if p.strip()]) >= 3  # written piece by piece

@@ -105,6 +105,29 @@ def test_cli_rejects_missing_db(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "no such file" in capsys.readouterr().err
 
 
+def test_report_by_scope_and_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from polygateway.telemetry.sqlite import SQLiteRecorder
+
+    path = str(tmp_path / "roles.db")
+
+    async def write() -> None:
+        recorder = SQLiteRecorder(path)
+        for i in range(6):
+            scope = "JUDGE" if i % 3 == 0 else "SEARCH"
+            await recorder.record(_record(i, scope=scope, cache_namespace=f"tenant-{i % 2}"))
+        await recorder.aclose()
+
+    asyncio.run(write())
+    rows = read_sqlite_rows(path)
+    by_scope = {g.key: g.calls for g in build_report(rows, by="scope").groups}
+    assert by_scope == {"JUDGE": 2, "SEARCH": 4}
+    by_namespace = {g.key: g.calls for g in build_report(rows, by="namespace").groups}
+    assert by_namespace == {"tenant-0": 3, "tenant-1": 3}
+    assert main(["telemetry", "report", "--db", path, "--by", "scope"]) == 0
+    out = capsys.readouterr().out
+    assert "JUDGE" in out and "SEARCH" in out
+
+
 @pytest.mark.parametrize(
     ("dsn", "scheme"), [("mysql://u:Secret-9@h/db", "'mysql'"), ("u:Secret-9@h/db", "'?'")]
 )

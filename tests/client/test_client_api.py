@@ -23,7 +23,7 @@ from polygateway import hookimpl
 from polygateway.backends.memory.breaker import InMemoryGate
 from polygateway.backends.memory.limiter import InMemoryLimiter
 from polygateway.client import GatewayClient, gather_bounded
-from polygateway.errors import ConfigError, RequestRejectedError
+from polygateway.errors import ClientClosedError, ConfigError, RequestRejectedError
 from polygateway.plugins import load_registry
 from polygateway.ports import BuildContext, Handler
 from polygateway.settings import (
@@ -294,7 +294,7 @@ async def test_aclose_closes_what_it_built_and_nothing_injected(fake: FakeUpstre
     await client.aclose()  # idempotent
     assert not limiter.closed and not breaker.closed and not injected_transport.closed
     assert recorder.flushes == 1 and not recorder.closed  # flushed, not closed: not ours
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ClientClosedError, match="closed"):
         await client.chat(MESSAGES)
 
 

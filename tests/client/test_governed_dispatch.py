@@ -33,6 +33,7 @@ from polygateway.errors import (
     GovernanceBackendError,
     RequestRejectedError,
     ResultInvalidError,
+    ScopeUnavailableError,
     SourceDeadError,
     StreamLivenessTimeout,
     TransientError,
@@ -249,7 +250,11 @@ async def test_source_dead_force_opens_switches_at_once_and_is_skipped_later() -
 
 
 async def test_every_source_dead_is_exhausted_with_source_dead_reasons() -> None:
-    rig = make_rig(["a", "b"], retry=RetrySettings(max_attempts=5))
+    rig = make_rig(
+        ["a", "b"],
+        retry=RetrySettings(max_attempts=5),
+        backpressure=BackpressureSettings(quota_full="fail_fast"),
+    )
     rig.transport.script("a", SourceDeadError("401", status=401))
     rig.transport.script("b", SourceDeadError("403", status=403))
     with pytest.raises(AllSourcesExhausted) as info:
@@ -259,6 +264,11 @@ async def test_every_source_dead_is_exhausted_with_source_dead_reasons() -> None
     assert error.per_source_reasons == {"a": "source_dead", "b": "source_dead"}
     assert error.retry_after_s == pytest.approx(30.0)  # breaker cooldown
     assert isinstance(error.last_error, SourceDeadError)
+    assert rig.transport.count() == 2
+    # A later call: both are skipped by the cooldown memo, and still read as dead sources.
+    with pytest.raises(ScopeUnavailableError) as later:
+        await rig.call()
+    assert later.value.per_source_reasons == {"a": "source_dead", "b": "source_dead"}
     assert rig.transport.count() == 2
 
 

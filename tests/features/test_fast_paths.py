@@ -37,7 +37,7 @@ from polygateway.settings import Secret, SourceConfig
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.telemetry.sqlite import SQLiteRecorder
 from polygateway.testing import FakeClock
-from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
+from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord, ToolCall
 
 # --------------------------------------------------------------------------- the references
 
@@ -329,6 +329,8 @@ def test_cache_keys_follow_the_formula_with_the_stdlib_encoder(
 
 def reference_encode(response: LLMResponse) -> str:
     fields = {name: getattr(response, name) for name in _STORED_FIELDS}
+    # Tool calls are stored as [id, name, arguments] triples, none as null.
+    fields["tool_calls"] = [[c.id, c.name, c.arguments] for c in response.tool_calls] or None
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
@@ -358,6 +360,7 @@ responses = st.builds(
     salvaged=st.booleans(),
     cached_prompt_tokens=st.integers(0, 10**6),
     cache_write_tokens=st.integers(0, 10**6),
+    tool_calls=st.lists(st.builds(ToolCall, texts, texts, texts), max_size=2).map(tuple),
 )
 
 
@@ -462,6 +465,7 @@ def test_a_success_row_carries_every_field_in_its_place() -> None:
         error=None,
         cost=None,
         created_at=12.0,
+        scope="LLM",  # the source's
     )
     assert "sk-never-recorded" not in repr(record)
 

@@ -68,7 +68,8 @@ async def test_database_is_in_wal_mode_with_the_documented_schema(tmp_path: Path
         columns = [row[1] for row in conn.execute("PRAGMA table_info(pgw_calls)")]
         primary = [row[1] for row in conn.execute("PRAGMA table_info(pgw_calls)") if row[5]]
     assert columns == list(COLUMNS)
-    assert len(columns) == 19  # the 18 fields + created_at
+    assert len(columns) == 22  # the 18 fields + created_at + scope, cache_namespace, params
+    assert columns[:19] == list(COLUMNS[:19])
     assert primary == ["call_id"]
     (row,) = read_db(path)
     assert_row_matches(row, record)
@@ -262,3 +263,31 @@ async def test_a_cancelled_flush_leaves_the_recorder_usable(tmp_path: Path) -> N
 def test_bad_settings_are_refused(tmp_path: Path, kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SQLiteRecorder(str(tmp_path / "t.db"), **kwargs)
+
+
+async def test_an_older_database_gains_the_new_columns_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old_columns = ", ".join(
+        f"{name} {'REAL' if name == 'created_at' else 'TEXT'}" for name in COLUMNS[:19]
+    )
+    with closing(sqlite3.connect(path)) as conn:
+        keyed = old_columns.replace("call_id TEXT", "call_id TEXT PRIMARY KEY", 1)
+        conn.execute(f"CREATE TABLE pgw_calls ({keyed})")
+        conn.execute("INSERT INTO pgw_calls (call_id, created_at) VALUES ('old', 1.0)")
+        conn.commit()
+    recorder = SQLiteRecorder(str(path))
+    record = sample_record(scope="JUDGE", cache_namespace="tenant-1", params='{"seed":1}')
+    await recorder.record(record)
+    await recorder.aclose()
+    rows = {row["call_id"]: row for row in read_db(path)}
+    assert (rows["old"]["scope"], rows["old"]["cache_namespace"], rows["old"]["params"]) == (
+        "",
+        "",
+        "",
+    )
+    new = rows[record.call_id]
+    assert (new["scope"], new["cache_namespace"], new["params"]) == (
+        "JUDGE",
+        "tenant-1",
+        '{"seed":1}',
+    )

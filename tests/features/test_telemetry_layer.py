@@ -55,7 +55,8 @@ async def test_success_row_has_every_field(
     async with rig.client as client:
         response = await client.chat(MESSAGES, session_id="s-1", parent_call_id="step-7")
         (row,) = await rig.rows()
-    assert set(FIELDS_18) | {"created_at"} == set(row)
+    assert set(FIELDS_18) | {"created_at", "scope", "cache_namespace", "params"} == set(row)
+    assert (row["scope"], row["params"]) == ("LLM", "")
     assert row["call_id"] == response.call_id
     assert (row["session_id"], row["parent_call_id"]) == ("s-1", "step-7")
     assert (row["model"], row["provider"], row["source_name"]) == ("model-a", "generic", "a")
@@ -430,3 +431,14 @@ async def test_a_database_deleted_mid_run_is_reopened_and_no_row_is_lost(
     rows = read_rows(rig.db)
     assert {r["call_id"] for r in rows} == {r.call_id for r in responses}
     assert rig.recorder.dropped == 0
+
+
+async def test_rows_carry_scope_namespace_and_the_call_parameters(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    rig = make_rig(tmp_path, scope(fake_upstream))
+    async with rig.client as client:
+        await client.chat(MESSAGES, cache_namespace="tenant-9", temperature=0.25, seed=3)
+        (row,) = await rig.rows()
+    assert (row["scope"], row["cache_namespace"]) == ("LLM", "tenant-9")
+    assert json.loads(row["params"]) == {"temperature": 0.25, "seed": 3}

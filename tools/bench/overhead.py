@@ -287,6 +287,7 @@ async def bench_governed(
     cache: str = "none",
     cache_hits: bool = False,
     transport: str = "",
+    deltas: bool = False,
 ) -> tuple[float, float, str]:
     from polygateway import GatewayClient
 
@@ -303,6 +304,11 @@ async def bench_governed(
                 # Distinct prompts miss the cache; one fixed prompt hits it.
                 n = 0 if cache_hits else next(counter)
                 messages = [{"role": "user", "content": f"Say hello #{n}"}]
+                if deltas:  # client.stream: every delta handed to the caller
+                    async with client.stream(messages) as deltas_of:
+                        async for _ in deltas_of:
+                            pass
+                    return
                 await client.chat(messages, stream=stream)
 
             rate, cpu, made = await run_calls(call, load)
@@ -387,6 +393,9 @@ def clients(url: str, stream: bool, load: Load) -> list[tuple[str, Measure]]:
         bench_governed, url, stream, load, engine=default, cache="memory", cache_hits=True
     )
     out.append(("cache-hit", hit))
+    if stream:  # the caller-facing stream API against chat() on the same engine
+        deltas = partial(bench_governed, url, stream, load, engine=default, deltas=True)
+        out.append(("client-stream", deltas))
     # Plugin transports (rows appear when their distribution and SDK are installed).
     import importlib.util
 
@@ -573,6 +582,14 @@ def print_budgets(rows: list[Row]) -> None:
             print(
                 f"  {mode:6} c=64 full pipeline calls/s >= 40% of raw aiohttp, no row lost: "
                 f"{describe(rates, percent=True)} ({full.note}) {'ok' if ok else 'OVER BUDGET'}"
+            )
+        deltas = by_key.get(("client-stream", mode, 64))
+        chat = by_key.get((f"governed-{default_engine()}", mode, 64))
+        if deltas and chat and (cpus := paired(deltas, chat, "cpu_by_round")):
+            verdict = "ok" if statistics.median(cpus) <= 1.10 else "OVER BUDGET"
+            print(
+                f"  {mode:6} c=64 client.stream CPU/call <= 1.10x chat(): "
+                f"{describe(cpus, percent=False)} {verdict}"
             )
         for conc in (1, 64):
             hit = by_key.get(("cache-hit", mode, conc))

@@ -128,3 +128,20 @@ async def test_cache_aware_cost_in_the_telemetry_rows(tmp_path: Path) -> None:
         )
     assert rows[second.call_id] == pytest.approx(expected_second)
     assert rows[third.call_id] == pytest.approx(expected_third)
+
+
+async def test_client_stream_yields_anthropic_deltas(tmp_path: Path) -> None:
+    async with FakeUpstream() as fake:
+        fake.set_default("gpt", Reply.error(503))
+        fake.script(
+            "claude",
+            Reply.ok("alpha beta gamma delta", chunks=4, inter_token_delay=0.02),
+            route="messages",
+        )
+        client = _client(fake, tmp_path)
+        async with client, client.stream([{"role": "user", "content": "hi"}]) as stream:
+            deltas = [d async for d in stream]
+    content = [d.text for d in deltas if d.kind == "content"]
+    assert len(content) >= 2
+    assert "".join(content) == "alpha beta gamma delta" == stream.response.content
+    assert stream.response.source_name == "anthropic-1"

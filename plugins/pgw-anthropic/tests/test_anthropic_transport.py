@@ -237,3 +237,69 @@ def test_bad_options_are_config_errors() -> None:
         AnthropicTransport(dataclasses.replace(source, options={"thinking_budget_tokens": 0}))
     with pytest.raises(ConfigError, match="base_url"):
         AnthropicTransport(dataclasses.replace(source, base_url=" "))
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_generation_parameters_are_mapped_onto_the_messages_body(
+    open_transport: Open, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    from polygateway.params import ChatParams
+
+    transport, source = open_transport(params=ChatParams(temperature=0.9, max_tokens=500))
+    params = ChatParams(
+        model="claude-other",
+        temperature=0.2,
+        top_p=0.7,
+        stop="END",
+        tools=({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},),
+        tool_choice="required",
+        parallel_tool_calls=False,
+        user="u1",
+    )
+    request = ChatRequest(messages=MESSAGES, stream=stream, params=params)
+    await transport.send(request, source, call_id="c")
+    [received] = fake_upstream.received("claude", route="messages")
+    body = received.body
+    assert (body["model"], body["max_tokens"], body["temperature"], body["top_p"]) == (
+        "claude-other",
+        500,
+        0.2,
+        0.7,
+    )
+    assert body["stop_sequences"] == ["END"]
+    assert body["tools"] == [{"name": "f", "input_schema": {"type": "object"}}]
+    assert body["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    assert body["metadata"] == {"user_id": "u1"}
+
+
+@pytest.mark.parametrize("name", ["seed", "presence_penalty", "frequency_penalty"])
+async def test_parameters_without_a_messages_field_are_refused(
+    open_transport: Open, fake_upstream: FakeUpstream, name: str
+) -> None:
+    from polygateway.params import ChatParams
+
+    transport, source = open_transport()
+    request = ChatRequest(messages=MESSAGES, params=ChatParams(**{name: 1}))
+    with pytest.raises(RequestRejectedError, match=name):
+        await transport.send(request, source, call_id="c")
+    assert fake_upstream.requests("claude", route="messages") == 0
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_tool_use_becomes_tool_calls(
+    open_transport: Open, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    from polygateway.params import ChatParams
+
+    transport, source = open_transport()
+    fake_upstream.script(
+        "claude", Reply.ok('{"city": "Paris", "n": [1, 2]}', chunks=5), route="messages"
+    )
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    params = ChatParams(tools=(tool,), tool_choice="required")
+    request = ChatRequest(messages=MESSAGES, stream=stream, params=params)
+    result = await transport.send(request, source, call_id="c")
+    assert result.finish_reason == "tool_calls"
+    (call,) = result.tool_calls
+    assert (call.name, call.id.startswith("toolu_fake")) == ("lookup", True)
+    assert call.parsed_arguments() == {"city": "Paris", "n": [1, 2]}

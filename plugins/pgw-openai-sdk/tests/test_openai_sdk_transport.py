@@ -243,3 +243,53 @@ async def test_what_the_sdk_reports_for_a_stream_without_done(
             result = exc
         outcomes.append(_outcome(result))
     assert (len(chunks), *outcomes) == EXPECTED[ending]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_generation_parameters_reach_the_wire(
+    open_sdk: Open, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    from polygateway.params import ChatParams
+
+    transport, source = open_sdk(provider="openai", params=ChatParams(temperature=0.5, seed=1))
+    params = ChatParams(
+        model="per-call",
+        temperature=0.2,
+        max_tokens=33,
+        stop=("END",),
+        tools=({"type": "function", "function": {"name": "f"}},),
+        tool_choice="required",
+        user="u1",
+        extra_body={"top_k": 4},
+    )
+    request = ChatRequest(messages=MESSAGES, stream=stream, params=params)
+    await transport.send(request, source, call_id="c")
+    [received] = fake_upstream.received("sdk")
+    body = received.body
+    assert body["model"] == "per-call"
+    assert (body["temperature"], body["seed"], body["max_completion_tokens"]) == (0.2, 1, 33)
+    assert (body["stop"], body["tool_choice"], body["user"], body["top_k"]) == (
+        ["END"],
+        "required",
+        "u1",
+        4,
+    )
+    assert body["tools"] == [{"type": "function", "function": {"name": "f"}}]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+async def test_tool_calls_are_assembled(
+    open_sdk: Open, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    from polygateway.types import ToolCall
+
+    transport, source = open_sdk()
+    calls = (("call_1", "lookup", '{"q": "Paris"}'), ("call_2", "time", "{}"))
+    fake_upstream.script(
+        "sdk", Reply.ok("", tool_calls=calls, finish_reason="tool_calls", chunks=3)
+    )
+    result = await transport.send(
+        ChatRequest(messages=MESSAGES, stream=stream), source, call_id="c"
+    )
+    assert result.finish_reason == "tool_calls"
+    assert result.tool_calls == tuple(ToolCall(*call) for call in calls)

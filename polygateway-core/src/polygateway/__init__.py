@@ -29,6 +29,7 @@ from polygateway.errors import (
     TransientError,
 )
 from polygateway.hookspecs import hookimpl
+from polygateway.params import ChatParams
 from polygateway.settings import (
     BackpressureSettings,
     BreakerSettings,
@@ -47,9 +48,12 @@ from polygateway.types import (
     OcrElement,
     OcrLayoutResult,
     OcrTextResult,
+    StreamDelta,
     TelemetryRecord,
+    ToolCall,
     TransportResult,
     Usage,
+    assistant_message,
 )
 
 __version__ = "0.1.0"
@@ -85,6 +89,7 @@ __all__ = [
     "Attempted",
     "BackpressureSettings",
     "BreakerSettings",
+    "ChatParams",
     "ChatRequest",
     "CircuitOpenError",
     "ConfigError",
@@ -111,12 +116,15 @@ __all__ = [
     "Secret",
     "SourceConfig",
     "SourceDeadError",
+    "StreamDelta",
     "StreamLivenessTimeout",
     "TelemetryRecord",
+    "ToolCall",
     "TransientError",
     "TransportResult",
     "Usage",
     "__version__",
+    "assistant_message",
     "gather_bounded",
     "hookimpl",
 ]

@@ -16,13 +16,20 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
 
 from polygateway.assembly import build_pipeline
 from polygateway.chat.messages import check_message_shape
+from polygateway.chat.stream import ChatStream
 from polygateway.clock import SystemClock
-from polygateway.context import CallContext
-from polygateway.errors import ConfigError, RequestRejectedError
+from polygateway.context import CallContext, with_context
+from polygateway.errors import (
+    ClientClosedError,
+    ConfigError,
+    RequestRejectedError,
+    StructuredSpecError,
+)
+from polygateway.params import ChatParams, check_params
 from polygateway.ports import (
     CacheBackend,
     Clock,
@@ -44,6 +51,30 @@ __all__ = ["GatewayClient", "Injected", "gather_bounded"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class ChatOptions(TypedDict, total=False):
+    """The keywords of ``GatewayClient.chat`` other than ``stream`` (for ``stream()``)."""
+
+    session_id: str | None
+    parent_call_id: str | None
+    cache_salt: str | None
+    cache_namespace: str | None
+    structured: StructuredSpec
+    model: str | None
+    temperature: float | None
+    top_p: float | None
+    max_tokens: int | None
+    stop: str | Sequence[str] | None
+    seed: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    tools: Sequence[Mapping[str, Any]] | None
+    tool_choice: str | Mapping[str, Any] | None
+    parallel_tool_calls: bool | None
+    response_format: Mapping[str, Any] | None
+    user: str | None
+    extra_body: Mapping[str, Any] | None
 
 
 class Injected(TypedDict, total=False):
@@ -195,16 +226,146 @@ class GatewayClient:
         cache_namespace: str | None = None,
         structured: StructuredSpec = None,
         stream: bool = True,
+        model: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        user: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> LLMResponse:
         """One governed chat call (ARCHITECTURE §5.2).
 
         :param structured: ``None`` raw text, ``"json"`` repaired JSON in
             ``structured_data``, or a pydantic model class (the full D14 ladder).
-        :raises RequestRejectedError: malformed ``messages`` (before any network).
+        The generation parameters (``model`` ... ``extra_body``, see ``polygateway.params``)
+        override the source's defaults for this call, are sent through the provider profile
+        (``max_tokens`` as ``max_completion_tokens`` for OpenAI) and are part of the cache key.
+        :raises RequestRejectedError: malformed ``messages`` or a bad parameter (naming it),
+            before any network; or the upstream refused the input (another attempt would too).
+        :raises ScopeUnavailableError: (``AllSourcesExhausted``, ``CircuitOpenError``) no
+            source can take the call now: retry the task after ``retry_after_s``; ``reason``
+            and ``per_source_reasons`` say why. Timeouts and network faults end up here.
+        :raises ResultInvalidError: the answer is unusable (the structured ladder failed).
+        :raises ClientClosedError: the client was closed.
+        :raises GovernanceBackendError: the limiter or breaker backend is down (fail closed).
         """
+        return await self._handler(
+            self._request(
+                messages,
+                session_id=session_id,
+                parent_call_id=parent_call_id,
+                cache_salt=cache_salt,
+                cache_namespace=cache_namespace,
+                structured=structured,
+                stream=stream,
+                model=model,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                stop=stop,
+                seed=seed,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=parallel_tool_calls,
+                response_format=response_format,
+                user=user,
+                extra_body=extra_body,
+            )
+        )
+
+    def stream(
+        self,
+        messages: Sequence[Message],
+        *,
+        restart_on_cut: bool = False,
+        **options: Unpack[ChatOptions],
+    ) -> ChatStream:
+        """The same governed call as ``chat`` (same keywords, always streamed), its deltas
+        yielded as they arrive::
+
+            async with client.stream(messages, temperature=0.2) as stream:
+                async for delta in stream:  # StreamDelta: content, thinking, tool_call
+                    print(delta.text, end="")
+            response = stream.response
+
+        Before the first delta a failure retries / switches sources as ``chat`` does; after
+        it a cut ends the stream with ``TransientError``, unless ``restart_on_cut=True``
+        (then a ``"restart"`` delta marks that the next attempt starts from scratch). A
+        cached answer arrives as one delta. Leaving the block early cancels the call and
+        releases its permit, probe and connection.
+        :raises RequestRejectedError: as ``chat``, at once (before any network).
+        """
+        request = self._request(messages, stream=True, **options)
+        handler = self._handler
+
+        async def start(context: CallContext) -> LLMResponse:
+            return await handler(with_context(request, context))
+
+        return ChatStream(start, restart_on_cut=restart_on_cut)
+
+    def _request(
+        self,
+        messages: Sequence[Message],
+        *,
+        session_id: str | None = None,
+        parent_call_id: str | None = None,
+        cache_salt: str | None = None,
+        cache_namespace: str | None = None,
+        structured: StructuredSpec = None,
+        stream: bool = True,
+        model: str | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        seed: int | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        response_format: Mapping[str, Any] | None = None,
+        user: str | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> ChatRequest:
+        """The validated request of one call (shared by ``chat`` and ``stream``)."""
         if self._closed:
-            raise RuntimeError("this GatewayClient is closed")
+            raise ClientClosedError(f"this GatewayClient ({self._settings.scope}) is closed")
         check_message_shape(messages)
+        params = ChatParams(
+            model=model,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
+            seed=seed,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            tools=None if tools is None else tuple(tools),
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            response_format=response_format,
+            user=user,
+            extra_body=extra_body,
+        )
+        plain = params.is_empty()
+        if not plain:
+            check_params(params)
+        if structured is not None and structured != "json" and not _is_model_class(structured):
+            raise StructuredSpecError(
+                "structured must be None, 'json' or a pydantic BaseModel subclass, got "
+                f"{structured!r} ({type(structured).__name__})"
+            )
         if structured is not None and not self._structured_on:
             raise RequestRejectedError(
                 "structured output was requested but this client's middleware has no "
@@ -218,9 +379,10 @@ class GatewayClient:
             cache_namespace=cache_namespace,
             structured=structured,
             stream=stream,
+            params=None if plain else params,
             context=CallContext(),
         )
-        return await self._handler(request)
+        return request
 
     # ------------------------------------------------------------------ parts and lifecycle
 
@@ -289,14 +451,43 @@ async def _close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> Non
 # --------------------------------------------------------------------------- gather_bounded
 
 
+def _is_model_class(value: Any) -> bool:
+    from pydantic import BaseModel
+
+    return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+@overload
 async def gather_bounded(
-    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]], concurrency: int
-) -> list[T]:
+    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]],
+    concurrency: int,
+    *,
+    return_exceptions: Literal[False] = False,
+) -> list[T]: ...
+
+
+@overload
+async def gather_bounded(
+    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]],
+    concurrency: int,
+    *,
+    return_exceptions: Literal[True],
+) -> list[T | Exception]: ...
+
+
+async def gather_bounded(
+    calls: Iterable[Callable[[], Awaitable[T]] | Awaitable[T]],
+    concurrency: int,
+    *,
+    return_exceptions: bool = False,
+) -> list[T] | list[T | Exception]:
     """Run ``calls`` with at most ``concurrency`` in flight; results in input order.
 
     Each item is a zero-argument coroutine function (started only when a slot is free) or an
     awaitable. The first exception cancels everything still running, closes what never
-    started, and is raised as itself (not wrapped in a group).
+    started, and is raised as itself (not wrapped in a group). With ``return_exceptions=True``
+    (as ``asyncio.gather``) a failed item's exception takes its place in the results and the
+    others keep going; cancellation still cancels everything.
     """
     if type(concurrency) is not int or concurrency < 1:
         raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
@@ -311,8 +502,15 @@ async def gather_bounded(
             position += 1
             item = items[index]
             items[index] = None  # started: nothing left to close for it
-            awaitable = item if inspect.isawaitable(item) else item()
-            results[index] = await awaitable
+            if not return_exceptions:
+                awaitable = item if inspect.isawaitable(item) else item()
+                results[index] = await awaitable
+                continue
+            try:
+                awaitable = item if inspect.isawaitable(item) else item()
+                results[index] = await awaitable
+            except Exception as exc:  # noqa: BLE001 - returned in place, as asked
+                results[index] = exc
 
     try:
         async with asyncio.TaskGroup() as group:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from polygateway.digest import canonical_messages_json
-from polygateway.ports import CallObserver
+from polygateway.ports import CallObserver, DeltaSink
 from polygateway.types import ChatRequest, Message
 
 __all__ = ["CallContext", "with_context"]
@@ -34,10 +34,13 @@ logger = logging.getLogger(__name__)
 class CallContext:
     """The per-call side channels of a chat call (see the module docstring)."""
 
-    __slots__ = ("_messages_for", "_messages_json", "observers")
+    __slots__ = ("_messages_for", "_messages_json", "observers", "stream")
 
-    def __init__(self) -> None:
+    def __init__(self, stream: DeltaSink | None = None) -> None:
         self.observers: tuple[CallObserver, ...] = ()
+        self.stream = stream
+        """Where a streaming transport sends the deltas it parses (``GatewayClient.stream``);
+        ``None`` for ``chat()``."""
         self._messages_for: object = None
         self._messages_json = ""
 

@@ -177,11 +177,21 @@ class PluginError(ConfigError):
     """A plugin failed to load or two plugins registered the same name for one kind."""
 
 
+class StructuredSpecError(RequestRejectedError, TypeError):
+    """``structured=`` is neither ``None``, ``"json"`` nor a pydantic model class: a bad
+    request (nothing is sent) and a ``TypeError`` (a wrong argument type)."""
+
+
+class ClientClosedError(PolyGatewayError):
+    """A call on a client after ``aclose()`` (a programming error, never retried)."""
+
+
 __all__ = [
     "SCOPE_REASONS",
     "SOURCE_REASONS",
     "AllSourcesExhausted",
     "CircuitOpenError",
+    "ClientClosedError",
     "ConfigError",
     "GovernanceBackendError",
     "PluginError",
@@ -193,5 +203,6 @@ __all__ = [
     "SourceDeadError",
     "SourceReason",
     "StreamLivenessTimeout",
+    "StructuredSpecError",
     "TransientError",
 ]

@@ -17,6 +17,7 @@ from polygateway.types import (
     LLMResponse,
     OcrLayoutResult,
     OcrTextResult,
+    StreamDelta,
     TelemetryRecord,
     TransportResult,
 )
@@ -75,6 +76,13 @@ class CallObserver(Protocol):
         """A wrapping layer (the structured ladder) rejected the output of attempt ``call_id``
         after it was reported as a success."""
         ...
+
+
+class DeltaSink(Protocol):
+    """Receives the deltas of a streamed call as a transport parses them
+    (``CallContext.stream``; set by ``GatewayClient.stream``). Synchronous, never blocks."""
+
+    def on_delta(self, call_id: str, delta: StreamDelta) -> None: ...
 
 
 @runtime_checkable
@@ -231,6 +239,8 @@ class ProviderProfile:
     supports_native_schema: bool = False
     thinking_requires_stream: bool = False
     error_rules: tuple[ErrorRule, ...] = ()
+    max_tokens_field: str = "max_tokens"
+    """The body field the per-call ``max_tokens`` is sent as (OpenAI: ``max_completion_tokens``)."""
 
 
 # --------------------------------------------------------------------------- limiter

@@ -29,7 +29,9 @@ def qwen_thinking_body(enabled: bool) -> Mapping[str, Any]:
     return {"enable_thinking": enabled}
 
 
-OPENAI = ProviderProfile(name="openai", supports_native_schema=True)
+OPENAI = ProviderProfile(
+    name="openai", supports_native_schema=True, max_tokens_field="max_completion_tokens"
+)
 """OpenAI: ``response_format`` with ``json_schema`` works; no on/off thinking switch."""
 
 DEEPSEEK = ProviderProfile(

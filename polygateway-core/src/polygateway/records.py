@@ -39,6 +39,7 @@ __all__ = [
     "RowWriter",
     "build_record",
     "error_name",
+    "outcome_cost",
 ]
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,26 @@ def error_name(outcome: BaseException) -> str:
     return type(outcome).__name__
 
 
+def outcome_cost(outcome: RowSummary, model: str, pricing: Pricing | None) -> float | None:
+    """``0.0`` for a cache hit; else ``pricing.cost`` of ``model`` (cache-aware when the
+    outcome carries cached/written prompt tokens); ``None`` without pricing or model."""
+    if outcome.cache_hit:
+        return 0.0
+    if pricing is None or not model:
+        return None
+    cached, written = outcome.cached_prompt_tokens, outcome.cache_write_tokens
+    if cached or written:
+        return pricing.cost(
+            model,
+            outcome.prompt_tokens,
+            outcome.completion_tokens,
+            cached_tokens=cached,
+            cache_write_tokens=written,
+        )
+    # The usual call: pricing implementations without cache rates still work.
+    return pricing.cost(model, outcome.prompt_tokens, outcome.completion_tokens)
+
+
 def build_record(
     outcome: RowSummary | BaseException,
     *,
@@ -143,8 +164,14 @@ def build_record(
     created_at: float,
     pricing: Pricing | None = None,
     source: SourceConfig | None = None,
+    scope: str = "",
+    cache_namespace: str = "",
+    params: str = "",
 ) -> TelemetryRecord:
     """One row from what became of one attempt (or cache hit, or refused call).
+
+    ``scope`` defaults to the source's; ``cache_namespace`` and ``params`` (the request's
+    generation parameters as canonical JSON) are the call's.
 
     ``source`` is the source the attempt went to (``None`` for cache hits and for errors
     raised before any attempt); ``messages`` is the request's summary. Cost: ``0.0`` for a
@@ -157,22 +184,7 @@ def build_record(
         prompt_tokens = outcome.prompt_tokens
         completion_tokens = outcome.completion_tokens
         cache_hit = outcome.cache_hit
-        if cache_hit:
-            cost: float | None = 0.0
-        elif pricing is not None and (source_model or model):
-            cached, written = outcome.cached_prompt_tokens, outcome.cache_write_tokens
-            if cached or written:
-                cost = pricing.cost(
-                    source_model or model,
-                    prompt_tokens,
-                    completion_tokens,
-                    cached_tokens=cached,
-                    cache_write_tokens=written,
-                )
-            else:  # the usual call: pricing implementations without cache rates still work
-                cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
-        else:
-            cost = None
+        cost = outcome_cost(outcome, source_model or model, pricing)
         # Positional, in field order: keywords cost a third more on this per-attempt path.
         return TelemetryRecord(
             call_id,
@@ -195,6 +207,9 @@ def build_record(
             None,  # error
             cost,
             created_at,
+            scope or (source.scope if source is not None else ""),
+            cache_namespace,
+            params,
         )
     # A failed attempt: the upstream's usage is unknown, so tokens are 0 and marked estimated.
     return TelemetryRecord(
@@ -217,6 +232,9 @@ def build_record(
         error=error_name(outcome),
         cost=pricing.cost(source_model, 0, 0) if pricing is not None and source_model else None,
         created_at=created_at,
+        scope=scope or (source.scope if source is not None else ""),
+        cache_namespace=cache_namespace,
+        params=params,
     )
 
 
@@ -290,6 +308,9 @@ class RowWriter:
         messages: str,
         latency_ms: int,
         source: SourceConfig | None = None,
+        scope: str = "",
+        cache_namespace: str = "",
+        params: str = "",
     ) -> TelemetryRecord | None:
         """``build_record`` stamped with this writer's clock and pricing; ``None`` (and a
         warning) when the row cannot be built."""
@@ -304,6 +325,9 @@ class RowWriter:
                 created_at=self._clock.time(),
                 pricing=self._pricing,
                 source=source,
+                scope=scope,
+                cache_namespace=cache_namespace,
+                params=params,
             )
             return record if self._content == "full" else with_content(record, self._content)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
@@ -327,6 +351,9 @@ class RowWriter:
         messages: str,
         latency_ms: int,
         source: SourceConfig | None = None,
+        scope: str = "",
+        cache_namespace: str = "",
+        params: str = "",
     ) -> TelemetryRecord | None:
         """``build`` then ``submit``; the row written, or ``None``."""
         record = self.build(
@@ -337,6 +364,9 @@ class RowWriter:
             messages=messages,
             latency_ms=latency_ms,
             source=source,
+            scope=scope,
+            cache_namespace=cache_namespace,
+            params=params,
         )
         if record is not None:
             self.submit(record)

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
+from polygateway.params import ChatParams
+
 
 class Secret:
     """A string that never shows itself in ``repr``/``str``. ``reveal()`` returns the value."""
@@ -84,7 +86,8 @@ class SourceConfig:
     provider: str
     base_url: str
     model: str
-    api_key: Secret = field(default_factory=lambda: Secret(""), repr=False)
+    api_key: Secret | str = field(default_factory=lambda: Secret(""), repr=False)
+    """A plain ``str`` is wrapped in ``Secret`` on construction (read it as a ``Secret``)."""
     scope: str = "LLM"
     timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
@@ -99,9 +102,24 @@ class SourceConfig:
     """Cap on one response body, on the wire and decoded (gzip); 0 = unlimited. Exceeding it
     is a ``TransientError`` naming the cap."""
     transport: str = "openai-compat"
+    params: ChatParams = field(default_factory=ChatParams)
+    """Default generation parameters of this source (``{SCOPE}__{P}__{N}__TEMPERATURE``, ...);
+    a call's own values win."""
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """Transport options (e.g. ``engine``, ``trust_env``, ``headers``) from env or the pipeline
     file. Kept out of the repr: headers may carry credentials."""
+
+    def __post_init__(self) -> None:
+        api_key: Any = self.api_key
+        if isinstance(api_key, str):  # SourceConfig(api_key="sk-...") is the obvious spelling
+            object.__setattr__(self, "api_key", Secret(api_key))
+        elif not isinstance(api_key, Secret):
+            raise TypeError(f"api_key must be a str or Secret, got {type(api_key).__name__}")
+
+    def api_key_value(self) -> str:
+        """The API key in clear text (for the transport's header only)."""
+        key = self.api_key
+        return key.reveal() if isinstance(key, Secret) else key
 
     def __repr__(self) -> str:
         # Hand-written so that no credential shows: the key, a password or query in the URL,

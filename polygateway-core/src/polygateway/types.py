@@ -5,9 +5,12 @@ These types import nothing concrete: transports, backends and middleware all spe
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from polygateway.params import ChatParams
 
 if TYPE_CHECKING:
     from polygateway.context import CallContext
@@ -32,6 +35,67 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call the model asked for (OpenAI ``tool_calls[i]``, Anthropic
+    ``tool_use``). ``arguments`` is the raw JSON text as the model wrote it."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def parsed_arguments(self) -> Any:
+        """``arguments`` parsed as JSON (``{}`` when empty); ``ValueError`` naming the call
+        when the model wrote something else."""
+        if not self.arguments.strip():
+            return {}
+        try:
+            return json.loads(self.arguments)
+        except ValueError as exc:
+            raise ValueError(
+                f"tool call {self.id!r} ({self.name}): arguments are not JSON: {exc}"
+            ) from None
+
+    def as_message(self) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry of an assistant message (to send the call back)."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+DeltaKind: TypeAlias = Literal["content", "thinking", "tool_call", "restart"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """One piece of a streamed answer (``GatewayClient.stream``).
+
+    ``content`` / ``thinking``: ``text`` is the new text. ``tool_call``: a fragment of call
+    ``index``; its first fragment carries ``tool_call_id`` and ``name``, ``text`` is the next
+    piece of the arguments JSON. ``restart``: the attempt that produced the deltas so far was
+    cut and another attempt starts from scratch (only with ``restart_on_cut=True``): discard
+    what was shown.
+    """
+
+    kind: DeltaKind
+    text: str = ""
+    index: int = 0
+    tool_call_id: str = ""
+    name: str = ""
+
+
+def assistant_message(response: LLMResponse) -> dict[str, Any]:
+    """The assistant turn of ``response`` for the next request: its content and, when the
+    model called tools, its ``tool_calls`` (answer each with a ``{"role": "tool",
+    "tool_call_id": ..., "content": ...}`` message)."""
+    message: dict[str, Any] = {"role": "assistant", "content": response.content or None}
+    if response.tool_calls:
+        message["tool_calls"] = [call.as_message() for call in response.tool_calls]
+    return message
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +129,8 @@ class LLMResponse:
     """Prompt tokens read from the provider's prompt cache (included in ``prompt_tokens``)."""
     cache_write_tokens: int = 0
     """Prompt tokens written to the provider's prompt cache (included in ``prompt_tokens``)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tools the model called (``finish_reason="tool_calls"``); ``content`` may be empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +155,7 @@ class TransportResult:
     cache_write_tokens: int = 0
     """Prompt tokens written to the prompt cache, included in ``prompt_tokens`` (Anthropic
     ``cache_creation_input_tokens``): priced at their own rate, never twice."""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +177,8 @@ class ChatRequest:
     """Set by the native-schema strategy; sent as the body's ``response_format``."""
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     """Extra top-level body fields merged into every attempt's request body."""
+    params: ChatParams | None = None
+    """Per-call generation parameters (``polygateway.params``), over the source's defaults."""
     context: CallContext | None = field(default=None, compare=False, repr=False)
     """The call's ``polygateway.context.CallContext`` (observers, shared encodings): set by
     ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""
@@ -141,6 +210,12 @@ class TelemetryRecord:
     cost: float | None
     created_at: float = 0.0
     """Wall-clock seconds since the epoch when the row was made (not one of the 18 fields)."""
+    scope: str = ""
+    """The scope (logical role, e.g. ``LLM``, ``JUDGE``) the call ran in."""
+    cache_namespace: str = ""
+    """The call's cache namespace (tenant): per-call, else the scope's; ``""`` when none."""
+    params: str = ""
+    """Canonical JSON of the call's own generation parameters (``""`` when none were set)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from polygateway.errors import RequestRejectedError
+from polygateway.params import ChatParams
 from polygateway.types import Message
 
 SYSTEM_ROLES = frozenset(("system", "developer"))
@@ -261,9 +262,50 @@ def apply_extra_body(
             body[key] = value
 
 
+UNSUPPORTED_PARAMS = ("seed", "presence_penalty", "frequency_penalty", "response_format")
+"""Generation parameters the Messages API has no field for: refused, never dropped silently."""
+
+
+def apply_params(
+    body: dict[str, Any], params: ChatParams, *, source_name: str | None = None
+) -> None:
+    """Map the call's generation parameters (over the source's defaults) onto a Messages body:
+    ``max_tokens``, ``temperature``, ``top_p``, ``stop`` -> ``stop_sequences``, ``tools`` /
+    ``tool_choice`` converted, ``parallel_tool_calls=False`` -> ``disable_parallel_tool_use``,
+    ``user`` -> ``metadata.user_id``, ``model``; ``extra_body`` last."""
+    for name in UNSUPPORTED_PARAMS:
+        if getattr(params, name) is not None:
+            raise _reject(f"{name} is not supported by the Anthropic Messages API", source_name)
+    if params.model is not None:
+        body["model"] = params.model
+    if params.max_tokens is not None:
+        body["max_tokens"] = params.max_tokens
+    if params.temperature is not None:
+        body["temperature"] = params.temperature
+    if params.top_p is not None:
+        body["top_p"] = params.top_p
+    if params.stop is not None:
+        body["stop_sequences"] = (
+            [params.stop] if isinstance(params.stop, str) else list(params.stop)
+        )
+    if params.tools is not None:
+        body["tools"] = convert_tools(params.tools, source_name=source_name)
+    if params.tool_choice is not None:
+        body["tool_choice"] = convert_tool_choice(params.tool_choice, source_name=source_name)
+    if params.parallel_tool_calls is False:
+        choice = body.get("tool_choice") or {"type": "auto"}
+        body["tool_choice"] = {**choice, "disable_parallel_tool_use": True}
+    if params.user is not None:
+        body["metadata"] = {**body.get("metadata", {}), "user_id": params.user}
+    if params.extra_body:
+        apply_extra_body(body, params.extra_body, source_name=source_name)
+
+
 __all__ = [
     "SYSTEM_ROLES",
+    "UNSUPPORTED_PARAMS",
     "apply_extra_body",
+    "apply_params",
     "content_blocks",
     "convert_messages",
     "convert_tool_choice",

@@ -14,13 +14,16 @@ priced at its own rate. ``message_delta`` usage is cumulative: its values replac
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
+from polygateway.ports import DeltaSink
 from polygateway.transports.errors import Secrets, sanitize_message
-from polygateway.transports.openai_chunks import json_loads
+from polygateway.transports.openai_chunks import DeltaTap, json_loads
 from polygateway.transports.sse import SSEEvent
+from polygateway.types import ToolCall
 
 from pgw_anthropic.errors import error_for_event
 
@@ -46,6 +49,7 @@ class ParsedMessage(NamedTuple):
     cache_write_tokens: int
     model: str
     has_tool_calls: bool
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 def _count(value: Any) -> int | None:
@@ -60,6 +64,7 @@ class MessageParser:
     __slots__ = (
         "_content",
         "_thinking",
+        "_tools",
         "cache_read",
         "cache_write",
         "done",
@@ -85,6 +90,8 @@ class MessageParser:
         self.cache_write = 0
         self.has_tool_calls = False
         self.done = False
+        # Content block index -> [id, name, argument JSON pieces] of each tool_use block.
+        self._tools: dict[int, list[Any]] = {}
 
     @property
     def has_content(self) -> bool:
@@ -106,8 +113,10 @@ class MessageParser:
         if value is not None:
             self.cache_write = value
 
-    def _block(self, block: Any) -> bool:
-        """A content block of a JSON answer or a ``content_block_start``; True for a token."""
+    def _block(self, block: Any, index: int = -1, *, streamed: bool = False) -> bool:
+        """A content block of a JSON answer or a ``content_block_start``; True for a token.
+        A streamed ``tool_use`` starts with an empty ``input``: ``input_json_delta`` events
+        bring it in pieces."""
         if not isinstance(block, Mapping):
             return False
         kind = block.get("type")
@@ -123,8 +132,23 @@ class MessageParser:
                 return True
         elif kind in ("tool_use", "server_tool_use"):
             self.has_tool_calls = True
+            if kind == "tool_use":
+                given = block.get("input")
+                pieces = [] if streamed or not given else [json.dumps(given)]
+                name, id_ = block.get("name"), block.get("id")
+                self._tools[index if index >= 0 else len(self._tools)] = [
+                    id_ if isinstance(id_, str) else "",
+                    name if isinstance(name, str) else "",
+                    pieces,
+                ]
             return True
         return False
+
+    def delta_tap(self, sink: DeltaSink, call_id: str) -> DeltaTap:
+        """A tap handing this parser's new text, thinking and tool input to ``sink``."""
+        return DeltaTap(
+            sink, call_id, content=self._content, thinking=self._thinking, calls=self._tools
+        )
 
     def feed_events(self, events: Iterable[SSEEvent]) -> bool:
         """Feed decoded SSE events; True when any carried a token (text, thinking or a tool
@@ -169,11 +193,20 @@ class MessageParser:
                     return True
             elif delta_type == "input_json_delta":
                 self.has_tool_calls = True
+                call = self._tools.get(event.get("index", -1))
+                piece = delta.get("partial_json")
+                if call is not None and isinstance(piece, str) and piece:
+                    call[2].append(piece)
                 return True
             # signature_delta, citations_delta: metadata of a block, not tokens.
             return False
         if kind == "content_block_start":
-            return self._block(event.get("content_block"))
+            index = event.get("index")
+            return self._block(
+                event.get("content_block"),
+                index if isinstance(index, int) else len(self._tools),
+                streamed=True,
+            )
         if kind == "message_start":
             message = event.get("message")
             if isinstance(message, Mapping):
@@ -235,6 +268,10 @@ class MessageParser:
             cache_write_tokens=self.cache_write,
             model=self.model,
             has_tool_calls=self.has_tool_calls,
+            tool_calls=tuple(
+                ToolCall(id_, name, "".join(pieces))
+                for _, (id_, name, pieces) in sorted(self._tools.items(), key=lambda kv: kv[0])
+            ),
         )
 
 

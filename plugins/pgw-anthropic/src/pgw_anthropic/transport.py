@@ -5,8 +5,9 @@ Built on the core's HTTP engines, SSE decoder and liveness watchdog (the same on
 measurement behind that choice.
 
 Source options (strings from the environment are accepted): ``engine`` (as openai-compat),
-``max_tokens`` (default 4096; ``max_tokens`` / ``max_completion_tokens`` in ``extra_body``
-override it per call), ``thinking_budget_tokens`` (default 1024), ``anthropic_version``
+``max_tokens`` (default 4096; the call's ``max_tokens``, or ``max_completion_tokens`` in
+``extra_body``, override it per call), ``thinking_budget_tokens`` (default 1024),
+``anthropic_version``
 (default ``2023-06-01``), ``headers`` (extra request headers, e.g. ``anthropic-beta``),
 ``trust_env``, ``read_timeout_s``, ``max_connections``, ``keepalive_s``.
 
@@ -33,7 +34,7 @@ from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessMonitor, StreamLiveness
 from polygateway.transports.engines import EngineResponse, HttpEngine
-from polygateway.transports.openai_chunks import ParsedCompletion, json_loads
+from polygateway.transports.openai_chunks import DeltaTap, ParsedCompletion, json_loads
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
     attempt_liveness,
@@ -49,7 +50,7 @@ from polygateway.transports.openai_compat import (
 from polygateway.transports.sse import SSEDecoder, SSEProtocolError
 from polygateway.types import ChatRequest, TransportResult
 
-from pgw_anthropic.convert import apply_extra_body, convert_messages
+from pgw_anthropic.convert import apply_extra_body, apply_params, convert_messages
 from pgw_anthropic.errors import ContextWindowExceededError, error_for_response
 from pgw_anthropic.parse import FINISH_REASONS, MessageParser, ParsedMessage
 from pgw_anthropic.profile import ANTHROPIC_PROFILE, DEFAULT_THINKING_BUDGET
@@ -105,6 +106,9 @@ def build_messages_body(
         body.update(extra)
     if request.extra_body:
         apply_extra_body(body, request.extra_body, source_name=source.name)
+    params = request.params.over(source.params) if request.params is not None else source.params
+    if not params.is_empty():
+        apply_params(body, params, source_name=source.name)
     setting = body.get("thinking")
     if isinstance(setting, Mapping) and setting.get("type") == "enabled":
         budget = setting.get("budget_tokens")
@@ -142,7 +146,7 @@ class AnthropicTransport:
             "anthropic-version": str(options.get("anthropic_version", ANTHROPIC_VERSION)),
             **option_headers(source),
         }
-        key = source.api_key.reveal()
+        key = source.api_key_value()
         if key:
             headers["x-api-key"] = key
         self._secret = source_secrets(source)
@@ -208,7 +212,10 @@ class AnthropicTransport:
                 if not request.stream:
                     raw = await response.read()
             if request.stream:
-                await self._read_events(response, parser, liveness)
+                context = request.context
+                sink = context.stream if context is not None else None
+                tap = None if sink is None else parser.delta_tap(sink, call_id)
+                await self._read_events(response, parser, liveness, tap)
             else:
                 self._parse_json(raw, parser, source)
         finally:
@@ -226,7 +233,11 @@ class AnthropicTransport:
         )
 
     async def _read_events(
-        self, response: EngineResponse, parser: MessageParser, liveness: StreamLiveness
+        self,
+        response: EngineResponse,
+        parser: MessageParser,
+        liveness: StreamLiveness,
+        tap: DeltaTap | None = None,
     ) -> None:
         decoder = SSEDecoder()
         read_chunk = response.read_chunk
@@ -239,6 +250,8 @@ class AnthropicTransport:
                     return
                 if parser.feed_events(decoder.feed(chunk)):
                     liveness.token()
+                    if tap is not None:  # GatewayClient.stream: hand the new deltas on
+                        tap.flush()
             if not response.at_eof():
                 await drain_response(response)
         except SSEProtocolError as exc:
@@ -292,6 +305,7 @@ class AnthropicTransport:
             has_tool_calls=message.has_tool_calls,
             cached_tokens=cache_read,
             cache_write_tokens=cache_write,
+            tool_calls=message.tool_calls,
         )
         return transport_result(
             completion,

@@ -65,7 +65,7 @@ class OpenAICompatEmbeddingTransport:
         self._dimensions = option_int(source.options, "dimensions", source.name)
         headers = {"Content-Type": "application/json", **option_headers(source)}
         if source.api_key:
-            headers["Authorization"] = f"Bearer {source.api_key.reveal()}"
+            headers["Authorization"] = f"Bearer {source.api_key_value()}"
         self._secret = source_secrets(source)
         self._engine: HttpEngine = engine_for_source(source, headers, self._secret)
         self._monitor: LivenessMonitor | None = None

@@ -93,7 +93,7 @@ class MonkeyOcrTransport:
         self._origin = (parts.scheme, parts.netloc)
         self._options = MonkeyOcrOptions.from_source(source)
         self._clock: Clock = clock or SystemClock()
-        self._secret = source.api_key.reveal() or None
+        self._secret = source.api_key_value() or None
         # Masked out of every message: the key, a URL password, credential-looking headers.
         self._secrets = source_secrets(source)
         self._session: aiohttp.ClientSession | None = None

@@ -49,7 +49,11 @@ from polygateway.transports.errors import (
     sanitize_message,
     wire_error,
 )
-from polygateway.transports.openai_chunks import ParsedCompletion
+from polygateway.transports.openai_chunks import (
+    ParsedCompletion,
+    ToolCallAssembler,
+    tool_calls_of,
+)
 from polygateway.transports.openai_compat import (
     attempt_liveness,
     build_request_body,
@@ -113,6 +117,7 @@ class _StreamState:
         "prompt_tokens",
         "splitter",
         "thinking",
+        "tools",
     )
 
     def __init__(self, tags: tuple[tuple[str, str], ...]) -> None:
@@ -124,6 +129,7 @@ class _StreamState:
         self.completion_tokens: int | None = None
         self.cache = (0, 0)
         self.has_tool_calls = False
+        self.tools = ToolCallAssembler()
 
 
 class OpenAISDKTransport:
@@ -149,7 +155,7 @@ class OpenAISDKTransport:
                 f"of the openai SDK; choose one of {', '.join(HTTP_CLIENTS)}"
             )
         self._headers = option_headers(source)
-        self._key = source.api_key.reveal()
+        self._key = source.api_key_value()
         self._secret = source_secrets(source)
         read_timeout = option_float(options, "read_timeout_s", None, source.name)
         self._timeout = httpx2.Timeout(
@@ -355,6 +361,7 @@ class OpenAISDKTransport:
                 state.has_tool_calls,
                 cached,
                 written,
+                state.tools.result(),
             ),
             # The SDK hides whether [DONE] came: the finish chunk stands for the end.
             complete=state.finish_reason is not None,
@@ -411,6 +418,8 @@ class OpenAISDKTransport:
             token = True
         if delta.tool_calls:
             state.has_tool_calls = True
+            # The SDK's fragment objects, as the wire's dicts for the one assembler.
+            state.tools.feed([call.model_dump(exclude_none=True) for call in delta.tool_calls])
             token = True
         content = delta.content
         if content and isinstance(content, str):
@@ -498,6 +507,7 @@ class OpenAISDKTransport:
             bool(message.tool_calls),
             cached,
             written,
+            tool_calls_of(message.model_dump(include={"tool_calls"}, exclude_none=True)),
         )
 
 

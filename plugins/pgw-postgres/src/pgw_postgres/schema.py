@@ -68,8 +68,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("cache_hit", "boolean", "NOT NULL"),
     Column("error", "text"),
     Column("cost", "double precision"),
-    # A later column: one line, nullable or with a DEFAULT, e.g.
-    #   Column("scope", "text", since=2),
+    # Later columns: one line each, nullable (rows stored before them read NULL).
+    Column("scope", "text", since=2),
+    Column("cache_namespace", "text", since=2),
+    Column("params", "text", since=2),
 )
 """The telemetry columns, in row order; ``created_at`` follows them."""
 

@@ -130,7 +130,12 @@ class ChatDispatcher:
             salvaged=result.salvaged,
             cached_prompt_tokens=result.cached_prompt_tokens,
             cache_write_tokens=result.cache_write_tokens,
+            tool_calls=result.tool_calls,
         )
+        if result.usage_source == "estimated":
+            # No (trustworthy) usage: TPM keeps the source's est_tokens pre-charge, the
+            # conservative fallback (ARCHITECTURE §7.7), not a chars/4 guess that undercharges.
+            return Attempted(response, None)
         return Attempted(response, result.prompt_tokens + result.completion_tokens)
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from polygateway.types import LLMResponse
 
 from polygateway.cli import add_config_arguments
 
@@ -44,12 +48,29 @@ async def _chat(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"config: {problem}", file=sys.stderr)
         return 2
+    live = not args.json and not args.no_stream  # print tokens as they arrive
     async with client:
         try:
-            response = await client.chat(messages, stream=not args.no_stream)
+            if live:
+                async with client.stream(messages) as stream:
+                    async for delta in stream:
+                        if delta.kind == "content":
+                            sys.stdout.write(delta.text)
+                            sys.stdout.flush()
+                        elif delta.kind == "thinking":
+                            sys.stderr.write(delta.text)
+                        elif delta.kind == "restart":
+                            sys.stdout.write("\n[restarted]\n")
+                response = stream.response
+            else:
+                response = await client.chat(messages, stream=not args.no_stream)
         except PolyGatewayError as exc:
             print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
+    if live:
+        print()
+        _footer(response)
+        return 0
     if args.json:
         data = dataclasses.asdict(response)
         data.pop("structured_data", None)
@@ -58,10 +79,14 @@ async def _chat(args: argparse.Namespace) -> int:
         if response.thinking:
             print(f"[thinking] {response.thinking}\n", file=sys.stderr)
         print(response.content)
-        print(
-            f"[{response.source_name} {response.model} {response.latency_ms} ms "
-            f"{response.prompt_tokens}+{response.completion_tokens} tokens"
-            f"{' cache hit' if response.cache_hit else ''}]",
-            file=sys.stderr,
-        )
+        _footer(response)
     return 0
+
+
+def _footer(response: LLMResponse) -> None:
+    print(
+        f"[{response.source_name} {response.model} {response.latency_ms} ms "
+        f"{response.prompt_tokens}+{response.completion_tokens} tokens"
+        f"{' cache hit' if response.cache_hit else ''}]",
+        file=sys.stderr,
+    )

@@ -24,7 +24,10 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     add_source_arguments(report)
     report.add_argument("--since", help="only rows newer than this: 30m, 2h, 7d or an ISO date")
     report.add_argument(
-        "--by", choices=("model", "source", "session"), default="model", help="group rows by"
+        "--by",
+        choices=("model", "source", "session", "scope", "namespace"),
+        default="model",
+        help="group rows by",
     )
     report.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     return run

@@ -49,6 +49,15 @@ SOURCE_FIELDS: dict[str, str] = {
     "TRANSPORT": "transport",
     "ENGINE": "engine",
     "TRUST_ENV": "trust_env",
+    "TEMPERATURE": "temperature",
+    "TOP_P": "top_p",
+    "MAX_TOKENS": "max_tokens",
+    "SEED": "seed",
+    "PRESENCE_PENALTY": "presence_penalty",
+    "FREQUENCY_PENALTY": "frequency_penalty",
+    "STOP": "stop",
+    "USER": "user",
+    "PARALLEL_TOOL_CALLS": "parallel_tool_calls",
 }
 """``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` -> source field (``TIMEOUT`` aliases ``TIMEOUT_S``)."""
 

@@ -100,6 +100,16 @@ class SourceDefaultsLayer(LayerModel):
     engine: Engine | None = None
     trust_env: Bool | None = None
     options: Options | None = None
+    # Default generation parameters (polygateway.params.ChatParams); a call's own values win.
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    max_tokens: PositiveInt | None = None
+    seed: int | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    stop: Name | list[Name] | None = None
+    user: Name | None = None
+    parallel_tool_calls: Bool | None = None
 
 
 class SourceLayer(SourceDefaultsLayer):

@@ -17,6 +17,7 @@ from polygateway.config import env as envkeys
 from polygateway.config import pipeline as pipefile
 from polygateway.config.merge import Label, Resolved, merge, with_env_refs
 from polygateway.config.models import Loc, MaskedOptions, SourceLayer, validate_layer
+from polygateway.params import ChatParams
 from polygateway.settings import Limits, Secret, SourceConfig
 
 _SOURCE_ARGS = (
@@ -31,6 +32,17 @@ _SOURCE_ARGS = (
     "transport",
 )
 _LIMIT_ARGS = ("max_concurrency", "rpm", "tpm")
+_PARAM_ARGS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+    "user",
+    "parallel_tool_calls",
+)
 
 
 @dataclass
@@ -165,6 +177,11 @@ def build_source(scope: str, draft: SourceDraft) -> tuple[SourceConfig | None, l
             options[option] = values[option]
     kwargs = {name: values[name] for name in _SOURCE_ARGS if name in values}
     limits = Limits(**{name: values[name] for name in _LIMIT_ARGS if name in values})
+    params = {name: values[name] for name in _PARAM_ARGS if values.get(name) is not None}
+    if isinstance(params.get("stop"), list):
+        params["stop"] = tuple(params["stop"])
+    if params:
+        kwargs["params"] = ChatParams(**params)
     source = SourceConfig(
         name=draft.name,
         provider=draft.provider,

@@ -71,10 +71,12 @@ def noted(reasons: dict[str, str] | None, name: str, reason: str) -> dict[str, s
 def reasons_report(
     names: Sequence[str], memo: CooldownMemo, reasons: Mapping[str, str] | None
 ) -> dict[str, str]:
-    """Per-source reasons of this call, plus ``cooldown`` for sources skipped by the memo."""
+    """Per-source reasons of this call, plus ``cooldown`` for sources skipped by the memo
+    (``source_dead`` for one the memo holds as dead: a revoked key stays a dead source on
+    later calls, not a transient cooldown)."""
     report = dict(reasons) if reasons else {}
-    for name in memo.cooling(names):
-        report.setdefault(name, "cooldown")
+    for name, (_, why) in memo.cooling(names).items():
+        report.setdefault(name, "source_dead" if why == "source_dead" else "cooldown")
     return report
 
 

@@ -86,6 +86,10 @@ def _components(ctx: BuildContext, layer: str) -> Components:
 def _telemetry(ctx: BuildContext) -> Middleware:
     components = _components(ctx, "telemetry")
     if components.telemetry is None:
+        if components.pricing is not None:  # no rows, but the caller still gets resp.cost
+            from polygateway.middleware.telemetry import PricingMiddleware
+
+            return PricingMiddleware(components.pricing, sources=ctx.settings.sources)
         return PassThroughMiddleware("telemetry")
     from polygateway.middleware.telemetry import TelemetryMiddleware
 
@@ -94,6 +98,8 @@ def _telemetry(ctx: BuildContext) -> Middleware:
         pricing=components.pricing,
         clock=ctx.clock,
         content=ctx.settings.telemetry.content,
+        scope=ctx.settings.scope,
+        namespace=ctx.settings.cache.namespace,
     )
 
 

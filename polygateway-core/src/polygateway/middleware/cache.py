@@ -3,7 +3,8 @@ and never reaches the network (ARCHITECTURE §4.3, §7.5; D4).
 
 Key: ``pgw:cache:`` + sha256 of the canonical JSON of ``{model, messages_digest, namespace,
 salt, structured}`` (plus ``extra``, the request's ``extra_body``, when it is not empty: other
-body parameters mean another answer). Canonical JSON makes delimiters in tenant ids harmless.
+body parameters mean another answer; and ``args``, the per-call generation parameters of
+``polygateway.params``, when any is set). Canonical JSON makes delimiters in tenant ids harmless.
 
 Value: the ``LLMResponse`` as JSON, without ``structured_data``. Only what passed the
 structured ladder is stored (the structured layer is inside this one), never an empty or a
@@ -31,8 +32,9 @@ import orjson
 from polygateway.digest import canonical_json, messages_digest
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ids import new_call_id
+from polygateway.params import identity
 from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy, SupportsCacheNowait
-from polygateway.types import ChatRequest, LLMResponse
+from polygateway.types import ChatRequest, LLMResponse, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ def _stored(r: LLMResponse) -> dict[str, Any]:
         "salvaged": r.salvaged,
         "cached_prompt_tokens": r.cached_prompt_tokens,
         "cache_write_tokens": r.cache_write_tokens,
+        "tool_calls": [[c.id, c.name, c.arguments] for c in r.tool_calls] if r.tool_calls else None,
     }
 
 
@@ -121,6 +124,9 @@ def decode_fields(value: str) -> dict[str, Any]:
         raise ValueError("cached value is not an encoded LLMResponse")
     if not _STORED_FIELD_SET.issuperset(data):
         data = {k: v for k, v in data.items() if k in _STORED_FIELD_SET}
+    calls = data.pop("tool_calls", None)
+    if calls:
+        data["tool_calls"] = tuple(ToolCall(*call) for call in calls)
     return data
 
 
@@ -133,12 +139,12 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
 
 def is_cacheable(response: LLMResponse) -> bool:
     """A real, complete answer: not a hit already, not empty, not cut off by the token limit,
-    not salvaged from a stream that ended without ``[DONE]``."""
+    not salvaged from a stream that ended without ``[DONE]`` (tool calls alone are an answer)."""
     return (
         not response.cache_hit
         and not response.salvaged
         and response.finish_reason != "length"
-        and bool(response.content.strip())
+        and (bool(response.content.strip()) or bool(response.tool_calls))
     )
 
 
@@ -272,6 +278,9 @@ class CacheMiddleware:
             tail = self._key_tail(namespace, salt, structured)
         extra = request.extra_body
         head = '{"extra":' + canonical_json(extra) + "," if extra else "{"
+        args = identity(request.params)
+        if args is not None:  # the per-call generation parameters change the answer
+            head = '{"args":' + canonical_json(args) + "," + head[1:]
         key_json = f'{head}"messages_digest":"{digest}"{tail}'
         return KEY_PREFIX + hashlib.sha256(key_json.encode("utf-8")).hexdigest()
 

@@ -27,14 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+from collections.abc import Sequence
 
 from polygateway.context import CallContext, with_context
-from polygateway.digest import canonical_messages_json
+from polygateway.digest import canonical_json, canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
+from polygateway.params import identity
 from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
-from polygateway.records import CANCELLED, RowWriter, build_record, error_name
+from polygateway.records import CANCELLED, RowWriter, build_record, error_name, outcome_cost
 from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
+
+logger = logging.getLogger(__name__)
 
 
 def messages_json(request: ChatRequest) -> str:
@@ -73,13 +78,21 @@ def build_telemetry_record(
         created_at=created_at,
         pricing=pricing,
         source=source,
+        cache_namespace=request.cache_namespace or "",
+        params=params_json(request),
     )
+
+
+def params_json(request: ChatRequest) -> str:
+    """The ``params`` column: the call's own generation parameters (``""`` when none)."""
+    args = identity(request.params)
+    return "" if args is None else canonical_json(args)
 
 
 class TelemetryMiddleware:
     """Records every attempt, cache hit and pre-attempt failure; fills ``LLMResponse.cost``."""
 
-    __slots__ = ("_clock", "_recorder", "_rows", "submit", "warn_once")
+    __slots__ = ("_clock", "_namespace", "_recorder", "_rows", "_scope", "submit", "warn_once")
 
     def __init__(
         self,
@@ -88,7 +101,13 @@ class TelemetryMiddleware:
         pricing: Pricing | None,
         clock: Clock,
         content: TelemetryContent = "full",
+        scope: str = "",
+        namespace: str | None = None,
     ) -> None:
+        """``scope`` and ``namespace`` (the cache's default) fill the rows' ``scope`` and
+        ``cache_namespace`` when neither the source nor the call says otherwise."""
+        self._scope = scope
+        self._namespace = namespace or ""
         self._recorder = recorder
         self._clock = clock
         # PGW_TELEMETRY_CONTENT applies to every row the writer builds.
@@ -178,6 +197,9 @@ class TelemetryMiddleware:
             messages=messages,
             latency_ms=latency_ms,
             source=source,
+            scope=self._scope,
+            cache_namespace=request.cache_namespace or self._namespace,
+            params=params_json(request) if request.params is not None else "",
         )
 
     def _emit(
@@ -205,6 +227,36 @@ class TelemetryMiddleware:
 
     def __repr__(self) -> str:
         return f"TelemetryMiddleware(recorder={self._recorder!r}, pricing={self._rows.pricing!r})"
+
+
+class PricingMiddleware:
+    """Fills ``LLMResponse.cost`` when a pricing table is configured but telemetry is off
+    (with telemetry on, the telemetry layer does it from the row)."""
+
+    __slots__ = ("_models", "_pricing", "_warned")
+
+    def __init__(self, pricing: Pricing, *, sources: Sequence[SourceConfig]) -> None:
+        self._pricing = pricing
+        # Cost is of the source's configured model, as in the telemetry rows.
+        self._models = {source.name: source.model for source in sources}
+        self._warned = False
+
+    async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
+        response = await call_next(request)
+        if response.cost is not None:
+            return response
+        try:
+            model = self._models.get(response.source_name) or response.model
+            cost = outcome_cost(response, model, self._pricing)
+        except Exception as exc:  # noqa: BLE001 - pricing never breaks the call
+            if not self._warned:
+                self._warned = True
+                logger.warning("cost could not be computed: %r", exc)
+            return response
+        return response if cost is None else dataclasses.replace(response, cost=cost)
+
+    def __repr__(self) -> str:
+        return f"PricingMiddleware(pricing={self._pricing!r})"
 
 
 class _CallObserver:
@@ -275,6 +327,7 @@ class _CallObserver:
 
 __all__ = [
     "CANCELLED",
+    "PricingMiddleware",
     "TelemetryMiddleware",
     "build_telemetry_record",
     "error_name",

@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-GroupBy = Literal["model", "source", "session"]
-_GROUP_COLUMN: dict[str, str] = {"model": "model", "source": "source_name", "session": "session_id"}
+GroupBy = Literal["model", "source", "session", "scope", "namespace"]
+_GROUP_COLUMN: dict[str, str] = {
+    "model": "model",
+    "source": "source_name",
+    "session": "session_id",
+    "scope": "scope",
+    "namespace": "cache_namespace",
+}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

@@ -59,7 +59,18 @@ COLUMNS: tuple[str, ...] = (
     "error",
     "cost",
     "created_at",
+    "scope",
+    "cache_namespace",
+    "params",
 )
+
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("scope", "TEXT NOT NULL DEFAULT ''"),
+    ("cache_namespace", "TEXT NOT NULL DEFAULT ''"),
+    ("params", "TEXT NOT NULL DEFAULT ''"),
+)
+"""Columns added after the first schema: a database made before them gets them in place
+(``ALTER TABLE ... ADD COLUMN``, old rows read ``''``) when it is opened."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -81,7 +92,10 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     cache_hit INTEGER NOT NULL,
     error TEXT,
     cost REAL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    scope TEXT NOT NULL DEFAULT '',
+    cache_namespace TEXT NOT NULL DEFAULT '',
+    params TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS {TABLE}_created_at ON {TABLE} (created_at);
 """
@@ -124,7 +138,21 @@ def _row(record: TelemetryRecord) -> Row:
         record.error,
         record.cost,
         created_at,
+        record.scope,
+        record.cache_namespace,
+        record.params,
     )
+
+
+def migrate(conn: sqlite3.Connection) -> list[str]:
+    """Add the ``ADDED_COLUMNS`` an older table lacks; the names added."""
+    present = {str(row[1]) for row in conn.execute(f"PRAGMA table_info({TABLE})")}
+    added = []
+    for name, declaration in ADDED_COLUMNS:
+        if name not in present:
+            conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {declaration}")
+            added.append(name)
+    return added
 
 
 class SQLiteRecorder:
@@ -314,6 +342,7 @@ class SQLiteRecorder:
             # lose the last transactions, an acceptable trade for telemetry.
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.executescript(SCHEMA)
+            migrate(conn)
             conn.commit()
             # SQLite builds before 3.32 bind at most 999 parameters to one statement.
             fit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)

@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
-from polygateway.ports import ErrorRule
+from polygateway.ports import DeltaSink, ErrorRule
 from polygateway.transports.errors import error_for_stream_event, sanitize_message
 from polygateway.transports.sse import SSEEvent
 from polygateway.transports.think_tags import BODY, ThinkTagSplitter, opens_think_block, split_think
+from polygateway.types import StreamDelta, ToolCall
 
 try:
     import orjson as _orjson
@@ -50,6 +51,112 @@ class ParsedCompletion(NamedTuple):
     """Prompt tokens read from the provider's prompt cache (part of ``prompt_tokens``)."""
     cache_write_tokens: int = 0
     """Prompt tokens written to the provider's prompt cache (part of ``prompt_tokens``)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def _text(value: Any) -> str:
+    return value if type(value) is str else ""
+
+
+class ToolCallAssembler:
+    """Tool calls from streamed fragments: each fragment names its call by ``index``; the
+    first carries ``id`` and ``function.name``, later ones pieces of ``function.arguments``."""
+
+    __slots__ = ("_calls",)
+
+    def __init__(self) -> None:
+        self._calls: dict[int, list[Any]] = {}
+
+    def feed(self, fragments: Any) -> None:
+        if type(fragments) is not list:
+            return
+        for position, fragment in enumerate(fragments):
+            if type(fragment) is not dict:
+                continue
+            index = fragment.get("index", position)
+            call = self._calls.get(index)
+            if call is None:
+                call = self._calls[index] = ["", "", []]
+            if fragment.get("id"):
+                call[0] = _text(fragment["id"])
+            function = fragment.get("function")
+            if type(function) is dict:
+                if function.get("name"):
+                    call[1] = _text(function["name"])
+                arguments = function.get("arguments")
+                if arguments and type(arguments) is str:
+                    call[2].append(arguments)
+
+    @property
+    def calls(self) -> Mapping[int, list[Any]]:
+        """``index -> [id, name, argument pieces]`` so far (read, never modify)."""
+        return self._calls
+
+    def result(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(id_, name, "".join(parts))
+            for _, (id_, name, parts) in sorted(self._calls.items(), key=lambda kv: kv[0])
+        )
+
+
+class DeltaTap:
+    """Hands what a parser added since the last ``flush`` to a ``DeltaSink`` as
+    ``StreamDelta``s (thinking, content, tool-call fragments), for ``GatewayClient.stream``.
+    Reads the parser's growing lists; costs nothing on calls that do not stream."""
+
+    __slots__ = ("_call_id", "_calls", "_content", "_seen", "_seen_calls", "_sink", "_thinking")
+
+    def __init__(
+        self,
+        sink: DeltaSink,
+        call_id: str,
+        *,
+        content: list[str],
+        thinking: list[str],
+        calls: Mapping[int, list[Any]],
+    ) -> None:
+        self._sink = sink
+        self._call_id = call_id
+        self._content = content
+        self._thinking = thinking
+        self._calls = calls
+        self._seen = [0, 0]
+        self._seen_calls: dict[int, int] = {}
+
+    def flush(self) -> None:
+        emit = self._sink.on_delta
+        seen = self._seen
+        for slot, parts, kind in ((0, self._thinking, "thinking"), (1, self._content, "content")):
+            if len(parts) > seen[slot]:
+                text = "".join(parts[seen[slot] :])
+                seen[slot] = len(parts)
+                if text:
+                    emit(self._call_id, StreamDelta(kind, text))  # type: ignore[arg-type]
+        for index, (id_, name, pieces) in self._calls.items():
+            done = self._seen_calls.get(index)
+            if done is None:
+                self._seen_calls[index] = len(pieces)
+                emit(self._call_id, StreamDelta("tool_call", "".join(pieces), index, id_, name))
+            elif len(pieces) > done:
+                self._seen_calls[index] = len(pieces)
+                emit(self._call_id, StreamDelta("tool_call", "".join(pieces[done:]), index))
+
+
+def tool_calls_of(message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+    """The ``tool_calls`` of a non-streamed ``message`` (``()`` when none)."""
+    calls = message.get("tool_calls")
+    if not calls or type(calls) is not list:
+        return ()
+    out = []
+    for call in calls:
+        function = call.get("function") if type(call) is dict else None
+        if type(function) is not dict:
+            continue
+        arguments = function.get("arguments")
+        if type(arguments) is not str:  # some servers send an object
+            arguments = "" if arguments is None else json.dumps(arguments)
+        out.append(ToolCall(_text(call.get("id")), _text(function.get("name")), arguments))
+    return tuple(out)
 
 
 def _as_tokens(value: Any) -> int:
@@ -161,6 +268,7 @@ class ChatStreamParser:
         "has_tool_calls",
         "model",
         "source_name",
+        "tools",
     )
 
     def __init__(
@@ -183,10 +291,20 @@ class ChatStreamParser:
         self.has_tool_calls = False
         self.model = ""
         self.source_name = source_name
+        self.tools = ToolCallAssembler()
 
     @property
     def has_content(self) -> bool:
         return self._splitter.has_text
+
+    @property
+    def content_parts(self) -> list[str]:
+        """The content pieces so far (grows as events are fed; read, never modify)."""
+        return self._splitter.content
+
+    @property
+    def thinking_parts(self) -> list[str]:
+        return self._splitter.thinking
 
     def feed_event(self, data: bytes, event: bytes | None = None) -> bool:
         if not data:
@@ -299,8 +417,10 @@ class ChatStreamParser:
                     # Only when no plain field had it: OpenRouter may send both, the same text.
                     self._splitter.thinking.append(reasoning_details_text(details))
                     token = True  # encrypted reasoning too: the model is working
-            if delta.get("tool_calls"):
+            fragments = delta.get("tool_calls")
+            if fragments:
                 self.has_tool_calls = True
+                self.tools.feed(fragments)
                 token = True
         if content and type(content) is str:
             self._splitter.feed(content)
@@ -352,6 +472,7 @@ class ChatStreamParser:
             has_tool_calls=self.has_tool_calls,
             cached_tokens=self._cache[0],
             cache_write_tokens=self._cache[1],
+            tool_calls=self.tools.result() if self.has_tool_calls else (),
         )
 
 
@@ -421,15 +542,19 @@ def parse_completion(
         bool(message.get("tool_calls")),
         cached,
         written,
+        tool_calls_of(message),
     )
 
 
 __all__ = [
     "ChatStreamParser",
+    "DeltaTap",
     "ParsedCompletion",
+    "ToolCallAssembler",
     "cache_usage",
     "content_parts",
     "json_loads",
     "parse_completion",
     "reasoning_details_text",
+    "tool_calls_of",
 ]

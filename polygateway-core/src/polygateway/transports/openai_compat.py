@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from polygateway.digest import canonical_messages_json
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
 from polygateway.options import parse_bool, parse_number
+from polygateway.params import body_fields
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
@@ -51,6 +52,7 @@ from polygateway.transports.engines import (
 from polygateway.transports.errors import Secrets, error_for_status, sanitize_message
 from polygateway.transports.openai_chunks import (
     ChatStreamParser,
+    DeltaTap,
     ParsedCompletion,
     json_loads,
     parse_completion,
@@ -115,14 +117,19 @@ def build_request_body(
         raise RequestRejectedError("messages must not be empty", source_name=source.name)
     stream = request.stream
     messages = request.messages
+    params = request.params.over(source.params) if request.params is not None else source.params
+    plain = params.is_empty()
     body: dict[str, Any] = {
-        "model": source.model,
+        "model": source.model if plain or params.model is None else params.model,
         "messages": messages if isinstance(messages, list) else list(messages),
         "stream": stream,
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
-    if request.response_format is not None:
+    if not plain:
+        field = profile.max_tokens_field if profile is not None else "max_tokens"
+        body.update(body_fields(params, max_tokens_field=field))
+    if request.response_format is not None:  # the native-schema strategy's, over the caller's
         body["response_format"] = request.response_format
     thinking = source.enable_thinking
     if thinking is not None and profile is not None and profile.thinking_body is not None:
@@ -135,6 +142,8 @@ def build_request_body(
         body.update(profile.thinking_body(thinking))
     if request.extra_body:
         body.update(request.extra_body)
+    if not plain and params.extra_body:
+        body.update(params.extra_body)
     return body
 
 
@@ -211,7 +220,7 @@ def source_secrets(source: SourceConfig) -> tuple[str, ...]:
         password = urlsplit(source.base_url).password or ""
     except ValueError:  # an unparsable URL: the engine reports it
         password = ""
-    values = (source.api_key.reveal(), password, *option_headers(source).values())
+    values = (source.api_key_value(), password, *option_headers(source).values())
     return tuple(value for value in values if len(value) >= _MIN_SECRET_CHARS)
 
 
@@ -364,6 +373,7 @@ def transport_result(
         salvaged=salvaged,
         cached_prompt_tokens=completion.cached_tokens,
         cache_write_tokens=completion.cache_write_tokens,
+        tool_calls=completion.tool_calls,
     )
 
 
@@ -388,7 +398,7 @@ class OpenAICompatTransport:
             dict(providers) if providers is not None else builtin_profiles_by_name()
         )
         headers = {"Content-Type": "application/json", **option_headers(source)}
-        key = source.api_key.reveal()
+        key = source.api_key_value()
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._secret = source_secrets(source)
@@ -438,7 +448,7 @@ class OpenAICompatTransport:
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
             ) from exc
         if request.stream:
-            return await self._send_stream(body, request, source, profile)
+            return await self._send_stream(body, request, source, profile, call_id)
         return await self._send_json(body, request, source, profile)
 
     async def aclose(self) -> None:
@@ -460,6 +470,7 @@ class OpenAICompatTransport:
         request: ChatRequest,
         source: SourceConfig,
         profile: ProviderProfile | None,
+        call_id: str = "",
     ) -> TransportResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -499,7 +510,20 @@ class OpenAICompatTransport:
                 # Otherwise labelled JSON but not a JSON object: read it as the stream it
                 # probably is.
             if completion is None:
-                await self._read_events(chunk, response, parser, liveness)
+                context = request.context
+                sink = context.stream if context is not None else None
+                tap = (
+                    None
+                    if sink is None
+                    else DeltaTap(
+                        sink,
+                        call_id,
+                        content=parser.content_parts,
+                        thinking=parser.thinking_parts,
+                        calls=parser.tools.calls,
+                    )
+                )
+                await self._read_events(chunk, response, parser, liveness, tap)
                 if parser.done and not response.at_eof():
                     await drain_response(response)
         finally:
@@ -526,6 +550,7 @@ class OpenAICompatTransport:
         response: EngineResponse,
         parser: ChatStreamParser,
         liveness: StreamLiveness,
+        tap: DeltaTap | None = None,
     ) -> None:
         """Feed the body to ``parser`` up to ``[DONE]`` or the end of the body, starting with
         ``chunk`` (already read, may be empty)."""
@@ -542,6 +567,8 @@ class OpenAICompatTransport:
                         return
                 if feed(decoder.feed(chunk)):
                     liveness.token()
+                    if tap is not None:  # GatewayClient.stream: hand the new deltas on
+                        tap.flush()
                 if parser.done:
                     return
                 chunk = b""

@@ -352,6 +352,12 @@ class OpenAIAnswers:
             ]
         elif reasoning is not None:
             message["reasoning_content"] = reasoning
+        if reply.tool_calls:
+            message["content"] = content or None
+            message["tool_calls"] = [
+                {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+                for id_, name, args in reply.tool_calls
+            ]
         answer: dict[str, Any] = {
             "id": f"chatcmpl-fake{ask.serial}",
             "object": "chat.completion",
@@ -447,6 +453,8 @@ class OpenAIAnswers:
         pending = bytearray(sse_head(close))
         pending += event(_event_tail(role, "null", include_usage))
         tails = self._token_event_tails(content, reply, reasoning, include_usage)
+        if reply.tool_calls:
+            tails = tails + _tool_call_tails(reply, include_usage)
         faulty = kind in ("cut", "malformed", "mid_stream_error")
         sent = tails[: reply.after_chunks] if faulty else tails
         if reply.first_token_delay or reply.inter_token_delay:
@@ -493,6 +501,22 @@ class OpenAIAnswers:
 
 
 _FLOOD_PIECE: Final = 64 * 1024
+
+
+def _tool_call_tails(reply: Reply, include_usage: bool) -> list[bytes]:
+    """OpenAI's streamed tool calls: per call, its id and name with empty arguments, then
+    the arguments in pieces, each fragment addressed by the call's ``index``."""
+    tails = []
+    for index, (id_, name, args) in enumerate(reply.tool_calls):
+        head = {"index": index, "id": id_, "type": "function"}
+        head["function"] = {"name": name, "arguments": ""}
+        deltas = [{"tool_calls": [head]}]
+        deltas += [
+            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+            for piece in split(args, reply.chunks)
+        ]
+        tails += [_event_tail(dumps(delta), "null", include_usage) for delta in deltas]
+    return tails
 
 
 def _flood_plan(ask: Ask, created: int) -> list[Step]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -82,6 +82,8 @@ class Reply:
     after_chunks: int = 0
     after_headers: bool = False
     location: str | None = None
+    tool_calls: tuple[tuple[str, str, str], ...] = ()
+    """``(id, name, arguments JSON)`` per tool call of an ``ok`` answer (OpenAI route)."""
     size: int = 0
     gzip: bool = False
     fill: str = "x"
@@ -140,8 +142,13 @@ class Reply:
         model: str | None = None,
         cached_tokens: int | None = None,
         dialect: Dialect = "openai",
+        tool_calls: Sequence[tuple[str, str, str]] = (),
     ) -> Reply:
         """A normal completion (JSON or SSE, as the request asks).
+
+        ``tool_calls``: ``(id, name, arguments JSON)`` each, answered as ``message.tool_calls``
+        or, streamed, as OpenAI's fragments (the id and name first, then the arguments in
+        pieces, by ``index``) after the content; pass ``finish_reason="tool_calls"`` with them.
 
         ``content`` may be a callable receiving the request JSON. Streaming splits content into
         ``chunks`` pieces (default: one per 4 characters, at most 20); ``reasoning`` streams first
@@ -179,6 +186,7 @@ class Reply:
             model=model,
             cached_tokens=cached_tokens,
             dialect=dialect,
+            tool_calls=tuple(tuple(call) for call in tool_calls),  # type: ignore[misc]
         )
 
     @classmethod
