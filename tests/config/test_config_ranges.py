@@ -105,8 +105,10 @@ def test_every_numeric_setting_is_range_checked(key: str, kind: type) -> None:
     problems = [p for p in info.value.problems if p.startswith(f"{key}:")]
     assert problems, info.value.problems
     assert "must be <=" in problems[0]
+    # The penalties range over [-2, 2] (OpenAI's bounds): below that is the lower edge.
+    too_small = "-3" if key.endswith("_PENALTY") else "-1"
     with pytest.raises(ConfigError) as info:
-        load_settings(source_env(**{key: "-1"}), dotenv_path=None)
+        load_settings(source_env(**{key: too_small}), dotenv_path=None)
     assert any(p.startswith(f"{key}: must be >") for p in info.value.problems)
 
 

@@ -104,7 +104,7 @@ class SourceDefaultsLayer(LayerModel):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     max_tokens: PositiveInt | None = None
-    seed: int | None = None
+    seed: NonNegativeInt | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     stop: Name | list[Name] | None = None
