@@ -176,6 +176,8 @@ def test_scope_without_sources_names_the_expected_keys() -> None:
         ("LLM__QWEN__1__ENABLE_THINKING", "maybe", "true or false"),
         ("LLM__QWEN__1__TRUST_ENV", "sometimes", "true or false"),
         ("LLM__QWEN__1__MISSING_DONE", "ignore", "'retry' or 'salvage'"),
+        ("LLM__QWEN__1__MAX_RESPONSE_BYTES", "-1", "must be >= 0"),
+        ("LLM__QWEN__1__MAX_RESPONSE_BYTES", "lots", "must be an integer"),
         ("LLM__QWEN__1__ENGINE", "curl", "'aiohttp', 'httpx', 'httpx-aiohttp' or 'httpx2'"),
         ("LLM__QWEN__1__BASE_URL", "ftp://example.com", "http:// or https://"),
         ("LLM__QWEN__1__BASE_URL", "not a url", "http:// or https://"),
@@ -347,3 +349,14 @@ def test_retry_max_delay_below_base_delay_is_a_problem() -> None:
     with pytest.raises(ConfigError) as excinfo:
         load_settings(env)
     assert one_problem_with(problems_of(excinfo), "LLM__RETRY__MAX_DELAY_S", "base_delay_s")
+
+
+def test_max_response_bytes_per_source_and_for_every_source() -> None:
+    env = {
+        **source_env("LLM", "QWEN", 1, MAX_RESPONSE_BYTES="1048576"),
+        **source_env("LLM", "QWEN", 2),
+    }
+    first, second = load_scope("LLM", env).sources
+    assert (first.max_response_bytes, second.max_response_bytes) == (1048576, 64 * 1024 * 1024)
+    off = load_scope("LLM", source_env("LLM", "QWEN", 1, MAX_RESPONSE_BYTES="0")).sources[0]
+    assert off.max_response_bytes == 0  # 0 = no cap

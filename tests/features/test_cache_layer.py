@@ -246,6 +246,102 @@ async def test_multimodal_parts_are_keyed_by_digest(
     assert same.cache_hit and not other.cache_hit
 
 
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ({"type": "text"}, {"type": "text", "text": ""}),
+        (
+            {"type": "text", "text": "long context"},
+            {"type": "text", "text": "long context", "cache_control": {"type": "ephemeral"}},
+        ),
+        (
+            {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "x", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
+        ),
+    ],
+    ids=["missing-vs-empty-text", "cache-control", "cache-control-ttl"],
+)
+async def test_every_field_of_a_text_part_is_in_the_key(
+    make_rig: RigFactory,
+    fake_upstream: FakeUpstream,
+    tmp_path: Path,
+    one: dict[str, Any],
+    other: dict[str, Any],
+) -> None:
+    def ask(part: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [{"type": "text", "text": "q"}, part]}]
+
+    rig = make_rig(tmp_path, scope(fake_upstream))
+    async with rig.client as client:
+        first = await client.chat(ask(one))
+        second = await client.chat(ask(other))
+        again = await client.chat(ask(other))
+    # Both reached the wire as sent, so they are two questions; the repeat is a hit.
+    assert [r.cache_hit for r in (first, second, again)] == [False, False, True]
+    assert fake_upstream.requests("a") == 2
+    assert [r.body["messages"][0]["content"][1] for r in fake_upstream.received("a")] == [
+        one,
+        other,
+    ]
+
+
+# Keys of the common shapes, as computed before text parts kept their every field: entries
+# already cached under them stay reachable.
+GOLDEN_KEYS = {
+    "plain": (
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}],
+        "e0924f4ebaba5039292113b9db77758d204d1ed6e56cc2a70924b8e8223f38d3",
+    ),
+    "text-parts": (
+        [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}],
+            }
+        ],
+        "07825e41547c14cdf0d11d552b599d3fadc3dc746153a22603adeb615dfc767b",
+    ),
+    "image": (
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            }
+        ],
+        "4b9090e13c2357da50607ce0dbc549dd0739d012a0b1babd0417d66e8c5da05f",
+    ),
+    "tool-call": (
+        [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        ],
+        "5e1941334a1f2c59d13ae60b1e5bb2af771d073f49151927f8170f1df9dce76d",
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(GOLDEN_KEYS))
+def test_the_keys_of_common_shapes_are_stable(shape: str) -> None:
+    messages, digest = GOLDEN_KEYS[shape]
+    cache = CacheMiddleware(
+        MemoryCache(clock=FakeClock()),
+        namespace="ns",
+        ttl_s=10.0,
+        model_identity="model-a",
+        strategy=JsonRepairStrategy(),
+    )
+    assert cache.key(ChatRequest(messages=messages)) == KEY_PREFIX + digest
+
+
 class FailingCache:
     """A backend whose every operation fails (a cache server that went away)."""
 

@@ -356,6 +356,8 @@ responses = st.builds(
     cost=st.none() | floats,
     finish_reason=st.none() | texts,
     salvaged=st.booleans(),
+    cached_prompt_tokens=st.integers(0, 10**6),
+    cache_write_tokens=st.integers(0, 10**6),
 )
 
 

@@ -25,6 +25,26 @@ def test_cost_is_prompt_and_completion_per_million() -> None:
     assert table.cost("free", 10, 10) == 0.0
 
 
+def test_cached_and_cache_written_tokens_are_priced_at_their_own_rates() -> None:
+    table = PricingTable(
+        {
+            "cached": {
+                "input_per_1m": 3.0,
+                "output_per_1m": 15.0,
+                "cached_input_per_1m": 0.3,
+                "cache_write_per_1m": 3.75,
+            },
+            "plain": {"input_per_1m": 2.0, "output_per_1m": 8.0},
+        }
+    )
+    # 1000 prompt tokens of which 600 read from the cache and 300 written to it: each part
+    # at its own rate, never at the input rate as well.
+    cost = table.cost("cached", 1000, 10, cached_tokens=600, cache_write_tokens=300)
+    assert cost == pytest.approx((100 * 3.0 + 600 * 0.3 + 300 * 3.75 + 10 * 15.0) / 1e6)
+    # Without cache rates the cache parts cost the input rate (the old formula).
+    assert table.cost("plain", 1000, 10, cached_tokens=600) == table.cost("plain", 1000, 10)
+
+
 def test_unknown_model_costs_none_and_warns_once_per_model(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -75,6 +95,14 @@ def test_top_level_must_be_an_object(tmp_path: Path) -> None:
         ({"input_per_1m": True, "output_per_1m": 1}, "field 'input_per_1m' must be a finite"),
         ({"input_per_1m": 1, "output_per_1m": float("inf")}, "'output_per_1m' must be a finite"),
         ({"input_per_1m": 1, "output_per_1m": 1, "input_per_1M": 1}, "unknown field"),
+        (
+            {"input_per_1m": 1, "output_per_1m": 1, "cached_input_per_1m": -0.1},
+            "field 'cached_input_per_1m' must be a finite",
+        ),
+        (
+            {"input_per_1m": 1, "output_per_1m": 1, "cache_write_per_1m": "x"},
+            "field 'cache_write_per_1m' must be a finite",
+        ),
         (3.5, "model 'm': expected"),
     ],
 )

@@ -207,6 +207,26 @@ async def test_busy_timeout_waits_for_a_concurrent_writer(tmp_path: Path) -> Non
     assert recorder.dropped == 0
 
 
+async def test_a_database_whose_directory_vanished_counts_every_lost_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "rotating"
+    folder.mkdir()
+    recorder = SQLiteRecorder(str(folder / "t.db"), flush_interval_s=0.05)
+    await recorder.record(sample_record())
+    await recorder.flush()
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()  # nowhere to reopen: the rows must be counted, not silently lost
+    with caplog.at_level(logging.WARNING, logger="polygateway.telemetry.sqlite"):
+        for _ in range(3):
+            await recorder.record(sample_record())
+        await recorder.flush()
+    await recorder.aclose()
+    assert recorder.dropped == 3
+    assert "deleted or replaced" in caplog.text
+
+
 async def test_records_after_close_are_dropped_not_raised(tmp_path: Path) -> None:
     recorder = SQLiteRecorder(str(tmp_path / "t.db"))
     await recorder.record(sample_record())

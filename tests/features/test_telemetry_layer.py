@@ -403,3 +403,30 @@ def _retries(n: int) -> Any:
     from polygateway.settings import RetrySettings
 
     return RetrySettings(max_attempts=n, base_delay_s=0.0, max_delay_s=0.0)
+
+
+def _delete_database(db: Path) -> None:
+    for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_database_deleted_mid_run_is_reopened_and_no_row_is_lost(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path, how: str
+) -> None:
+    import sqlite3
+
+    from features_helpers import read_rows
+
+    rig = make_rig(tmp_path, scope(fake_upstream, cache="none"))
+    async with rig.client as client:
+        await asyncio.gather(*(client.chat(MESSAGES) for _ in range(5)))
+        assert len(await rig.rows()) == 5
+        _delete_database(rig.db)  # log rotation, a cleanup script...
+        if how == "replaced":
+            sqlite3.connect(rig.db).close()  # another, empty file at the same path
+        responses = await asyncio.gather(*(client.chat(MESSAGES) for _ in range(7)))
+        await rig.recorder.flush()
+    rows = read_rows(rig.db)
+    assert {r["call_id"] for r in rows} == {r.call_id for r in responses}
+    assert rig.recorder.dropped == 0

@@ -19,6 +19,15 @@ of this process, all its threads, divided by the calls). Clients:
   structured layer, retry) on the default engine, every call a cache miss; the telemetry rows
   written are counted against the calls made (warm-up included).
 - ``cache-hit``: one repeated prompt answered from the memory cache.
+- ``governed-openai-sdk``, ``governed-openai-sdk-aiohttp``: the governed client (as
+  ``governed-<engine>``) on the ``openai-sdk`` transport (plugin pgw-openai-sdk), on the SDK's
+  httpx2 and aiohttp HTTP clients; ``openai-sdk``: the bare ``AsyncOpenAI`` client (retries
+  off), iterating its chunk objects or parsing its completion object.
+- ``governed-anthropic``: the governed client on the ``anthropic`` transport (plugin
+  pgw-anthropic, default engine) against the fake's Messages route; ``anthropic-sdk``: the bare
+  ``AsyncAnthropic`` client on the same route (raw stream events, or the message object).
+  Their "vs own raw" column compares ``governed-anthropic`` with ``anthropic-sdk``: below 1 the
+  whole governed call costs less CPU than the SDK alone.
 
 Each measurement builds its client, warms it up at the measured concurrency (a full connection
 pool), times a short calibration batch, collects the set-up garbage, then times as many calls
@@ -244,8 +253,13 @@ async def bench_raw_httpx_api(
         return rate, cpu, ""
 
 
-def governed_env(url: str, engine: str, *, telemetry: str, cache: str, db: str) -> dict[str, str]:
-    return {
+def governed_env(
+    url: str, engine: str, *, telemetry: str, cache: str, db: str, transport: str = ""
+) -> dict[str, str]:
+    plugin = {"openai-sdk": "pgw-openai-sdk", "anthropic": "pgw-anthropic"}.get(transport, "")
+    # openai-sdk: ENGINE picks the SDK's own HTTP client (httpx2 or aiohttp).
+    extra = {"LLM__OPENAI__1__TRANSPORT": transport} if transport else {}
+    return extra | {
         "LLM__OPENAI__1__BASE_URL": url,
         "LLM__OPENAI__1__API_KEY": "sk-bench",
         "LLM__OPENAI__1__MODEL": MODEL,
@@ -257,7 +271,7 @@ def governed_env(url: str, engine: str, *, telemetry: str, cache: str, db: str) 
         "PGW_CACHE_BACKEND": cache,
         "PGW_CACHE_NAMESPACE": "bench",
         "PGW_CACHE_TTL_S": "3600",
-        "PGW_PLUGINS": "",
+        "PGW_PLUGINS": plugin,
     }
 
 
@@ -270,12 +284,15 @@ async def bench_governed(
     telemetry: str = "none",
     cache: str = "none",
     cache_hits: bool = False,
+    transport: str = "",
 ) -> tuple[float, float, str]:
     from polygateway import GatewayClient
 
     with tempfile.TemporaryDirectory() as tmp:
         db = os.path.join(tmp, "bench.db")
-        env = governed_env(url, engine, telemetry=telemetry, cache=cache, db=db)
+        env = governed_env(
+            url, engine, telemetry=telemetry, cache=cache, db=db, transport=transport
+        )
         client = GatewayClient.from_env(env=env)
         counter = iter(range(10**9))
         try:
@@ -299,6 +316,58 @@ async def bench_governed(
         return rate, cpu, note
 
 
+async def bench_openai_sdk(url: str, stream: bool, load: Load) -> tuple[float, float, str]:
+    import openai
+
+    client = openai.AsyncOpenAI(api_key="sk-bench", base_url=url, max_retries=0, timeout=60)
+    try:
+
+        async def call() -> None:
+            if stream:
+                chunks = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=MESSAGES,  # type: ignore[arg-type]
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                async for _ in chunks:
+                    pass
+            else:
+                await client.chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+
+        rate, cpu, _ = await run_calls(call, load)
+        return rate, cpu, ""
+    finally:
+        await client.close()
+
+
+async def bench_anthropic_sdk(url: str, stream: bool, load: Load) -> tuple[float, float, str]:
+    import anthropic
+
+    client = anthropic.AsyncAnthropic(
+        api_key="sk-bench", base_url=url.removesuffix("/v1"), max_retries=0, timeout=60
+    )
+    try:
+
+        async def call() -> None:
+            if stream:
+                events = await client.messages.create(
+                    model=MODEL,
+                    max_tokens=1024,
+                    messages=MESSAGES,  # type: ignore[arg-type]
+                    stream=True,
+                )
+                async for _ in events:
+                    pass
+            else:
+                await client.messages.create(model=MODEL, max_tokens=1024, messages=MESSAGES)  # type: ignore[arg-type]
+
+        rate, cpu, _ = await run_calls(call, load)
+        return rate, cpu, ""
+    finally:
+        await client.close()
+
+
 def clients(url: str, stream: bool, load: Load) -> list[tuple[str, Measure]]:
     """(name, zero-arg coroutine factory) for every client measured at one point."""
     default = default_engine()
@@ -316,6 +385,21 @@ def clients(url: str, stream: bool, load: Load) -> list[tuple[str, Measure]]:
         bench_governed, url, stream, load, engine=default, cache="memory", cache_hits=True
     )
     out.append(("cache-hit", hit))
+    # Plugin transports (rows appear when their distribution and SDK are installed).
+    import importlib.util
+
+    if importlib.util.find_spec("pgw_openai_sdk") is not None:
+        out.append(("openai-sdk", partial(bench_openai_sdk, url, stream, load)))
+        for http_client, name in (("httpx2", ""), ("aiohttp", "-aiohttp")):
+            sdk = partial(
+                bench_governed, url, stream, load, engine=http_client, transport="openai-sdk"
+            )
+            out.append((f"governed-openai-sdk{name}", sdk))
+    if importlib.util.find_spec("pgw_anthropic") is not None:
+        native = partial(bench_governed, url, stream, load, engine=default, transport="anthropic")
+        out.append(("governed-anthropic", native))
+        if importlib.util.find_spec("anthropic") is not None:
+            out.append(("anthropic-sdk", partial(bench_anthropic_sdk, url, stream, load)))
     return out
 
 
@@ -412,7 +496,14 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-RAW_OF_ENGINE = {"aiohttp": "aiohttp", "httpx": "httpx", "httpx2": "httpx2"}
+RAW_OF_ENGINE = {
+    "aiohttp": "aiohttp",
+    "httpx": "httpx",
+    "httpx2": "httpx2",
+    "openai-sdk": "openai-sdk",
+    "openai-sdk-aiohttp": "openai-sdk",
+    "anthropic": "anthropic-sdk",
+}
 
 
 def print_table(rows: list[Row]) -> None:

@@ -1,7 +1,8 @@
 """Message digests shared by the cache key and telemetry (ARCHITECTURE §7.5, §7.8).
 
-Text is kept verbatim; every non-text content part (base64 images, audio, files) is replaced
-by the sha256 of its canonical JSON, so keys stay stable and databases hold no base64.
+Text parts are kept verbatim, every field of them; every non-text content part (base64 images,
+audio, files) is replaced by the sha256 of its canonical JSON, so keys stay stable and databases
+hold no base64.
 
 Canonical JSON is defined by the stdlib encoder (sorted keys, no whitespace, UTF-8 kept). It
 runs on every call (cache key, telemetry row), so values made only of types whose orjson
@@ -90,7 +91,9 @@ def sha256_hex(text: str) -> str:
 
 def _digest_part(part: Any) -> Any:
     if isinstance(part, Mapping) and part.get("type") == "text":
-        return {"type": "text", "text": part.get("text", "")}
+        # Every field as sent (``cache_control``, a missing ``text``...): all of it reaches the
+        # wire, so all of it is part of the key. ``{"type", "text"}`` parts are unchanged.
+        return dict(part)
     kind = part.get("type", "part") if isinstance(part, Mapping) else type(part).__name__
     return {"type": kind, "sha256": hashlib.sha256(canonical_json_bytes(part)).hexdigest()}
 

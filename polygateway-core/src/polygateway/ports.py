@@ -365,8 +365,18 @@ class SupportsRecordNowait(Protocol):
 
 @runtime_checkable
 class Pricing(Protocol):
-    def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
-        """Money for one call; ``None`` when the model has no price."""
+    def cost(
+        self,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> float | None:
+        """Money for one call; ``None`` when the model has no price. ``cached_tokens`` and
+        ``cache_write_tokens`` are the parts of ``prompt_tokens`` read from / written to the
+        provider's prompt cache (the caller passes them only when non-zero)."""
         ...
 
 

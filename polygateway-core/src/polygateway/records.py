@@ -88,6 +88,16 @@ class RowSummary(Protocol):
     @property
     def cache_hit(self) -> bool: ...
 
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens read from the provider's prompt cache (priced at its cache rate)."""
+        ...
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Prompt tokens written to the provider's prompt cache."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class AttemptSummary:
@@ -109,6 +119,8 @@ class AttemptSummary:
     ttft_ms: float | None = None
     max_inter_token_ms: float | None = None
     cache_hit: bool = False
+    cached_prompt_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 def error_name(outcome: BaseException) -> str:
@@ -146,7 +158,17 @@ def build_record(
         if cache_hit:
             cost: float | None = 0.0
         elif pricing is not None and (source_model or model):
-            cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
+            cached, written = outcome.cached_prompt_tokens, outcome.cache_write_tokens
+            if cached or written:
+                cost = pricing.cost(
+                    source_model or model,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens=cached,
+                    cache_write_tokens=written,
+                )
+            else:  # the usual call: pricing implementations without cache rates still work
+                cost = pricing.cost(source_model or model, prompt_tokens, completion_tokens)
         else:
             cost = None
         # Positional, in field order: keywords cost a third more on this per-attempt path.

@@ -53,6 +53,11 @@ def _url_without_credentials(url: str) -> str:
     return f"{scheme}://{authority}{slash}{path}" + ("?***" if qmark else "")
 
 
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""Default cap on one response body (on the wire and decoded): far above any real answer
+(a 100k-token stream is about 25 MB of events), far below what would hurt the process."""
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Concurrency / requests per minute / tokens per minute. 0 disables that gate."""
@@ -86,6 +91,9 @@ class SourceConfig:
     """TPM pre-charge per attempt, and the conservative usage when the stream reports none."""
     enable_thinking: bool | None = None
     missing_done: Literal["retry", "salvage"] = "retry"
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    """Cap on one response body, on the wire and decoded (gzip); 0 = unlimited. Exceeding it
+    is a ``TransientError`` naming the cap."""
     transport: str = "openai-compat"
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """Transport options (e.g. ``engine``, ``trust_env``, ``headers``) from env or the pipeline

@@ -61,6 +61,10 @@ class LLMResponse:
     salvaged: bool = False
     """The stream ended without ``[DONE]`` and ``missing_done="salvage"`` kept what arrived:
     possibly truncated, so it is never cached."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens read from the provider's prompt cache (included in ``prompt_tokens``)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the provider's prompt cache (included in ``prompt_tokens``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,12 @@ class TransportResult:
     finish_reason: str | None = None
     salvaged: bool = False
     """Set when the answer is what arrived before the stream ended without ``[DONE]``."""
+    cached_prompt_tokens: int = 0
+    """Prompt tokens read from the provider's prompt cache, included in ``prompt_tokens``
+    (OpenAI ``prompt_tokens_details.cached_tokens``, Anthropic ``cache_read_input_tokens``)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the prompt cache, included in ``prompt_tokens`` (Anthropic
+    ``cache_creation_input_tokens``): priced at their own rate, never twice."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,8 @@ class ChatDispatcher:
             usage_source=result.usage_source,
             finish_reason=result.finish_reason,
             salvaged=result.salvaged,
+            cached_prompt_tokens=result.cached_prompt_tokens,
+            cache_write_tokens=result.cache_write_tokens,
         )
         return Attempted(response, result.prompt_tokens + result.completion_tokens)
 

@@ -44,6 +44,7 @@ SOURCE_FIELDS: dict[str, str] = {
     "EST_TOKENS": "est_tokens",
     "ENABLE_THINKING": "enable_thinking",
     "MISSING_DONE": "missing_done",
+    "MAX_RESPONSE_BYTES": "max_response_bytes",
     "TRANSPORT": "transport",
     "ENGINE": "engine",
     "TRUST_ENV": "trust_env",

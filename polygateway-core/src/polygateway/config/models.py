@@ -94,6 +94,7 @@ class SourceDefaultsLayer(LayerModel):
     est_tokens: PositiveInt | None = None
     enable_thinking: Bool | None = None
     missing_done: Literal["retry", "salvage"] | None = None
+    max_response_bytes: NonNegativeInt | None = None
     transport: Name | None = None
     engine: Engine | None = None
     trust_env: Bool | None = None

@@ -27,6 +27,7 @@ _SOURCE_ARGS = (
     "est_tokens",
     "enable_thinking",
     "missing_done",
+    "max_response_bytes",
     "transport",
 )
 _LIMIT_ARGS = ("max_concurrency", "rpm", "tpm")

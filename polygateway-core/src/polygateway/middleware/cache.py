@@ -86,6 +86,8 @@ def _stored(r: LLMResponse) -> dict[str, Any]:
         "usage_source": r.usage_source,
         "finish_reason": r.finish_reason,
         "salvaged": r.salvaged,
+        "cached_prompt_tokens": r.cached_prompt_tokens,
+        "cache_write_tokens": r.cache_write_tokens,
     }
 
 

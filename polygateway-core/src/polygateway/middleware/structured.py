@@ -19,6 +19,7 @@ re-asks remain; in ``"json"`` mode, which never re-asks, it fails at once.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,6 +41,15 @@ FEEDBACK_TEMPLATE = (
     "Reply again with only the corrected JSON: no explanation, no Markdown code fences."
 )
 """The re-ask instruction (English, fixed); ``{errors}`` is one ``- ...`` line per error."""
+
+MAX_STRUCTURED_CHARS = 1_000_000
+"""Longer output is refused (``ResultInvalidError``) before any parsing: even the C JSON
+decoder holds the interpreter for tens of milliseconds per megabyte, and no structured answer
+of a chat model is that large unless something went wrong."""
+
+OFFLOAD_CHARS = 32 * 1024
+"""Output at least this long is parsed in a worker thread, so that a slow parse or repair
+never blocks the event loop (smaller output parses in well under a millisecond)."""
 
 TRUNCATED_ERROR = (
     "the reply was cut off at the output token limit (finish_reason=length); "
@@ -130,7 +140,7 @@ class StructuredMiddleware:
 
     async def _repair_only(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
         response = await call_next(self._strategy.prepare(request, "json", self._profile))
-        outcome = self._check(response, "json")
+        outcome = await self._check(response, "json")
         if isinstance(outcome, ResultInvalidError):
             _tell_observer(request, response, outcome)
             raise _exhausted(response, outcome, attempts=1) from outcome
@@ -143,7 +153,7 @@ class StructuredMiddleware:
         while True:
             attempts += 1
             response = await call_next(current)
-            outcome = self._check(response, schema)
+            outcome = await self._check(response, schema)
             if not isinstance(outcome, ResultInvalidError):
                 return dataclasses.replace(response, structured_data=outcome)
             _tell_observer(request, response, outcome)
@@ -154,18 +164,30 @@ class StructuredMiddleware:
                 prepared, messages=reask_messages(request.messages, response.content, errors)
             )
 
-    def _check(self, response: LLMResponse, schema: Any) -> Any:
+    async def _check(self, response: LLMResponse, schema: Any) -> Any:
         """The parsed data, or the ``ResultInvalidError`` describing why there is none."""
+        text = response.content
         if response.finish_reason == "length":
             return ResultInvalidError(
                 "structured output truncated (finish_reason=length)",
-                raw_text=response.content,
+                raw_text=text,
                 repair_errors=[TRUNCATED_ERROR],
             )
+        if len(text) > MAX_STRUCTURED_CHARS:
+            message = (
+                f"structured output too large to parse: {len(text)} characters "
+                f"> {MAX_STRUCTURED_CHARS}"
+            )
+            return ResultInvalidError(message, raw_text=text, repair_errors=[message])
         try:
-            return self._strategy.parse(response.content, schema)
+            if len(text) >= OFFLOAD_CHARS:
+                return await asyncio.to_thread(self._strategy.parse, text, schema)
+            return self._strategy.parse(text, schema)
         except ResultInvalidError as exc:
             return exc
+        except RecursionError:  # a strategy's parser on deeply nested output
+            message = "structured output nested too deeply to parse"
+            return ResultInvalidError(message, raw_text=text, repair_errors=[message])
 
     def __repr__(self) -> str:
         return (
@@ -198,6 +220,8 @@ __all__ = [
     "FEEDBACK_ERROR_CHARS",
     "FEEDBACK_MAX_ERRORS",
     "FEEDBACK_TEMPLATE",
+    "MAX_STRUCTURED_CHARS",
+    "OFFLOAD_CHARS",
     "TRUNCATED_ERROR",
     "StructuredMiddleware",
     "feedback_message",

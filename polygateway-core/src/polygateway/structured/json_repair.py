@@ -32,6 +32,11 @@ _FENCE = re.compile(r"```[ \t]*(?:[A-Za-z0-9_+-]+)?[ \t]*\r?\n?(.*?)(?:```|\Z)",
 _DECODER = json.JSONDecoder()
 _INPUT_PREVIEW_CHARS = 80
 
+MAX_REPAIR_CHARS = 64 * 1024
+"""Longer broken JSON is not repaired: json_repair is pure Python (tens of microseconds per
+character on hostile input such as ``{{{{...``), so a larger repair would hold a thread for
+seconds. Valid JSON of any size is still parsed by the strict decoders."""
+
 
 def is_model_schema(schema: Any) -> bool:
     """True for a pydantic model class (the full-ladder form of ``structured=``)."""
@@ -67,8 +72,10 @@ def extract_json(text: str) -> tuple[Any, list[str]]:
     scalar_error = ""
     try:
         value = json.loads(candidate)
+    except RecursionError:
+        strict_error: str = "not valid JSON: nested too deeply"
     except ValueError as exc:
-        strict_error: str = f"not valid JSON: {exc}"
+        strict_error = f"not valid JSON: {exc}"
     else:
         if isinstance(value, dict | list):
             return value, []
@@ -81,11 +88,16 @@ def extract_json(text: str) -> tuple[Any, list[str]]:
         # The first complete value wins; text after it (an explanation, a second object) is
         # ignored rather than merged.
         value, _ = _DECODER.raw_decode(candidate, start)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     else:
         if isinstance(value, dict | list):
             return value, []
+    if len(candidate) - start > MAX_REPAIR_CHARS:
+        size = len(candidate) - start
+        return None, [
+            f"{strict_error}; too large to repair ({size} characters > {MAX_REPAIR_CHARS})"
+        ]
     try:
         repaired = json_repair.repair_json(candidate[start:], return_objects=True)
     except Exception as exc:  # noqa: BLE001 - a third-party parser failing is a repair failure
@@ -177,6 +189,9 @@ class JsonRepairStrategy:
             return value
         try:
             return schema.model_validate(value)
+        except RecursionError:
+            message = f"output does not match {schema.__name__}: nested too deeply"
+            error = ResultInvalidError(message, raw_text=text, validation_errors=[message])
         except ValidationError as exc:
             errors = format_validation_errors(exc)
             raise ResultInvalidError(
@@ -184,9 +199,11 @@ class JsonRepairStrategy:
                 raw_text=text,
                 validation_errors=errors,
             ) from None
+        raise error  # outside the handler: a RecursionError traceback is no use to anyone
 
 
 __all__ = [
+    "MAX_REPAIR_CHARS",
     "JsonRepairStrategy",
     "Normalizer",
     "check_schema",

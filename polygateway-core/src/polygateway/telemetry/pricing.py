@@ -1,7 +1,9 @@
 """Model prices: token usage -> money (M2 §6).
 
 A price table maps a model name to ``{"input_per_1m": x, "output_per_1m": y}`` (money per one
-million tokens, one currency for the whole table). The library ships no prices: they change
+million tokens, one currency for the whole table), optionally with ``"cached_input_per_1m"``
+(prompt tokens read from the provider's prompt cache) and ``"cache_write_per_1m"`` (prompt
+tokens written to it); both default to ``input_per_1m``. The library ships no prices: they change
 with the gateway's billing and a stale default would hide real cost.
 """
 
@@ -19,18 +21,24 @@ from polygateway.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 PRICE_FIELDS: tuple[str, str] = ("input_per_1m", "output_per_1m")
+OPTIONAL_PRICE_FIELDS: tuple[str, str] = ("cached_input_per_1m", "cache_write_per_1m")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelPrice:
-    """Money per one million prompt / completion tokens."""
+    """Money per one million prompt / completion tokens (cache rates: ``None`` = input rate)."""
 
     input_per_1m: float
     output_per_1m: float
+    cached_input_per_1m: float | None = None
+    cache_write_per_1m: float | None = None
 
 
 class PricingTable:
     """``cost = prompt/1e6*input + completion/1e6*output``; unknown model -> ``None``.
+
+    Cached and cache-written prompt tokens (parts of ``prompt``) are priced at their own rates
+    instead of the input rate, never both.
 
     An unknown model is logged once per model (not per call) so a missing price cannot flood
     the log. Bad entries raise ``ConfigError`` naming the model and the field.
@@ -74,7 +82,15 @@ class PricingTable:
     def price(self, model: str) -> ModelPrice | None:
         return self._prices.get(model)
 
-    def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    def cost(
+        self,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> float | None:
         price = self._prices.get(model)
         if price is None:
             if model not in self._unpriced_warned:
@@ -85,12 +101,30 @@ class PricingTable:
                     self._origin,
                 )
             return None
-        return (
+        cost = (
             prompt_tokens / 1e6 * price.input_per_1m + completion_tokens / 1e6 * price.output_per_1m
         )
+        if cached_tokens or cache_write_tokens:
+            cached_rate = price.cached_input_per_1m
+            write_rate = price.cache_write_per_1m
+            if cached_rate is not None:
+                cost += cached_tokens / 1e6 * (cached_rate - price.input_per_1m)
+            if write_rate is not None:
+                cost += cache_write_tokens / 1e6 * (write_rate - price.input_per_1m)
+        return cost
 
     def __repr__(self) -> str:
         return f"PricingTable({len(self._prices)} models from {self._origin})"
+
+
+def _is_price(value: object) -> bool:
+    # bool is an int subclass: reject it so `true` cannot pass as a price of 1.
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
+    )
 
 
 def _validate(prices: object, origin: str) -> dict[str, ModelPrice]:
@@ -114,32 +148,39 @@ def _validate(prices: object, origin: str) -> dict[str, ModelPrice]:
         values: list[float] = []
         for name in PRICE_FIELDS:
             value = entry.get(name)
-            # bool is an int subclass: reject it so `true` cannot pass as a price of 1.
             if value is None:
                 problems.append(f"{origin}: model {model!r}: missing field {name!r}")
-            elif (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or value < 0
-            ):
+            elif not _is_price(value):
                 problems.append(
                     f"{origin}: model {model!r}: field {name!r} must be a finite number >= 0, "
                     f"got {value!r}"
                 )
             else:
                 values.append(float(value))
-        unknown = sorted(str(k) for k in entry if k not in PRICE_FIELDS)
+        cache_rates: list[float | None] = []
+        for name in OPTIONAL_PRICE_FIELDS:
+            value = entry.get(name)
+            if value is None:
+                cache_rates.append(None)
+            elif _is_price(value):
+                cache_rates.append(float(value))
+            else:
+                problems.append(
+                    f"{origin}: model {model!r}: field {name!r} must be a finite number >= 0, "
+                    f"got {value!r}"
+                )
+        allowed = PRICE_FIELDS + OPTIONAL_PRICE_FIELDS
+        unknown = sorted(str(k) for k in entry if k not in allowed)
         if unknown:
             problems.append(
                 f"{origin}: model {model!r}: unknown field(s) {', '.join(map(repr, unknown))}; "
-                f"allowed: {', '.join(PRICE_FIELDS)}"
+                f"allowed: {', '.join(allowed)}"
             )
-        if len(values) == 2 and not unknown:
-            table[model] = ModelPrice(values[0], values[1])
+        if len(values) == 2 and len(cache_rates) == 2 and not unknown:
+            table[model] = ModelPrice(values[0], values[1], cache_rates[0], cache_rates[1])
     if problems:
         raise ConfigError(problems)
     return table
 
 
-__all__ = ["PRICE_FIELDS", "ModelPrice", "PricingTable"]
+__all__ = ["OPTIONAL_PRICE_FIELDS", "PRICE_FIELDS", "ModelPrice", "PricingTable"]

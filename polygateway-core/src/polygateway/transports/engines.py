@@ -9,7 +9,11 @@ concurrency).
 
 Engines translate their own failures: connection and read errors become
 ``TransientError(reason="network_error")``, engine timeouts ``TransientError(reason="timeout")``,
-an unusable URL ``SourceDeadError``. Cancellation is never caught. A response must be closed
+an unusable URL ``SourceDeadError``; the translation is raised outside the handler, so the
+engine's exception (aiohttp's holds the request headers, the key among them) is never in the
+chain. Cancellation is never caught. No engine follows a redirect. Bodies are read raw and
+decoded by ``BodyReader`` (gzip, deflate), which counts the bytes on the wire and decoded against
+``max_response_bytes`` and hands them out in slices of at most 64 KiB. A response must be closed
 with ``aclose()`` (in ``finally``): a fully read response goes back to the pool, a partly read
 one closes its connection.
 
@@ -24,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -66,8 +71,11 @@ class EngineConfig:
     keepalive_s: float = 15.0
     trust_env: bool = False
     """Honour proxy variables / netrc from the environment (opt-in per source)."""
-    secret: str | None = field(default=None, repr=False)
-    """The API key, only to mask it out of error messages."""
+    secret: str | tuple[str, ...] | None = field(default=None, repr=False)
+    """The API key and the values of extra headers, only to mask them out of error messages."""
+    max_response_bytes: int | None = None
+    """Cap on a response body, counted both on the wire and decoded (gzip, deflate); ``None``
+    or 0: unlimited. Exceeding it is a ``TransientError`` naming the cap."""
     plain_http: bool = False
     """The base URL is ``http://``: no TLS is involved unless a proxy says otherwise."""
 
@@ -135,16 +143,179 @@ def make_engine(name: str, config: EngineConfig) -> HttpEngine:
     )
 
 
-async def _read_capped(response: EngineResponse, limit: int | None) -> bytes:
-    parts: list[bytes] = []
-    size = 0
-    while limit is None or size < limit:
-        chunk = await response.read_chunk()
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)
+ACCEPT_ENCODING = "gzip, deflate"
+"""What the transport asks for: the encodings ``BodyReader`` decodes (and caps) itself."""
+
+_INFLATE_STEP = 64 * 1024
+"""At most this many decoded bytes per step: a gzip bomb never expands at once."""
+
+_MAX_CHUNK = 64 * 1024
+"""The largest chunk ``BodyReader.read_chunk`` returns; after each one of this size it lets the
+loop run once. Reads of buffered data do not suspend, and an engine may hand over a quarter of
+a megabyte at once: parsed in one stretch, a large answer would make every other call wait."""
+
+
+class _Inflater:
+    """Incremental gzip (several members allowed) or deflate (zlib-wrapped or raw) decoding,
+    at most ``_INFLATE_STEP`` bytes of output per call."""
+
+    __slots__ = ("_gzip", "_obj", "_started", "pending")
+
+    def __init__(self, gzip: bool) -> None:
+        self._gzip = gzip
+        self._obj = zlib.decompressobj(wbits=31 if gzip else 15)
+        self._started = False
+        self.pending = b""
+        """Input not decoded yet (the output limit stopped short of it)."""
+
+    def step(self, data: bytes) -> bytes:
+        data = self.pending + data if self.pending else data
+        obj = self._obj
+        try:
+            out = obj.decompress(data, _INFLATE_STEP)
+        except zlib.error:
+            if self._gzip or self._started:
+                raise
+            # ``deflate`` without the zlib wrapper (some servers send it raw).
+            obj = self._obj = zlib.decompressobj(wbits=-15)
+            out = obj.decompress(data, _INFLATE_STEP)
+        self._started = True
+        self.pending = obj.unconsumed_tail
+        if obj.eof and obj.unused_data:
+            rest = obj.unused_data
+            if self._gzip and rest.lstrip(b"\0"):  # another gzip member follows
+                self._obj = zlib.decompressobj(wbits=31)
+                self.pending = rest + self.pending
+            # Otherwise padding after the end of the stream: ignored.
+        return out
+
+    def finish(self) -> bytes:
+        return self._obj.flush()
+
+
+class BodyReader:
+    """A response body as the transport reads it, through the engine's raw (undecoded) reads.
+
+    Decoding happens here rather than in the engine so that the bytes on the wire and the
+    decoded bytes both count against ``max_response_bytes`` while they arrive, one bounded
+    step at a time (a gzip bomb never expands beyond one step past the cap)."""
+
+    __slots__ = ("_cap", "_config", "_decoded", "_eof", "_held", "_inflater", "_raw", "_wire")
+
+    def __init__(
+        self,
+        raw: Callable[[], Awaitable[bytes]],
+        content_encoding: str | None,
+        config: EngineConfig,
+    ) -> None:
+        self._raw = raw
+        self._config = config
+        self._cap = config.max_response_bytes or None
+        self._wire = 0
+        self._decoded = 0
+        self._held = b""
+        """Raw bytes read but not handed out yet (beyond ``_MAX_CHUNK``)."""
+        self._eof = False
+        encoding = (content_encoding or "").strip().lower()
+        if encoding in ("", "identity"):
+            self._inflater: _Inflater | None = None
+        elif encoding in ("gzip", "x-gzip", "deflate"):
+            self._inflater = _Inflater(gzip=encoding != "deflate")
+        else:
+            # Raised by the first read, so that the caller's ``finally`` closes the response.
+            self._raw = self._unsupported(encoding)
+            self._inflater = None
+
+    @property
+    def exhausted(self) -> bool:
+        """The raw body ended and everything of it was handed out."""
+        return (
+            self._eof and not self._held and (self._inflater is None or not self._inflater.pending)
+        )
+
+    def _unsupported(self, encoding: str) -> Callable[[], Awaitable[bytes]]:
+        async def fail() -> bytes:
+            raise TransientError(
+                f"source {self._config.source_name!r}: unsupported Content-Encoding "
+                f"{sanitize_message(encoding, limit=40)!r} (asked for {ACCEPT_ENCODING})",
+                source_name=self._config.source_name,
+            )
+
+        return fail
+
+    def _over(self, what: str) -> TransientError:
+        name = self._config.source_name
+        return TransientError(
+            f"source {name!r}: response body exceeds max_response_bytes={self._cap} ({what})",
+            source_name=name,
+        )
+
+    async def read_chunk(self) -> bytes:
+        inflater = self._inflater
+        if inflater is None:
+            if self._held:
+                data, self._held = self._held[:_MAX_CHUNK], self._held[_MAX_CHUNK:]
+                await asyncio.sleep(0)  # the previous slice was handed out without a pause
+                return data
+            data = await self._raw()
+            if not data:
+                self._eof = True
+                return data
+            cap = self._cap
+            if cap is not None:
+                self._wire += len(data)
+                if self._wire > cap:
+                    raise self._over("on the wire")
+            if len(data) > _MAX_CHUNK:
+                data, self._held = data[:_MAX_CHUNK], data[_MAX_CHUNK:]
+            return data
+        while True:
+            if inflater.pending:
+                data = b""
+                await asyncio.sleep(0)  # the previous step's output was handed out, no pause
+            elif self._eof:
+                return b""
+            else:
+                data = await self._raw()
+                if not data:
+                    self._eof = True
+                    out = self._inflate(lambda _: inflater.finish(), b"")
+                    self._count(out)
+                    return out
+                self._wire += len(data)
+                if self._cap is not None and self._wire > self._cap:
+                    raise self._over("on the wire")
+            out = self._inflate(inflater.step, data)
+            if out:
+                self._count(out)
+                return out
+
+    def _inflate(self, step: Callable[[bytes], bytes], data: bytes) -> bytes:
+        try:
+            return step(data)
+        except zlib.error as exc:
+            name = self._config.source_name
+            error = TransientError(
+                f"source {name!r}: corrupt compressed body: {exc}", source_name=name
+            )
+        raise error
+
+    def _count(self, out: bytes) -> None:
+        self._decoded += len(out)
+        if self._cap is not None and self._decoded > self._cap:
+            raise self._over("decoded")
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The rest of the body (at most about ``limit`` bytes when given)."""
+        parts: list[bytes] = []
+        size = 0
+        while limit is None or size < limit:
+            chunk = await self.read_chunk()
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        return b"".join(parts)
 
 
 # --------------------------------------------------------------------------- aiohttp
@@ -162,11 +333,16 @@ def _aiohttp_error(exc: Exception, config: EngineConfig) -> TransientError:
 
 
 class _AiohttpResponse:
-    __slots__ = ("_config", "_response")
+    __slots__ = ("_body", "_config", "_response", "read", "read_chunk")
 
     def __init__(self, response: aiohttp.ClientResponse, config: EngineConfig) -> None:
         self._response = response
         self._config = config
+        body = self._body = BodyReader(
+            self._raw_chunk, response.headers.get("Content-Encoding"), config
+        )
+        self.read_chunk = body.read_chunk
+        self.read = body.read
 
     @property
     def status(self) -> int:
@@ -176,22 +352,17 @@ class _AiohttpResponse:
     def headers(self) -> Mapping[str, str]:
         return self._response.headers
 
-    async def read_chunk(self) -> bytes:
+    async def _raw_chunk(self) -> bytes:
         try:
             return await self._response.content.readany()
         except _AIOHTTP_FAILURES as exc:
-            raise _aiohttp_error(exc, self._config) from exc
-
-    async def read(self, limit: int | None = None) -> bytes:
-        if limit is not None:
-            return await _read_capped(self, limit)
-        try:
-            return await self._response.read()
-        except _AIOHTTP_FAILURES as exc:
-            raise _aiohttp_error(exc, self._config) from exc
+            error = _aiohttp_error(exc, self._config)
+        # Raised outside the handler: aiohttp's exception (whose request info holds the
+        # request headers, the API key among them) stays out of the chain.
+        raise error
 
     def at_eof(self) -> bool:
-        return self._response.content.at_eof()
+        return self._response.content.at_eof() and self._body.exhausted
 
     async def aclose(self) -> None:
         response = self._response
@@ -239,6 +410,7 @@ class AiohttpEngine:
             timeout=timeout,
             headers=dict(config.headers),
             trust_env=config.trust_env,
+            auto_decompress=False,  # BodyReader decodes, under the byte cap
         )
         return self._session
 
@@ -249,15 +421,19 @@ class AiohttpEngine:
             session = self._new_session(loop)
         config = self._config
         try:
-            response = await session.post(url, data=body)
-        except aiohttp.InvalidURL as exc:
-            raise SourceDeadError(
+            # Never follow a redirect: it would send the prompt and the credential headers to
+            # another host. A 3xx is a misconfigured base_url (SourceDeadError).
+            response = await session.post(url, data=body, allow_redirects=False)
+        except aiohttp.InvalidURL:
+            error: Exception = SourceDeadError(
                 sanitize_message(f"source {config.source_name!r}: invalid URL {url!r}"),
                 source_name=config.source_name,
-            ) from exc
+            )
         except _AIOHTTP_FAILURES as exc:
-            raise _aiohttp_error(exc, config) from exc
-        return _AiohttpResponse(response, config)
+            error = _aiohttp_error(exc, config)
+        else:
+            return _AiohttpResponse(response, config)
+        raise error  # outside the handler: no aiohttp exception (request headers) in the chain
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -300,7 +476,16 @@ def _httpx_failures(api: ModuleType) -> tuple[type[Exception], ...]:
 class _HttpxResponse:
     """A response of httpx or httpx2 (same API)."""
 
-    __slots__ = ("_api", "_chunks", "_config", "_failures", "_response")
+    __slots__ = (
+        "_api",
+        "_body",
+        "_chunks",
+        "_config",
+        "_failures",
+        "_response",
+        "read",
+        "read_chunk",
+    )
 
     def __init__(
         self,
@@ -314,6 +499,11 @@ class _HttpxResponse:
         self._failures = failures
         self._api = api
         self._chunks: AsyncIterator[bytes] | None = None
+        body = self._body = BodyReader(
+            self._raw_chunk, response.headers.get("Content-Encoding"), config
+        )
+        self.read_chunk = body.read_chunk
+        self.read = body.read
 
     @property
     def status(self) -> int:
@@ -323,25 +513,24 @@ class _HttpxResponse:
     def headers(self) -> Mapping[str, str]:
         return self._response.headers
 
-    async def read_chunk(self) -> bytes:
+    async def _raw_chunk(self) -> bytes:
         chunks = self._chunks
         if chunks is None:
-            chunks = self._chunks = self._response.aiter_bytes()
+            # Raw: BodyReader decodes (httpx would expand a gzip bomb a whole read at once).
+            chunks = self._chunks = self._response.aiter_raw()
         try:
             return await chunks.__anext__()
         except StopAsyncIteration:
             return b""
         except TimeoutError as exc:
-            raise _httpx_error(exc, self._config, self._api) from exc
+            error = _httpx_error(exc, self._config, self._api)
         except self._failures as exc:
-            raise _httpx_error(exc, self._config, self._api) from exc
-
-    async def read(self, limit: int | None = None) -> bytes:
-        return await _read_capped(self, limit)
+            error = _httpx_error(exc, self._config, self._api)
+        raise error  # outside the handler: the engine's exception stays out of the chain
 
     def at_eof(self) -> bool:
         # httpx closes the response itself once its byte iterator is exhausted.
-        return self._response.is_closed
+        return self._response.is_closed and self._body.exhausted
 
     async def aclose(self) -> None:
         chunks, self._chunks = self._chunks, None
@@ -354,7 +543,9 @@ class _HttpxResponse:
         except self._failures as exc:
             # Closing a broken connection may fail; the connection is gone either way.
             logger.debug(
-                "source %r: error while closing a response: %r", self._config.source_name, exc
+                "source %r: error while closing a response: %s",
+                self._config.source_name,
+                type(exc).__name__,
             )
 
 
@@ -395,6 +586,7 @@ class HttpxEngine:
             "timeout": timeout,
             "limits": limits,
             "trust_env": config.trust_env,
+            "follow_redirects": False,  # never: see AiohttpEngine.post
         }
         if config.plain_http and not config.trust_env:
             # No TLS on the way (plain http, no proxy from the environment): skip building a
@@ -418,12 +610,14 @@ class HttpxEngine:
             client = self._new_client(loop)
         try:
             request = client.build_request("POST", url, content=body)
-            response = await client.send(request, stream=True)
+            response = await client.send(request, stream=True, follow_redirects=False)
         except TimeoutError as exc:
-            raise _httpx_error(exc, self._config, self._api) from exc
+            error = _httpx_error(exc, self._config, self._api)
         except self._failures as exc:
-            raise _httpx_error(exc, self._config, self._api) from exc
-        return _HttpxResponse(response, self._config, self._failures, self._api)
+            error = _httpx_error(exc, self._config, self._api)
+        else:
+            return _HttpxResponse(response, self._config, self._failures, self._api)
+        raise error  # outside the handler: the engine's exception stays out of the chain
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -434,9 +628,11 @@ class HttpxEngine:
 
 
 __all__ = [
+    "ACCEPT_ENCODING",
     "DEFAULT_ENGINE",
     "ENGINE_NAMES",
     "AiohttpEngine",
+    "BodyReader",
     "EngineConfig",
     "EngineResponse",
     "HttpEngine",

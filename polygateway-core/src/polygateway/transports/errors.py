@@ -55,16 +55,21 @@ _KEY_LIKE = re.compile(
     r"|\b((?:api[_-]?key|authorization|access[_-]?token|token)\s*[:=]\s*[\"']?)"
     r"(?:(?:bearer|basic)\s+)?[^\s\"',;]+"
     r"|\b(?:sk|pk|rk|ak)-[A-Za-z0-9_\-*.]{4,}"
-    r"|\b[A-Za-z0-9_\-]{32,}\b"
+    # A long run with both letters and digits is a key; one without digits is an error code
+    # or a snake_case word (``unsupported_country_region_territory``) and must stay readable.
+    r"|\b(?=[A-Za-z_\-]*[0-9])(?=[0-9_\-]*[A-Za-z])[A-Za-z0-9_\-]{32,}\b"
 )
 
 
-def sanitize_message(
-    text: str, secret: str | None = None, *, limit: int = MAX_MESSAGE_CHARS
-) -> str:
-    """Mask the secret and anything key-like, collapse whitespace, truncate to ``limit``."""
-    if secret:
-        text = text.replace(secret, "***")
+Secrets = str | tuple[str, ...] | None
+"""The secrets to mask: one (the API key), several (the key and credential headers), none."""
+
+
+def sanitize_message(text: str, secret: Secrets = None, *, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """Mask the secret(s) and anything key-like, collapse whitespace, truncate to ``limit``."""
+    for value in (secret,) if isinstance(secret, str) else secret or ():
+        if value:
+            text = text.replace(value, "***")
     text = _KEY_LIKE.sub(_mask, text)
     text = " ".join(text.split())
     if len(text) > limit:
@@ -95,7 +100,7 @@ def describe_error_body(
     if isinstance(body, (bytes, str)):
         try:
             payload = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply: plain text
             raw = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
             return None, None, raw.strip()
     if not isinstance(payload, Mapping):
@@ -153,7 +158,7 @@ def error_for_status(
     headers: Mapping[str, str] | None = None,
     *,
     source_name: str | None = None,
-    secret: str | None = None,
+    secret: Secrets = None,
 ) -> PolyGatewayError:
     """The error an HTTP answer other than 2xx stands for (see the module table)."""
     code, kind, message = describe_error_body(body)
@@ -197,8 +202,22 @@ def error_for_status(
     return TransientError(text, status=status, source_name=source_name)
 
 
+def error_for_stream_event(
+    payload: Mapping[str, Any], *, source_name: str | None, secret: Secrets = None
+) -> TransientError:
+    """An error object sent instead of an answer, on an HTTP 200 (in a stream, or as the whole
+    body): ``TransientError`` (§6.2: SSE faults). Shared by every OpenAI-wire transport."""
+    code, kind, message = describe_error_body(payload)
+    label = "/".join(str(x) for x in (kind, code) if x) or "error"
+    prefix = f"source {source_name!r}: " if source_name else ""
+    return TransientError(
+        sanitize_message(f"{prefix}error event in the stream: {label}: {message}", secret),
+        source_name=source_name,
+    )
+
+
 def wire_error(
-    exc: BaseException, *, timeout: bool, source_name: str | None, secret: str | None = None
+    exc: BaseException, *, timeout: bool, source_name: str | None, secret: Secrets = None
 ) -> TransientError:
     """A connection/read failure or an engine timeout, as ``TransientError``."""
     detail = sanitize_message(str(exc), secret)
@@ -215,8 +234,10 @@ def wire_error(
 __all__ = [
     "MAX_MESSAGE_CHARS",
     "QUOTA_CODES",
+    "Secrets",
     "describe_error_body",
     "error_for_status",
+    "error_for_stream_event",
     "is_quota_error",
     "parse_retry_after",
     "sanitize_message",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
-from polygateway.transports.errors import describe_error_body, sanitize_message
+from polygateway.transports.errors import error_for_stream_event, sanitize_message
 from polygateway.transports.sse import SSEEvent
 from polygateway.transports.think_tags import BODY, ThinkTagSplitter, opens_think_block, split_think
 
@@ -42,6 +42,10 @@ class ParsedCompletion(NamedTuple):
     completion_tokens: int | None
     model: str
     has_tool_calls: bool = False
+    cached_tokens: int = 0
+    """Prompt tokens read from the provider's prompt cache (part of ``prompt_tokens``)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the provider's prompt cache (part of ``prompt_tokens``)."""
 
 
 def _as_tokens(value: Any) -> int:
@@ -68,15 +72,13 @@ def _usage(usage: Any) -> tuple[int, int] | None:
     return _as_tokens(prompt), _as_tokens(completion)
 
 
-def _error_from_payload(payload: Mapping[str, Any], source_name: str | None) -> TransientError:
-    """An error object sent instead of an answer: ``TransientError`` (§6.2: SSE faults)."""
-    code, kind, message = describe_error_body(payload)
-    label = "/".join(str(x) for x in (kind, code) if x) or "error"
-    prefix = f"source {source_name!r}: " if source_name else ""
-    return TransientError(
-        sanitize_message(f"{prefix}error event in the stream: {label}: {message}"),
-        source_name=source_name,
-    )
+def cache_usage(usage: Any) -> tuple[int, int]:
+    """``(cached, cache_written)`` prompt tokens of a usage object
+    (``prompt_tokens_details.cached_tokens`` / ``.cache_write_tokens``; 0 when absent)."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
+    if not isinstance(details, Mapping):
+        return 0, 0
+    return _as_tokens(details.get("cached_tokens")), _as_tokens(details.get("cache_write_tokens"))
 
 
 class ChatStreamParser:
@@ -87,6 +89,7 @@ class ChatStreamParser:
     """
 
     __slots__ = (
+        "_cache",
         "_reasoning_fields",
         "_splitter",
         "_usage",
@@ -109,6 +112,7 @@ class ChatStreamParser:
         )
         self._splitter = ThinkTagSplitter(think_tags)
         self._usage: tuple[int, int] | None = None
+        self._cache = (0, 0)
         self.done = False
         self.finish_reason: str | None = None
         self.has_tool_calls = False
@@ -127,7 +131,9 @@ class ChatStreamParser:
                 self.done = True
                 return False
             if event == b"error":
-                raise _error_from_payload(self._load(data, strict=False), self.source_name)
+                raise error_for_stream_event(
+                    self._load(data, strict=False), source_name=self.source_name
+                )
         return self._chunk(self._load(data, strict=True))
 
     def feed_events(self, events: Iterable[SSEEvent]) -> bool:
@@ -178,10 +184,11 @@ class ChatStreamParser:
         """One parsed chunk (a JSON object): the general path."""
         get = chunk.get
         if get("error"):
-            raise _error_from_payload(chunk, self.source_name)
+            raise error_for_stream_event(chunk, source_name=self.source_name)
         usage = get("usage")
         if usage:
             self._usage = _usage(usage) or self._usage
+            self._cache = cache_usage(usage)
         if not self.model:
             model = get("model")
             if type(model) is str:
@@ -189,7 +196,7 @@ class ChatStreamParser:
         choices = get("choices")
         if not choices:
             if get("object") == "error":  # flat vLLM error object
-                raise _error_from_payload(chunk, self.source_name)
+                raise error_for_stream_event(chunk, source_name=self.source_name)
             return False  # the usage chunk: choices [] / null / missing
         if type(choices) is not list:
             return False
@@ -262,6 +269,8 @@ class ChatStreamParser:
             completion_tokens=usage[1] if usage else None,
             model=self.model,
             has_tool_calls=self.has_tool_calls,
+            cached_tokens=self._cache[0],
+            cache_write_tokens=self._cache[1],
         )
 
 
@@ -283,7 +292,7 @@ def parse_completion(
         )
     get = body.get
     if get("error") or get("object") == "error":
-        raise _error_from_payload(body, source_name)
+        raise error_for_stream_event(body, source_name=source_name)
     choices = get("choices")
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise TransientError("malformed completion body (no choices)", source_name=source_name)
@@ -303,7 +312,9 @@ def parse_completion(
         content, inline_thinking = split_think(content, think_tags)
         if inline_thinking:
             thinking = thinking + inline_thinking if thinking else inline_thinking
-    usage = _usage(get("usage"))
+    raw_usage = get("usage")
+    usage = _usage(raw_usage)
+    cached, written = cache_usage(raw_usage) if usage else (0, 0)
     finish = choice.get("finish_reason")
     model = get("model")
     # Positional: this runs once per non-streaming call.
@@ -315,7 +326,9 @@ def parse_completion(
         usage[1] if usage else None,
         model if isinstance(model, str) else "",
         bool(message.get("tool_calls")),
+        cached,
+        written,
     )
 
 
-__all__ = ["ChatStreamParser", "ParsedCompletion", "json_loads", "parse_completion"]
+__all__ = ["ChatStreamParser", "ParsedCompletion", "cache_usage", "json_loads", "parse_completion"]

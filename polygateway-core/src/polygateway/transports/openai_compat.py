@@ -10,7 +10,9 @@ cache here.
 Source options (``SourceConfig.options``; strings from the environment are accepted):
 ``engine``, ``trust_env`` (default false), ``read_timeout_s`` (default off: the watchdog owns
 liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s`` (default 15),
-``headers`` (extra request headers, a mapping).
+``headers`` (extra request headers, a mapping; values of 8+ characters are masked out of error
+messages like the key). ``SourceConfig.max_response_bytes`` caps each response body, on the
+wire and decoded: the engines never decode on their own, ``BodyReader`` does, step by step.
 
 Stream outcome rules:
 - ``[DONE]`` seen, content empty and no tool calls -> ``TransientError`` (empty completion:
@@ -29,6 +31,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
+from urllib.parse import urlsplit
 
 from polygateway.digest import canonical_messages_json
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
@@ -38,13 +41,14 @@ from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessKind, LivenessMonitor, StreamLiveness
 from polygateway.transports.engines import (
+    ACCEPT_ENCODING,
     DEFAULT_ENGINE,
     EngineConfig,
     EngineResponse,
     HttpEngine,
     make_engine,
 )
-from polygateway.transports.errors import error_for_status, sanitize_message
+from polygateway.transports.errors import Secrets, error_for_status, sanitize_message
 from polygateway.transports.openai_chunks import (
     ChatStreamParser,
     ParsedCompletion,
@@ -70,6 +74,9 @@ DRAIN_GRACE_S = 0.25
 DRAIN_LIMIT = 64 * 1024
 
 CHARS_PER_TOKEN = 4
+
+_MIN_SECRET_CHARS = 8
+"""Shorter header values are not masked (masking ``1`` would garble every number)."""
 
 
 # --------------------------------------------------------------------------- JSON
@@ -144,7 +151,9 @@ def estimate_completion_tokens(content: str, thinking: str = "") -> int:
 # --------------------------------------------------------------------------- options
 
 
-def _option_bool(options: Mapping[str, Any], key: str, default: bool, source: str) -> bool:
+def option_bool(options: Mapping[str, Any], key: str, default: bool, source: str) -> bool:
+    """A boolean source option (``true``/``false`` strings from the environment accepted);
+    ``ConfigError`` naming the source and the key otherwise. Shared by plugin transports."""
     value = options.get(key, default)
     try:
         return parse_bool(value)  # the vocabulary every option shares
@@ -152,9 +161,10 @@ def _option_bool(options: Mapping[str, Any], key: str, default: bool, source: st
         raise ConfigError(f"source {source!r}: option {key!r} {exc}, got {value!r}") from None
 
 
-def _option_float(
+def option_float(
     options: Mapping[str, Any], key: str, default: float | None, source: str
 ) -> float | None:
+    """A number >= 0 (or ``None``/``""``/``"none"`` for off) from the source options."""
     value = options.get(key, default)
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
         return None
@@ -169,14 +179,191 @@ def _option_float(
     return number
 
 
-def _no_complete_answer(
+def no_complete_answer(
     kind: LivenessKind, limit_s: float, *, source_name: str | None
 ) -> TransientError:
-    """The timeout of a non-streaming call (its only deadline is the total one)."""
+    """The timeout of a non-streaming call (its only deadline is the total one); a
+    ``StreamLiveness`` ``timeout_error`` factory."""
     return TransientError(
         f"source {source_name!r}: no complete answer within {limit_s:g}s",
         source_name=source_name,
         reason="timeout",
+    )
+
+
+# --------------------------------------------------------------------------- outcome
+
+
+def option_headers(source: SourceConfig) -> dict[str, str]:
+    """The ``headers`` source option (extra request headers); ``ConfigError`` unless a mapping."""
+    extra = source.options.get("headers")
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
+    return {str(k): str(v) for k, v in extra.items()}
+
+
+def source_secrets(source: SourceConfig) -> tuple[str, ...]:
+    """What every message of a source masks: the key, a password in the URL, and any extra
+    header value long enough to be a credential (an upstream may echo request headers)."""
+    try:
+        password = urlsplit(source.base_url).password or ""
+    except ValueError:  # an unparsable URL: the engine reports it
+        password = ""
+    values = (source.api_key.reveal(), password, *option_headers(source).values())
+    return tuple(value for value in values if len(value) >= _MIN_SECRET_CHARS)
+
+
+def engine_for_source(
+    source: SourceConfig, headers: Mapping[str, str], secret: Secrets
+) -> HttpEngine:
+    """The HTTP engine of a source from its options (``engine``, ``read_timeout_s``,
+    ``max_connections``, ``keepalive_s``, ``trust_env``) and ``max_response_bytes``, sending
+    ``headers`` (plus the encodings the engines' BodyReader decodes itself) on every request;
+    ``secret`` (see ``source_secrets``) is masked out of every error it raises."""
+    options = source.options
+    engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
+    try:
+        user = urlsplit(source.base_url).username
+    except ValueError:  # an unparsable URL: the engine reports it
+        user = None
+    if user is not None and engine_name == "httpx-aiohttp":
+        # httpx turns them into a header and hands aiohttp both: aiohttp refuses the pair.
+        raise ConfigError(
+            f"source {source.name!r}: engine 'httpx-aiohttp' cannot send credentials given "
+            "in base_url (user:password@); put them in options.headers or use another engine"
+        )
+    max_connections = option_float(options, "max_connections", 1024, source.name)
+    return make_engine(
+        engine_name,
+        EngineConfig(
+            source_name=source.name,
+            headers={"Accept-Encoding": ACCEPT_ENCODING, **headers},
+            connect_timeout_s=source.connect_timeout_s,
+            read_timeout_s=option_float(options, "read_timeout_s", None, source.name),
+            max_connections=int(max_connections or 0),
+            keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+            trust_env=option_bool(options, "trust_env", False, source.name),
+            secret=secret,
+            plain_http=source.base_url.strip().lower().startswith("http://"),
+            max_response_bytes=source.max_response_bytes or None,
+        ),
+    )
+
+
+def attempt_liveness(
+    source: SourceConfig, *, stream: bool, started: float, monitor: LivenessMonitor
+) -> StreamLiveness:
+    """The deadlines of one attempt: TTFT, inter-token and total for a stream; only the total
+    for a non-streaming call (it bounds the request and reading the answer, and reports
+    itself as ``no_complete_answer``)."""
+    if stream:
+        return StreamLiveness(
+            ttft_s=source.ttft_timeout_s,
+            inter_token_s=source.inter_token_timeout_s,
+            total_s=source.timeout_s,
+            started_at=started,
+            source_name=source.name,
+            monitor=monitor,
+        )
+    return StreamLiveness(
+        total_s=source.timeout_s,
+        started_at=started,
+        source_name=source.name,
+        monitor=monitor,
+        timeout_error=no_complete_answer,
+    )
+
+
+def monitor_for_loop(
+    current: LivenessMonitor | None, loop: asyncio.AbstractEventLoop
+) -> LivenessMonitor:
+    """``current`` when it runs on ``loop``, else a new monitor (the old one closed): a
+    transport keeps one monitor (one timer) for all its streams of one event loop."""
+    if current is not None and current.loop is loop:
+        return current
+    if current is not None:
+        current.close()
+    return LivenessMonitor()
+
+
+async def drain_response(response: EngineResponse) -> None:
+    """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
+    drained = 0
+    timeout = asyncio.timeout(DRAIN_GRACE_S)
+    try:
+        async with timeout:
+            while drained < DRAIN_LIMIT:
+                chunk = await response.read_chunk()
+                if not chunk:
+                    return
+                drained += len(chunk)
+    except TimeoutError:
+        if not timeout.expired():
+            raise
+    except TransientError:
+        pass  # the answer is complete; a broken tail only costs this connection
+
+
+def transport_result(
+    completion: ParsedCompletion,
+    *,
+    complete: bool,
+    request: ChatRequest,
+    source: SourceConfig,
+    latency_s: float,
+    ttft_ms: float | None,
+    max_inter_token_ms: float | None,
+    end_marker: str = "[DONE]",
+) -> TransportResult:
+    """The stream outcome rules of the module docstring, shared by every chat transport:
+    ``complete`` says whether the stream's end marker (``end_marker``, named in the error)
+    arrived. ``TransientError`` for an early EOF, a cut stream (unless salvaged) or an empty
+    completion; tokens estimated when no usage was reported."""
+    content = completion.content
+    estimated = False
+    salvaged = False
+    if not complete:
+        if not content:
+            raise TransientError(
+                f"source {source.name!r}: stream ended before any content (early EOF)",
+                source_name=source.name,
+            )
+        if source.missing_done != "salvage":
+            raise TransientError(
+                f"source {source.name!r}: stream ended without {end_marker}; the answer may "
+                "be truncated",
+                source_name=source.name,
+            )
+        # Salvaged: possibly truncated (never cached), and whatever usage arrived may not
+        # cover the answer.
+        salvaged = estimated = True
+    elif not content and not completion.has_tool_calls:
+        raise TransientError(
+            f"source {source.name!r}: empty completion (finish_reason={completion.finish_reason})",
+            source_name=source.name,
+        )
+    prompt_tokens = completion.prompt_tokens
+    completion_tokens = completion.completion_tokens
+    if prompt_tokens is None or completion_tokens is None:
+        estimated = True
+        prompt_tokens = estimate_prompt_tokens(request.messages)
+        completion_tokens = estimate_completion_tokens(content, completion.thinking)
+    return TransportResult(
+        content=content,
+        thinking=completion.thinking,
+        model=completion.model or source.model,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        usage_source="estimated" if estimated else "measured",
+        latency_ms=int(latency_s * 1000),
+        ttft_ms=ttft_ms,
+        max_inter_token_ms=max_inter_token_ms,
+        finish_reason=completion.finish_reason,
+        salvaged=salvaged,
+        cached_prompt_tokens=completion.cached_tokens,
+        cache_write_tokens=completion.cache_write_tokens,
     )
 
 
@@ -200,33 +387,12 @@ class OpenAICompatTransport:
         self._providers: Mapping[str, ProviderProfile] = (
             dict(providers) if providers is not None else builtin_profiles_by_name()
         )
-        options = source.options
-        engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
-        headers: dict[str, str] = {"Content-Type": "application/json"}
-        extra_headers = options.get("headers")
-        if extra_headers is not None:
-            if not isinstance(extra_headers, Mapping):
-                raise ConfigError(f"source {source.name!r}: option 'headers' must be a mapping")
-            headers.update({str(k): str(v) for k, v in extra_headers.items()})
+        headers = {"Content-Type": "application/json", **option_headers(source)}
         key = source.api_key.reveal()
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._secret = key or None
-        max_connections = _option_float(options, "max_connections", 1024, source.name)
-        self._engine: HttpEngine = make_engine(
-            engine_name,
-            EngineConfig(
-                source_name=source.name,
-                headers=headers,
-                connect_timeout_s=source.connect_timeout_s,
-                read_timeout_s=_option_float(options, "read_timeout_s", None, source.name),
-                max_connections=int(max_connections or 0),
-                keepalive_s=_option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
-                trust_env=_option_bool(options, "trust_env", False, source.name),
-                secret=self._secret,
-                plain_http=base_url.lower().startswith("http://"),
-            ),
-        )
+        self._secret = source_secrets(source)
+        self._engine: HttpEngine = engine_for_source(source, headers, self._secret)
         self._warned_thinking: set[str] = set()
         self._monitor: LivenessMonitor | None = None
 
@@ -283,11 +449,7 @@ class OpenAICompatTransport:
 
     def _liveness_monitor(self, loop: asyncio.AbstractEventLoop) -> LivenessMonitor:
         """The deadline monitor of this transport's streams on ``loop`` (one timer for all)."""
-        monitor = self._monitor
-        if monitor is None or monitor.loop is not loop:
-            if monitor is not None:
-                monitor.close()
-            monitor = self._monitor = LivenessMonitor()
+        monitor = self._monitor = monitor_for_loop(self._monitor, loop)
         return monitor
 
     # ------------------------------------------------------------------ streaming
@@ -311,13 +473,8 @@ class OpenAICompatTransport:
             parser = ChatStreamParser(source_name=source.name)
         # Every wait (headers, each body read) runs under the stream's deadlines; a received
         # chunk that carried a delta is a token.
-        liveness = StreamLiveness(
-            ttft_s=source.ttft_timeout_s,
-            inter_token_s=source.inter_token_timeout_s,
-            total_s=source.timeout_s,
-            started_at=started,
-            source_name=source.name,
-            monitor=self._liveness_monitor(loop),
+        liveness = attempt_liveness(
+            source, stream=True, started=started, monitor=self._liveness_monitor(loop)
         )
         response: EngineResponse | None = None
         completion: ParsedCompletion | None = None
@@ -343,7 +500,7 @@ class OpenAICompatTransport:
             if completion is None:
                 await self._read_events(chunk, response, parser, liveness)
                 if parser.done and not response.at_eof():
-                    await self._drain(response)
+                    await drain_response(response)
         finally:
             liveness.close()
             if response is not None:
@@ -352,7 +509,7 @@ class OpenAICompatTransport:
             complete = True
         else:
             completion, complete = parser.result(), parser.done
-        return self._result(
+        return transport_result(
             completion,
             complete=complete,
             request=request,
@@ -401,23 +558,6 @@ class OpenAICompatTransport:
             secret=self._secret,
         )
 
-    async def _drain(self, response: EngineResponse) -> None:
-        """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
-        drained = 0
-        timeout = asyncio.timeout(DRAIN_GRACE_S)
-        try:
-            async with timeout:
-                while drained < DRAIN_LIMIT:
-                    chunk = await response.read_chunk()
-                    if not chunk:
-                        return
-                    drained += len(chunk)
-        except TimeoutError:
-            if not timeout.expired():
-                raise
-        except TransientError:
-            pass  # the answer is complete; a broken tail only costs this connection
-
     # ------------------------------------------------------------------ non-streaming
 
     async def _send_json(
@@ -429,13 +569,8 @@ class OpenAICompatTransport:
     ) -> TransportResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # Only the total deadline applies; it bounds the request and reading the answer.
-        deadline = StreamLiveness(
-            total_s=source.timeout_s,
-            started_at=started,
-            source_name=source.name,
-            monitor=self._liveness_monitor(loop),
-            timeout_error=_no_complete_answer,
+        deadline = attempt_liveness(
+            source, stream=False, started=started, monitor=self._liveness_monitor(loop)
         )
         response: EngineResponse | None = None
         try:
@@ -449,7 +584,7 @@ class OpenAICompatTransport:
             if response is not None:
                 await response.aclose()
         completion = self._parse_json(raw, source, profile)
-        return self._result(
+        return transport_result(
             completion,
             complete=True,
             request=request,
@@ -465,11 +600,18 @@ class OpenAICompatTransport:
         try:
             payload = json_loads(raw)
         except ValueError:
-            raise TransientError(
+            error = TransientError(
                 f"source {source.name!r}: malformed completion body (not JSON): "
                 f"{sanitize_message(repr(raw[:80]), self._secret)}",
                 source_name=source.name,
-            ) from None
+            )
+        else:
+            return self._completion(payload, source, profile)
+        raise error  # outside the handler: the decoder's error (it holds the body) is left out
+
+    def _completion(
+        self, payload: Any, source: SourceConfig, profile: ProviderProfile | None
+    ) -> ParsedCompletion:
         if profile is not None:
             return parse_completion(
                 payload,
@@ -481,66 +623,21 @@ class OpenAICompatTransport:
 
     # ------------------------------------------------------------------ outcome
 
-    def _result(
-        self,
-        completion: ParsedCompletion,
-        *,
-        complete: bool,
-        request: ChatRequest,
-        source: SourceConfig,
-        latency_s: float,
-        ttft_ms: float | None,
-        max_inter_token_ms: float | None,
-    ) -> TransportResult:
-        content = completion.content
-        estimated = False
-        salvaged = False
-        if not complete:
-            if not content:
-                raise TransientError(
-                    f"source {source.name!r}: stream ended before any content (early EOF)",
-                    source_name=source.name,
-                )
-            if source.missing_done != "salvage":
-                raise TransientError(
-                    f"source {source.name!r}: stream ended without [DONE]; the answer may be "
-                    "truncated",
-                    source_name=source.name,
-                )
-            # Salvaged: possibly truncated (never cached), and whatever usage arrived may not
-            # cover the answer.
-            salvaged = estimated = True
-        elif not content and not completion.has_tool_calls:
-            raise TransientError(
-                f"source {source.name!r}: empty completion "
-                f"(finish_reason={completion.finish_reason})",
-                source_name=source.name,
-            )
-        prompt_tokens = completion.prompt_tokens
-        completion_tokens = completion.completion_tokens
-        if prompt_tokens is None or completion_tokens is None:
-            estimated = True
-            prompt_tokens = estimate_prompt_tokens(request.messages)
-            completion_tokens = estimate_completion_tokens(content, completion.thinking)
-        return TransportResult(
-            content=content,
-            thinking=completion.thinking,
-            model=completion.model or source.model,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            usage_source="estimated" if estimated else "measured",
-            latency_ms=int(latency_s * 1000),
-            ttft_ms=ttft_ms,
-            max_inter_token_ms=max_inter_token_ms,
-            finish_reason=completion.finish_reason,
-            salvaged=salvaged,
-        )
-
 
 __all__ = [
     "OpenAICompatTransport",
+    "attempt_liveness",
     "build_request_body",
+    "drain_response",
+    "engine_for_source",
     "estimate_completion_tokens",
     "estimate_prompt_tokens",
     "json_dumps",
+    "monitor_for_loop",
+    "no_complete_answer",
+    "option_bool",
+    "option_float",
+    "option_headers",
+    "source_secrets",
+    "transport_result",
 ]

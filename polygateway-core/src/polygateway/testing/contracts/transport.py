@@ -11,11 +11,16 @@ Subclass it in a test module and provide a ``make_transport`` fixture returning 
             return lambda source: MyTransport(source)
 
 It needs the ``fake_upstream`` fixture of the ``polygateway`` pytest plugin (installed with the
-library). What it checks: streaming and non-streaming answers, usage, reasoning kept apart from
-content, the error translation table of ARCHITECTURE §6.2 for every scripted fault, Retry-After,
-the liveness watchdog (TTFT, inter-token, total), that cancellation and watchdog timeouts
-release the connection, multimodal messages passed through untouched, and that the API key
-never appears in an error message.
+library). A transport that speaks another wire protocol than OpenAI chat completions sets the
+class attribute ``protocol`` (``"openai"`` by default, or ``"anthropic"`` for the Messages API):
+the cases that look at the wire (request body, auth header, the error table) then check that
+protocol's form of the same behaviour.
+
+What it checks: streaming and non-streaming answers, usage, reasoning kept apart from content,
+the error translation table of ARCHITECTURE §6.2 for every scripted fault (per protocol),
+Retry-After, the liveness watchdog (TTFT, inter-token, total), that cancellation and watchdog
+timeouts release the connection, multimodal messages passed through untouched (OpenAI) or
+converted (Anthropic), and that the API key never appears in an error message.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -74,6 +79,32 @@ ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
     ("reset-after-headers", Reply.reset(after_headers=True), TransientError, None),
 ]
 
+_WIRE_FAULTS = ERROR_TABLE[-7:]  # cut .. reset-after-headers: the same for every protocol
+
+# The Messages API classifies by error.type (protocols.md §4 and corrections).
+ANTHROPIC_ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
+    ("429-rate_limit_error", Reply.error(429), TransientError, 429),
+    ("529-overloaded_error", Reply.error(529), TransientError, 529),
+    ("500-api_error", Reply.error(500), TransientError, 500),
+    ("504-timeout_error", Reply.error(504), TransientError, 504),
+    ("401-authentication_error", Reply.error(401), SourceDeadError, 401),
+    ("403-permission_error", Reply.error(403), SourceDeadError, 403),
+    ("400-billing_error", Reply.error(400, quota=True), SourceDeadError, 400),
+    ("404-not_found_error", Reply.error(404), SourceDeadError, 404),
+    ("400-invalid_request_error", Reply.error(400), RequestRejectedError, 400),
+    ("413-request_too_large", Reply.error(413), RequestRejectedError, 413),
+    # By type, not by status: an overload reported with a 500 is still an overload.
+    ("500-overloaded_error", Reply.error(500, type="overloaded_error"), TransientError, 500),
+    *_WIRE_FAULTS,
+]
+
+ERROR_TABLES: dict[str, list[tuple[str, Reply, type[PolyGatewayError], int | None]]] = {
+    "openai": ERROR_TABLE,
+    "anthropic": ANTHROPIC_ERROR_TABLE,
+}
+ROUTES: dict[str, str] = {"openai": "chat", "anthropic": "messages"}
+"""The fake upstream route each protocol's chat requests arrive on."""
+
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ASYNC109
     """Poll a condition that has no event to wait on (another thread's counters)."""
@@ -84,6 +115,20 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
 
 class TransportContract:
     """The behaviour every chat transport shares. Subclass and provide ``make_transport``."""
+
+    protocol: ClassVar[str] = "openai"
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        # The error table depends on the subclass's protocol, known only at collection.
+        if "error_case" in metafunc.fixturenames:
+            table = ERROR_TABLES[self.protocol]
+            metafunc.parametrize(
+                "error_case", [pytest.param((r, e, s), id=i) for i, r, e, s in table]
+            )
+
+    @property
+    def route(self) -> str:
+        return ROUTES[self.protocol]
 
     @pytest.fixture
     def make_transport(self) -> TransportFactory:
@@ -123,6 +168,7 @@ class TransportContract:
         fake_upstream.script(
             source.name,
             Reply.ok("Hello, contract world!", chunks=5, prompt_tokens=11, completion_tokens=6),
+            route=self.route,
         )
         result = await transport.send(ChatRequest(messages=MESSAGES), source, call_id="c1")
         assert result.content == "Hello, contract world!"
@@ -130,23 +176,31 @@ class TransportContract:
         assert result.usage_source == "measured"
         assert result.finish_reason == "stop"
         assert result.ttft_ms is not None and result.ttft_ms >= 0
-        [received] = fake_upstream.received(source.name)
+        [received] = fake_upstream.received(source.name, route=self.route)
         assert received.body["model"] == CONTRACT_MODEL
         assert received.body["stream"] is True
-        assert received.body["stream_options"] == {"include_usage": True}
-        assert received.headers["authorization"] == f"Bearer {CONTRACT_KEY}"
+        if self.protocol == "anthropic":
+            assert "stream_options" not in received.body
+            assert received.headers["x-api-key"] == CONTRACT_KEY
+            assert received.headers["anthropic-version"]
+            assert "authorization" not in received.headers
+        else:
+            assert received.body["stream_options"] == {"include_usage": True}
+            assert received.headers["authorization"] == f"Bearer {CONTRACT_KEY}"
 
     async def test_non_streaming_answer(
         self, open_transport: OpenTransport, fake_upstream: FakeUpstream
     ) -> None:
         transport, source = open_transport()
-        fake_upstream.script(source.name, Reply.ok("Plain answer.", prompt_tokens=7))
+        fake_upstream.script(
+            source.name, Reply.ok("Plain answer.", prompt_tokens=7), route=self.route
+        )
         request = ChatRequest(messages=MESSAGES, stream=False)
         result = await transport.send(request, source, call_id="c1")
         assert result.content == "Plain answer."
         assert result.prompt_tokens == 7
         assert result.usage_source == "measured"
-        [received] = fake_upstream.received(source.name)
+        [received] = fake_upstream.received(source.name, route=self.route)
         assert received.body["stream"] is False
         assert "stream_options" not in received.body
 
@@ -163,6 +217,7 @@ class TransportContract:
         fake_upstream.script(
             source.name,
             Reply.ok("The answer is 4.", reasoning="2 plus 2 makes 4.", think_inline=inline),
+            route=self.route,
         )
         request = ChatRequest(messages=MESSAGES, stream=stream)
         result = await transport.send(request, source, call_id="c1")
@@ -187,35 +242,53 @@ class TransportContract:
             },
         ]
         await transport.send(ChatRequest(messages=messages), source, call_id="c1")
-        [received] = fake_upstream.received(source.name)
-        assert received.body["messages"] == messages
-        assert b'"data:image/png;base64,iVBORw0KGgo="' in received.raw_body
+        [received] = fake_upstream.received(source.name, route=self.route)
+        if self.protocol == "anthropic":
+            # The same content in the Messages API's form: system apart, an image block.
+            assert received.body["system"] == messages[0]["content"]
+            assert received.body["messages"] == [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {
+                            "type": "image",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "image/png",
+                                "data": "iVBORw0KGgo=",
+                            },
+                        },
+                    ],
+                }
+            ]
+            assert "Ünïcödé ✓ 中文".encode() in received.raw_body
+            assert b'"iVBORw0KGgo="' in received.raw_body
+        else:
+            assert received.body["messages"] == messages
+            assert b'"data:image/png;base64,iVBORw0KGgo="' in received.raw_body
 
     # ------------------------------------------------------------------ errors
 
     @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
-    @pytest.mark.parametrize(
-        ("reply", "expected", "status"),
-        [pytest.param(r, e, s, id=i) for i, r, e, s in ERROR_TABLE],
-    )
     async def test_error_translation(
         self,
         open_transport: OpenTransport,
         fake_upstream: FakeUpstream,
-        reply: Reply,
-        expected: type[PolyGatewayError],
-        status: int | None,
+        error_case: tuple[Reply, type[PolyGatewayError], int | None],
         stream: bool,
     ) -> None:
+        """``error_case`` is a row of the protocol's error table (``ERROR_TABLES``)."""
+        reply, expected, status = error_case
         transport, source = open_transport()
-        fake_upstream.script(source.name, reply)
+        fake_upstream.script(source.name, reply, route=self.route)
         request = ChatRequest(messages=MESSAGES, stream=stream)
         with pytest.raises(PolyGatewayError) as caught:
             await transport.send(request, source, call_id="c1")
         assert type(caught.value) is expected, caught.value
         if status is not None:
             assert getattr(caught.value, "status", None) == status
-        assert fake_upstream.requests(source.name) == 1
+        assert fake_upstream.requests(source.name, route=self.route) == 1
         assert CONTRACT_KEY not in str(caught.value)
 
     @pytest.mark.parametrize(("status", "seconds"), [(429, 2), (503, 7)])
@@ -223,7 +296,9 @@ class TransportContract:
         self, open_transport: OpenTransport, fake_upstream: FakeUpstream, status: int, seconds: int
     ) -> None:
         transport, source = open_transport()
-        fake_upstream.script(source.name, Reply.error(status, retry_after=seconds))
+        fake_upstream.script(
+            source.name, Reply.error(status, retry_after=seconds), route=self.route
+        )
         with pytest.raises(TransientError) as caught:
             await transport.send(ChatRequest(messages=MESSAGES), source, call_id="c1")
         assert caught.value.retry_after_s == pytest.approx(float(seconds))
@@ -233,7 +308,9 @@ class TransportContract:
     ) -> None:
         transport, source = open_transport()
         fake_upstream.script(
-            source.name, Reply.error(401, message=f"Incorrect API key provided: {CONTRACT_KEY}.")
+            source.name,
+            Reply.error(401, message=f"Incorrect API key provided: {CONTRACT_KEY}."),
+            route=self.route,
         )
         with pytest.raises(SourceDeadError) as caught:
             await transport.send(ChatRequest(messages=MESSAGES), source, call_id="c1")
@@ -286,12 +363,12 @@ class TransportContract:
         kind: str,
     ) -> None:
         transport, source = open_transport(**timeouts)
-        fake_upstream.script(source.name, reply)
+        fake_upstream.script(source.name, reply, route=self.route)
         with pytest.raises(StreamLivenessTimeout) as caught:
             await transport.send(ChatRequest(messages=MESSAGES), source, call_id="c1")
         assert caught.value.kind == kind
         # The connection was given up: the upstream sees the client leave.
-        await wait_until(lambda: fake_upstream.inflight(source.name) == 0)
+        await wait_until(lambda: fake_upstream.inflight(source.name, route=self.route) == 0)
 
     async def test_reasoning_deltas_keep_the_stream_alive(
         self, open_transport: OpenTransport, fake_upstream: FakeUpstream
@@ -304,6 +381,7 @@ class TransportContract:
         fake_upstream.script(
             source.name,
             Reply.ok("done", chunks=1, reasoning="r" * 32, inter_token_delay=0.05),
+            route=self.route,
         )
         result = await transport.send(ChatRequest(messages=MESSAGES), source, call_id="c1")
         assert result.content == "done"
@@ -313,19 +391,29 @@ class TransportContract:
         self, open_transport: OpenTransport, fake_upstream: FakeUpstream
     ) -> None:
         transport, source = open_transport()
-        fake_upstream.script(source.name, Reply.ok("a b c d", chunks=4, inter_token_delay=30.0))
+        fake_upstream.script(
+            source.name, Reply.ok("a b c d", chunks=4, inter_token_delay=30.0), route=self.route
+        )
         task = asyncio.create_task(
             transport.send(ChatRequest(messages=MESSAGES), source, call_id="c1")
         )
-        await fake_upstream.wait_for_requests(1, source.name)
-        await wait_until(lambda: fake_upstream.inflight(source.name) == 1)
+        await fake_upstream.wait_for_requests(1, source.name, route=self.route)
+        await wait_until(lambda: fake_upstream.inflight(source.name, route=self.route) == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await wait_until(lambda: fake_upstream.inflight(source.name) == 0)
+        await wait_until(lambda: fake_upstream.inflight(source.name, route=self.route) == 0)
         # The transport still works afterwards.
         result = await transport.send(ChatRequest(messages=MESSAGES), source, call_id="c2")
         assert result.content
 
 
-__all__ = ["CONTRACT_KEY", "ERROR_TABLE", "TransportContract", "wait_until"]
+__all__ = [
+    "ANTHROPIC_ERROR_TABLE",
+    "CONTRACT_KEY",
+    "ERROR_TABLE",
+    "ERROR_TABLES",
+    "ROUTES",
+    "TransportContract",
+    "wait_until",
+]

@@ -1,4 +1,5 @@
-"""A real HTTP/1.1 server on loopback that speaks the OpenAI-compatible protocol byte for byte.
+"""A real HTTP/1.1 server on loopback that speaks the OpenAI-compatible protocol and the
+Anthropic Messages API (``POST /v1/messages``, route ``messages``) byte for byte.
 
 Tests (and benchmarks) point a client at it and script what each logical source answers:
 normal completions, any error status, delays that trip each watchdog layer, streams cut before
@@ -18,8 +19,9 @@ is written synchronously from ``data_received`` without creating a task.
 
 The package has one module per concern, so that a new protocol is one more module of answers:
 ``replies`` (:class:`Reply`, :class:`ReceivedRequest`), ``wire`` (HTTP framing, plan steps),
-``connection`` (the HTTP/1.1 server protocol), ``openai`` (the OpenAI routes' answers) and
-``server`` (:class:`FakeUpstream`: lifecycle, scripting, counters, routing).
+``connection`` (the HTTP/1.1 server protocol), ``openai`` (the OpenAI routes' answers),
+``anthropic`` (the Messages route's answers) and ``server`` (:class:`FakeUpstream`: lifecycle,
+scripting, counters, routing).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from polygateway.ports import Clock
 from polygateway.testing.fake_upstream.wire import (
@@ -141,6 +141,8 @@ class Connection(asyncio.Protocol):
                 elif step is BLACK_HOLE:
                     # Never answer; connection_lost (client left or server stopped) cancels us.
                     await asyncio.get_running_loop().create_future()
+                elif isinstance(step, Iterator):
+                    await self._write_all(step)
         finally:
             done()
             self.task = None
@@ -149,6 +151,19 @@ class Connection(asyncio.Protocol):
             self._close()
         elif not self._closed:
             self._serve_buffered()
+
+    async def _write_all(self, pieces: Iterator[bytes]) -> None:
+        """Write bytes made on the fly, waiting whenever the client reads slower."""
+        for data in pieces:
+            if self._closed or self._transport is None or self._transport.is_closing():
+                return  # the client left: stop making the rest
+            self._write(data)
+            if self._write_ready is not None and not self._write_ready.done():
+                await self._write_ready
+            else:
+                # The kernel took it all: let the loop run, or a client that left (and the
+                # server's other connections) would wait until the whole answer was made.
+                await asyncio.sleep(0)
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._closed:

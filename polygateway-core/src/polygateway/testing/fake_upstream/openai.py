@@ -7,6 +7,7 @@ import base64
 import hashlib
 import math
 import struct
+from collections.abc import Iterator
 from typing import Any, Final
 
 from polygateway.ports import Clock
@@ -16,6 +17,8 @@ from polygateway.testing.fake_upstream.wire import (
     DONE_FRAME,
     Ask,
     Step,
+    chunked_body,
+    chunked_head,
     dumps,
     frame,
     json_head,
@@ -123,6 +126,8 @@ class OpenAIAnswers:
         reply = ask.reply
         if reply.kind == "error":
             return self._scripted_error_plan(reply, ask.model, ask.close)
+        if reply.kind == "flood":
+            return _flood_plan(ask, int(self._clock.time()))
         if ask.route == "chat":
             if ask.body.get("stream"):
                 return self._chat_stream_plan(ask)
@@ -214,6 +219,8 @@ class OpenAIAnswers:
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
+        if reply.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
         if reasoning:
             usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
         return usage
@@ -382,6 +389,63 @@ class OpenAIAnswers:
             "data": data,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         }
+
+
+_FLOOD_PIECE: Final = 64 * 1024
+
+
+def _flood_plan(ask: Ask, created: int) -> list[Step]:
+    """``Reply.flood``: a well-formed answer of about ``size`` bytes, generated as it is sent."""
+    reply = ask.reply
+    size = reply.size
+    encoding = "Content-Encoding: gzip\r\n" if reply.gzip else ""
+
+    def start(kind: str) -> str:
+        return (
+            f'{{"id":"chatcmpl-fake{ask.serial}","object":"chat.completion{kind}",'
+            f'"created":{created},"model":{dumps(ask.model)},"choices":[{{"index":0,'
+        )
+
+    if ask.body.get("stream"):
+        event = (
+            "data: "
+            + start(".chunk")
+            + '"delta":{"content":"'
+            + reply.fill * 1000
+            + '"},"logprobs":null,"finish_reason":null}]}\n\n'
+        ).encode()
+        finish = (
+            "data: "
+            + start(".chunk")
+            + '"delta":{},"logprobs":null,"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+        ).encode()
+
+        def events() -> Iterator[bytes]:
+            per_piece = max(1, _FLOOD_PIECE // len(event))
+            count = max(1, size // len(event))
+            while count > 0:
+                batch = min(per_piece, count)
+                yield event * batch
+                count -= batch
+            yield finish
+
+        head = chunked_head(200, "text/event-stream", ask.close, encoding)
+        return [head, chunked_body(events(), gzip=reply.gzip)]
+    prefix = (start("") + '"message":{"role":"assistant","content":"').encode()
+    suffix = b'"},"logprobs":null,"finish_reason":"stop"}]}'
+
+    def document() -> Iterator[bytes]:
+        yield prefix
+        left = max(1, size - len(prefix) - len(suffix))
+        block = reply.fill.encode() * _FLOOD_PIECE
+        while left > 0:
+            piece = block if left >= _FLOOD_PIECE else block[:left]
+            yield piece
+            left -= len(piece)
+        yield suffix
+
+    head = chunked_head(200, "application/json", ask.close, encoding)
+    return [head, chunked_body(document(), gzip=reply.gzip)]
 
 
 _MID_STREAM_ERROR_BODY: Final = dumps({"error": _MID_STREAM_ERROR}).encode()

@@ -22,6 +22,9 @@ ReplyKind = Literal[
     "mid_stream_error",
     "reset",
     "black_hole",
+    "redirect",
+    "flood",
+    "garbage",
 ]
 
 _MAX_DEFAULT_CHUNKS: Final = 20
@@ -64,6 +67,11 @@ class Reply:
     body: str | bytes | None = None
     after_chunks: int = 0
     after_headers: bool = False
+    location: str | None = None
+    size: int = 0
+    gzip: bool = False
+    fill: str = "x"
+    cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.content, str) or callable(self.content)):
@@ -79,9 +87,15 @@ class Reply:
             object.__setattr__(self, name, float(value))
         if self.kind == "error" and not 400 <= self.status <= 599:
             raise ValueError(f"Reply.error status must be in 400..599, got {self.status!r}")
+        if self.kind == "redirect" and not 300 <= self.status <= 399:
+            raise ValueError(f"Reply.redirect status must be in 300..399, got {self.status!r}")
+        if self.size < 0:
+            raise ValueError(f"Reply.flood size must be >= 0, got {self.size!r}")
+        if len(self.fill) != 1 or self.fill in '"\\' or not self.fill.isprintable():
+            raise ValueError(f"Reply.flood fill must be one printable character, got {self.fill!r}")
         if self.after_chunks < 0:
             raise ValueError(f"Reply after_chunks must be >= 0, got {self.after_chunks!r}")
-        for name in ("prompt_tokens", "completion_tokens"):
+        for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"Reply.{name} must be >= 0 or None, got {value!r}")
@@ -102,6 +116,7 @@ class Reply:
         first_token_delay: float = 0.0,
         inter_token_delay: float = 0.0,
         model: str | None = None,
+        cached_tokens: int | None = None,
     ) -> Reply:
         """A normal completion (JSON or SSE, as the request asks).
 
@@ -112,6 +127,10 @@ class Reply:
         ``stream_options.include_usage``; True/False forces it (False also drops ``usage`` from
         a JSON answer). A JSON answer waits ``headers_delay + first_token_delay +
         inter_token_delay * (chunks - 1)`` before its status line (the generation time).
+        ``cached_tokens``: the part of the prompt reported as read from the provider's prompt
+        cache (OpenAI ``prompt_tokens_details.cached_tokens``, Anthropic
+        ``cache_read_input_tokens``). Other protocols render ``reasoning`` their own way
+        (Anthropic: thinking blocks, whatever ``think_inline`` says).
         """
         return cls(
             kind="ok",
@@ -127,6 +146,7 @@ class Reply:
             first_token_delay=first_token_delay,
             inter_token_delay=inter_token_delay,
             model=model,
+            cached_tokens=cached_tokens,
         )
 
     @classmethod
@@ -198,6 +218,26 @@ class Reply:
     def black_hole(cls) -> Reply:
         """Read the request and never answer (until the client leaves or the server stops)."""
         return cls(kind="black_hole")
+
+    @classmethod
+    def garbage(cls) -> Reply:
+        """Bytes that are not an HTTP response at all, then the connection closes."""
+        return cls(kind="garbage")
+
+    @classmethod
+    def redirect(cls, location: str, status: int = 307) -> Reply:
+        """A redirect (``Location: location``, empty body). A client must not follow it: that
+        would send the prompt and the credentials to another host."""
+        return cls(kind="redirect", status=status, location=location)
+
+    @classmethod
+    def flood(cls, size: int, *, gzip: bool = False, fill: str = "x") -> Reply:
+        """A well-formed answer of about ``size`` bytes (decompressed), made while it is sent
+        and never held in memory: a stream of content events, or one JSON completion whose
+        content is ``size`` bytes of ``fill`` (one printable character other than a quote or a
+        backslash, e.g. ``{`` for hostile "JSON"); chunked. ``gzip=True`` compresses it
+        (``Content-Encoding: gzip``, about 1000:1: a decompression bomb when large)."""
+        return cls(kind="flood", size=size, gzip=gzip, fill=fill)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,12 +15,13 @@ from typing import Any, Final
 
 from polygateway.clock import SystemClock
 from polygateway.ports import Clock
-from polygateway.testing.fake_upstream import openai
+from polygateway.testing.fake_upstream import anthropic, openai
 from polygateway.testing.fake_upstream.connection import Connection
 from polygateway.testing.fake_upstream.openai import DEFAULT_EMBEDDING_DIM, DEFAULT_MODEL
 from polygateway.testing.fake_upstream.replies import ReceivedRequest, Reply
 from polygateway.testing.fake_upstream.wire import (
     BLACK_HOLE,
+    CLOSE,
     RESET,
     Answers,
     Ask,
@@ -36,7 +37,7 @@ DEFAULT_SOURCE: Final = "default"
 
 # (method, path after /v1) -> route, of every protocol served. A new protocol adds its module's
 # ROUTES here and its answers in FakeUpstream.__init__.
-_ROUTE_BY_PATH: Final[dict[tuple[str, str], str]] = {**openai.ROUTES}
+_ROUTE_BY_PATH: Final[dict[tuple[str, str], str]] = {**openai.ROUTES, **anthropic.ROUTES}
 _SCRIPTABLE_ROUTES: Final[frozenset[str]] = frozenset(_ROUTE_BY_PATH.values())
 _ROUTES: Final[frozenset[str]] = _SCRIPTABLE_ROUTES | {"other"}
 
@@ -48,7 +49,8 @@ class _Waiter:
 
 
 class FakeUpstream:
-    """An OpenAI-compatible HTTP server on loopback with scripted behaviour per source.
+    """An OpenAI-compatible (and Anthropic Messages) HTTP server on loopback with scripted
+    behaviour per source.
 
     Several logical sources share the server, each under its own path prefix
     (``/<source>/v1/...``; plain ``/v1/...`` is the source ``"default"``). Each source has a FIFO
@@ -108,7 +110,9 @@ class FakeUpstream:
         self._port: int | None = None
         # The answers of each route's protocol.
         self._openai = openai.OpenAIAnswers(self._clock)
+        self._anthropic = anthropic.AnthropicAnswers(self._clock)
         self._answers: dict[str, Answers] = dict.fromkeys(openai.ROUTES.values(), self._openai)
+        self._answers.update(dict.fromkeys(anthropic.ROUTES.values(), self._anthropic))
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -231,6 +235,7 @@ class FakeUpstream:
             self._max_inflight.clear()
             self._received.clear()
             self._generation += 1
+            self._anthropic.reset()
         self.embedding_dim = self._initial_embedding_dim
         self.models = list(self._initial_models)
         loop = self._loop
@@ -375,7 +380,9 @@ class FakeUpstream:
                 else:
                     reply = self._defaults.get((source, route))
                     if reply is None:
-                        reply = self._initial_default if route == "chat" else Reply.ok()
+                        reply = (
+                            self._initial_default if route in ("chat", "messages") else Reply.ok()
+                        )
             self._next_id += 1
             return self._generation, self._next_id, reply
 
@@ -454,11 +461,15 @@ class FakeUpstream:
         if reply.kind == "reset":
             if not reply.after_headers:
                 return [RESET]
-            if ask.route == "chat" and ask.body.get("stream"):
+            if ask.route in ("chat", "messages") and ask.body.get("stream"):
                 return [sse_head(ask.close), RESET]
             return [json_head(1024, ask.close), RESET]
         if reply.kind == "black_hole":
             return [BLACK_HOLE]
+        if reply.kind == "garbage":
+            return [b"SPEAK FRIEND AND ENTER\r\n\r\n", CLOSE]
+        if reply.kind == "redirect":
+            return [json_head(0, ask.close, reply.status, f"Location: {reply.location}\r\n")]
         return self._answers[ask.route].plan(ask)
 
 

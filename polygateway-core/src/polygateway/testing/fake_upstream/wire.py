@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http
 import json
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -33,8 +35,9 @@ RESET: Final = Action("reset")
 BLACK_HOLE: Final = Action("black_hole")
 CLOSE: Final = Action("close")
 
-Step = bytes | float | Action
-"""One step of a response plan (a float is a delay in seconds)."""
+Step = bytes | float | Action | Iterator[bytes]
+"""One step of a response plan (a float is a delay in seconds; an iterator's bytes are made
+while they are written, under the connection's flow control)."""
 
 
 @dataclass(slots=True)
@@ -117,6 +120,34 @@ def frame(event: bytes) -> bytes:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def chunked_head(status: int, content_type: str, close: bool, extra: str = "") -> bytes:
+    """The head of a chunked answer (``extra``: more header lines, each ending in CRLF)."""
+    head = (
+        f"{status_line(status)}Content-Type: {content_type}\r\nTransfer-Encoding: chunked\r\n"
+        f"{extra}"
+    )
+    return head.encode("latin-1") + (CONNECTION_CLOSE + b"\r\n" if close else b"\r\n")
+
+
+def chunked_body(pieces: Iterable[bytes], *, gzip: bool = False) -> Iterator[bytes]:
+    """``pieces`` as HTTP chunks (gzip-compressed first when asked), then the end of the body."""
+    compressor = zlib.compressobj(wbits=31) if gzip else None
+    for piece in pieces:
+        # A sync flush per piece: every piece reaches the wire (the writer can notice a client
+        # that left) for a few bytes of ratio (64 KiB of one byte still make ~100 bytes).
+        data = (
+            compressor.compress(piece) + compressor.flush(zlib.Z_SYNC_FLUSH)
+            if compressor is not None
+            else piece
+        )
+        if data:
+            yield b"%x\r\n%b\r\n" % (len(data), data)
+    if compressor is not None:
+        data = compressor.flush()
+        yield b"%x\r\n%b\r\n" % (len(data), data)
+    yield CHUNKED_END
 
 
 def json_plan(reply: Reply, data: bytes, error: bytes, close: bool, pieces: int = 1) -> list[Step]:

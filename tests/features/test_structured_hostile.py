@@ -1,0 +1,210 @@
+"""Hostile structured output through GatewayClient and the fake upstream: huge or deeply nested
+answers end in ``ResultInvalidError`` without blocking the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from polygateway.client import GatewayClient
+from polygateway.errors import ResultInvalidError
+from polygateway.middleware.structured import MAX_STRUCTURED_CHARS
+from polygateway.settings import (
+    CacheSettings,
+    RetrySettings,
+    ScopeSettings,
+    SourceConfig,
+    TelemetrySettings,
+)
+from polygateway.structured.json_repair import MAX_REPAIR_CHARS
+from polygateway.testing import FakeUpstream, Reply
+from pydantic import BaseModel
+
+MESSAGES = [{"role": "user", "content": "Give me JSON."}]
+
+
+class Answer(BaseModel):
+    city: str
+
+
+def scope(base_url: str, name: str) -> ScopeSettings:
+    source = SourceConfig(
+        name=name, provider="generic", base_url=base_url, model="m", timeout_s=30.0
+    )
+    return ScopeSettings(
+        scope="LLM",
+        sources=(source,),
+        retry=RetrySettings(max_attempts=1),
+        cache=CacheSettings(backend="none"),
+        telemetry=TelemetrySettings(backend="none"),
+        max_structured_retries=0,
+    )
+
+
+@pytest.fixture
+async def client(fake_upstream: FakeUpstream) -> AsyncIterator[GatewayClient]:
+    async with GatewayClient(scope(fake_upstream.base_url("s"), "s")) as gateway:
+        yield gateway
+
+
+# A fake upstream in a process of its own: the bytes of a 10 MB answer are made without
+# competing with the test's event loop for the interpreter.
+SERVE_HOSTILE = """
+import asyncio
+from polygateway.testing import FakeUpstream, Reply
+
+async def main():
+    async with FakeUpstream(default_reply=Reply.flood(10_000_000, fill="{")) as fake:
+        print(fake.base_url("huge"), flush=True)
+        await asyncio.get_running_loop().create_future()
+
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def hostile_url() -> Iterator[str]:
+    with subprocess.Popen(
+        [sys.executable, "-c", SERVE_HOSTILE], stdout=subprocess.PIPE, text=True
+    ) as server:
+        assert server.stdout is not None
+        try:
+            yield server.stdout.readline().strip()
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+def weighted_p99_ms(gaps: list[float], period_s: float) -> float:
+    """p99 of the gaps, each gap of g seconds counted g / period times: a loop blocked for a
+    second cannot hide in one sample."""
+    samples: list[float] = []
+    for gap in gaps:
+        samples += [gap] * max(1, round(gap / period_s))
+    samples.sort()
+    return 1000 * samples[int(0.99 * (len(samples) - 1))]
+
+
+class LagProbe:
+    """Ticks every ``period_s`` on the loop and keeps each gap between ticks twice: in wall
+    time (the lag other calls see) and in the loop thread's CPU time (how long the loop ran
+    without letting anything else run, whatever else the machine is doing)."""
+
+    def __init__(self, period_s: float = 0.002) -> None:
+        self.period_s = period_s
+        self.gaps: list[float] = []
+        self.busy: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        last, last_cpu = time.perf_counter(), time.thread_time()
+        while True:
+            await asyncio.sleep(self.period_s)
+            now, cpu = time.perf_counter(), time.thread_time()
+            self.gaps.append(now - last)
+            self.busy.append(cpu - last_cpu)
+            last, last_cpu = now, cpu
+
+    def __enter__(self) -> LagProbe:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    def max_gap_ms(self) -> float:
+        return 1000 * max(self.gaps)
+
+    def p99_ms(self) -> float:
+        return weighted_p99_ms(self.gaps, self.period_s)
+
+    def busy_p99_ms(self) -> float:
+        return weighted_p99_ms(self.busy, self.period_s)
+
+
+def machine_is_busy() -> bool:
+    """Other work on more than half the CPUs (a shared machine, a parallel test run): wall-clock
+    lag then measures the OS scheduler more than the loop. The CPU-time gaps still count."""
+    return os.getloadavg()[0] > (os.cpu_count() or 1) / 2
+
+
+async def test_a_huge_hostile_answer_never_blocks_the_loop(
+    client: GatewayClient, fake_upstream: FakeUpstream, hostile_url: str
+) -> None:
+    fake_upstream.set_default("s", Reply.ok('{"city": "Paris"}'))
+    async with GatewayClient(scope(hostile_url, "huge")) as hostile_client:
+        with LagProbe() as probe:
+            await asyncio.sleep(0.05)
+            started = time.perf_counter()
+            # 10 MB of "{": json_repair would chew on it for minutes.
+            huge = asyncio.create_task(hostile_client.chat(MESSAGES, structured="json"))
+            # Other calls keep being answered meanwhile.
+            others = []
+            while not huge.done() or len(others) < 5:
+                others.append(await client.chat(MESSAGES, structured=Answer))
+            elapsed = time.perf_counter() - started
+            await asyncio.sleep(0.05)
+    assert all(o.structured_data == Answer(city="Paris") for o in others)
+    with pytest.raises(ResultInvalidError) as info:
+        huge.result()
+    assert f"> {MAX_STRUCTURED_CHARS}" in str(info.value)
+    assert len(info.value.raw_text) > 8 * MAX_STRUCTURED_CHARS
+    assert set(info.value.raw_text) == {"{"}
+    measured = (
+        f"loop lag p99 {probe.p99_ms():.1f} ms, busy p99 {probe.busy_p99_ms():.1f} ms over "
+        f"{elapsed:.2f} s, load {os.getloadavg()[0]:.1f}"
+    )
+    assert probe.busy_p99_ms() < 20.0, measured
+    if not machine_is_busy():
+        assert probe.p99_ms() < 20.0, measured
+
+
+async def test_a_large_repair_runs_off_the_loop(
+    client: GatewayClient, fake_upstream: FakeUpstream
+) -> None:
+    # Unterminated, just under the repair cap: json_repair takes a good fraction of a second.
+    broken = '{"a": [1, 2, {"b": "' + "x" * (MAX_REPAIR_CHARS - 100)
+    fake_upstream.script("s", Reply.ok(broken, chunks=4))
+    with LagProbe() as probe:
+        await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        repaired = await client.chat(MESSAGES, structured="json")
+        elapsed = time.perf_counter() - started
+    assert repaired.structured_data["a"][:2] == [1, 2]
+    # On the loop the whole repair would be one gap; in a worker thread the loop keeps
+    # ticking (between interpreter switches).
+    assert probe.max_gap_ms() < 100.0, f"max gap {probe.max_gap_ms():.0f} ms in {elapsed:.2f} s"
+
+
+def test_repairs_are_capped(fake_upstream: FakeUpstream) -> None:
+    from polygateway.structured.json_repair import extract_json
+
+    value, errors = extract_json('{"a": "' + "x" * MAX_REPAIR_CHARS)
+    assert value is None
+    assert (
+        f"too large to repair ({MAX_REPAIR_CHARS + 7} characters > {MAX_REPAIR_CHARS})"
+        in (errors[0])
+    )
+
+
+@pytest.mark.parametrize("schema", ["json", Answer], ids=["json", "model"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json-body"])
+@pytest.mark.parametrize(
+    "content",
+    ["[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000, "[" * 5_000],
+    ids=["deep-array", "deep-object", "deep-unclosed"],
+)
+async def test_deeply_nested_output_is_a_result_invalid_error(
+    client: GatewayClient, fake_upstream: FakeUpstream, schema: object, stream: bool, content: str
+) -> None:
+    fake_upstream.script("s", Reply.ok(content))
+    with pytest.raises(ResultInvalidError) as info:
+        await client.chat(MESSAGES, structured=schema, stream=stream)  # type: ignore[arg-type]
+    assert info.value.raw_text == content
+    assert "nested too deeply" in str(info.value) or "repair" in str(info.value)
