@@ -89,8 +89,20 @@ def pgw_register_selectors(register: Register) -> None:
 
         return LeastInflightSelector()
 
+    def priority(ctx: BuildContext) -> Any:
+        from polygateway.selectors import PrioritySelector
+
+        return PrioritySelector()
+
+    def weighted(ctx: BuildContext) -> Any:
+        from polygateway.selectors import WeightedSelector
+
+        return WeightedSelector()
+
     register("round_robin", round_robin)
     register("least_inflight", least_inflight)
+    register("priority", priority)
+    register("weighted", weighted)
 
 
 @hookimpl

@@ -46,6 +46,9 @@ SOURCE_FIELDS: dict[str, str] = {
     "MISSING_DONE": "missing_done",
     "MAX_RESPONSE_BYTES": "max_response_bytes",
     "TRANSPORT": "transport",
+    "PRIORITY": "priority",
+    "WEIGHT": "weight",
+    "CONTEXT_WINDOW": "context_window",
     "ENGINE": "engine",
     "TRUST_ENV": "trust_env",
 }
@@ -58,6 +61,11 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
             "MAX_ATTEMPTS": "max_attempts",
             "BASE_DELAY_S": "base_delay_s",
             "MAX_DELAY_S": "max_delay_s",
+            "SAME_SOURCE_ATTEMPTS": "same_source_attempts",
+            "WAIT_RETRY_AFTER_UP_TO_S": "wait_retry_after_up_to_s",
+            "MAX_RETRY_AFTER_S": "max_retry_after_s",
+            "CALL_DEADLINE_S": "call_deadline_s",
+            "SWITCH_ON_CONTENT_FILTER": "switch_on_content_filter",
         },
     ),
     "BREAKER": (

@@ -110,12 +110,20 @@ class SourceLayer(SourceDefaultsLayer):
     model: Name | None = None
     api_key: str | None = None
     api_key_env: Name | None = None
+    priority: NonNegativeInt | None = None
+    weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    context_window: PositiveInt | None = None
 
 
 class RetryLayer(LayerModel):
     max_attempts: PositiveInt | None = None
     base_delay_s: NonNegativeFloat | None = None
     max_delay_s: NonNegativeFloat | None = None
+    same_source_attempts: NonNegativeInt | None = None
+    wait_retry_after_up_to_s: NonNegativeFloat | None = None
+    max_retry_after_s: PositiveFloat | None = None
+    call_deadline_s: PositiveFloat | None = None
+    switch_on_content_filter: Bool | None = None
 
 
 class BreakerLayer(LayerModel):

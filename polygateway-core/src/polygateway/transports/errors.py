@@ -8,6 +8,8 @@
 | 401, 403, 402 (payment required: out of credit)             | SourceDeadError               |
 | 404 (model not found / wrong base_url)                      | SourceDeadError               |
 | 3xx (redirects are not followed: base_url is wrong)         | SourceDeadError               |
+| 400 context overflow (``context_length_exceeded``, wordings) | ContextWindowExceededError    |
+| 400 content policy (``content_filter``, ``content_policy...``)| ContentFilterError            |
 | 400 and any other 4xx                                       | RequestRejectedError          |
 | connection errors / read errors / engine timeouts           | TransientError                |
 
@@ -30,6 +32,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from polygateway.errors import (
+    ContentFilterError,
+    ContextWindowExceededError,
     PolyGatewayError,
     RequestRejectedError,
     SourceDeadError,
@@ -44,6 +48,32 @@ QUOTA_CODES: frozenset[str] = frozenset(
         "organization_spend_limit_exceeded",
         "project_spend_limit_exceeded",
         "organization_usage_limit_exceeded",
+    }
+)
+
+CONTEXT_OVERFLOW_CODES: frozenset[str] = frozenset(
+    {"context_length_exceeded", "exceed_context_size_error", "model_context_window_exceeded"}
+)
+CONTEXT_OVERFLOW_WORDINGS: tuple[str, ...] = (
+    "maximum context length",  # OpenAI, vLLM, Mistral, DeepSeek
+    "context length exceeded",
+    "context_length_exceeded",
+    "exceeds the context window",
+    "exceeds the available context size",  # llama.cpp
+    "prompt is too long",  # Anthropic
+    "exceed context limit",  # Anthropic: input length and max_tokens exceed context limit
+    "input token count",  # Gemini: the input token count ... exceeds the maximum
+    "range of input length should be",  # Qwen / DashScope
+    "input length exceeds",
+)
+"""Lower-case wordings of a context overflow by provider (bodies without the OpenAI code)."""
+
+CONTENT_FILTER_CODES: frozenset[str] = frozenset(
+    {
+        "content_filter",
+        "content_policy_violation",
+        "data_inspection_failed",  # Qwen / DashScope
+        "responsibleaipolicyviolation",  # Azure OpenAI
     }
 )
 
@@ -152,6 +182,26 @@ def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
     return _seconds(headers.get("retry-after"))
 
 
+def rejection(
+    code: str | None,
+    kind: str | None,
+    message: str,
+    text: str,
+    *,
+    status: int | None,
+    source_name: str | None,
+) -> RequestRejectedError:
+    """A rejected request, as the subclass the governor acts on when the body says why."""
+    labels = {str(x).lower() for x in (code, kind) if x}
+    lowered = message.lower()
+    if labels & CONTEXT_OVERFLOW_CODES or any(w in lowered for w in CONTEXT_OVERFLOW_WORDINGS):
+        return ContextWindowExceededError(text, status=status, source_name=source_name)
+    if labels & CONTENT_FILTER_CODES:
+        reason = next(iter(sorted(labels & CONTENT_FILTER_CODES)))
+        return ContentFilterError(text, status=status, source_name=source_name, reason=reason)
+    return RequestRejectedError(text, status=status, source_name=source_name)
+
+
 def error_for_status(
     status: int,
     body: bytes | str,
@@ -197,7 +247,7 @@ def error_for_status(
     if status in (401, 402, 403, 404) or 300 <= status < 400:
         return SourceDeadError(text, status=status, source_name=source_name)
     if 400 <= status < 500:
-        return RequestRejectedError(text, status=status, source_name=source_name)
+        return rejection(code, kind, message, text, status=status, source_name=source_name)
     # 1xx or another status an HTTP client should never hand over: treat as a wire fault.
     return TransientError(text, status=status, source_name=source_name)
 
@@ -232,6 +282,9 @@ def wire_error(
 
 
 __all__ = [
+    "CONTENT_FILTER_CODES",
+    "CONTEXT_OVERFLOW_CODES",
+    "CONTEXT_OVERFLOW_WORDINGS",
     "MAX_MESSAGE_CHARS",
     "QUOTA_CODES",
     "Secrets",
@@ -240,6 +293,7 @@ __all__ = [
     "error_for_stream_event",
     "is_quota_error",
     "parse_retry_after",
+    "rejection",
     "sanitize_message",
     "wire_error",
 ]
