@@ -193,9 +193,13 @@ class GatewayClient:
         cache_namespace: str | None = None,
         structured: StructuredSpec = None,
         stream: bool = True,
+        deadline_s: float | None = None,
     ) -> LLMResponse:
         """One governed chat call (ARCHITECTURE §5.2).
 
+        :param deadline_s: end-to-end deadline across every attempt, backoff and admission
+            wait (default: the scope's ``retry.call_deadline_s``); past it the call raises
+            ``AllSourcesExhausted(reason="retry_exhausted")``.
         :param structured: ``None`` raw text, ``"json"`` repaired JSON in
             ``structured_data``, or a pydantic model class (the full D14 ladder).
         :raises RequestRejectedError: malformed ``messages`` (before any network).
@@ -216,6 +220,7 @@ class GatewayClient:
             cache_namespace=cache_namespace,
             structured=structured,
             stream=stream,
+            deadline_s=deadline_s,
             context=CallContext(),
         )
         return await self._handler(request)

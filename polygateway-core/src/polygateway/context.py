@@ -34,10 +34,12 @@ logger = logging.getLogger(__name__)
 class CallContext:
     """The per-call side channels of a chat call (see the module docstring)."""
 
-    __slots__ = ("_messages_for", "_messages_json", "observers")
+    __slots__ = ("_messages_for", "_messages_json", "deadline_at", "observers")
 
     def __init__(self) -> None:
         self.observers: tuple[CallObserver, ...] = ()
+        self.deadline_at: float | None = None
+        """Monotonic end of the call's deadline, set by its first dispatch: re-asks share it."""
         self._messages_for: object = None
         self._messages_json = ""
 

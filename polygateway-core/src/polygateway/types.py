@@ -110,6 +110,8 @@ class ChatRequest:
     """Set by the native-schema strategy; sent as the body's ``response_format``."""
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     """Extra top-level body fields merged into every attempt's request body."""
+    deadline_s: float | None = None
+    """End-to-end deadline of the call (``None``: the scope's ``retry.call_deadline_s``)."""
     context: CallContext | None = field(default=None, compare=False, repr=False)
     """The call's ``polygateway.context.CallContext`` (observers, shared encodings): set by
     ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""

@@ -7,7 +7,7 @@ body parameters mean another answer). Canonical JSON makes delimiters in tenant 
 
 Value: the ``LLMResponse`` as JSON, without ``structured_data``. Only what passed the
 structured ladder is stored (the structured layer is inside this one), never an empty or a
-truncated (``finish_reason == "length"``) completion. A hit is returned with
+truncated (``finish_reason == "length"``) or filtered (``"content_filter"``) completion. A hit is returned with
 ``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit is a call of
 its own in telemetry) and ``structured_data`` rebuilt by the strategy, without network.
 
@@ -131,13 +131,18 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
     return LLMResponse(**fields)
 
 
+_UNCACHEABLE_FINISH = frozenset(("length", "content_filter"))
+"""Finish reasons of an answer that must not be replayed: cut by the token limit, or by the
+content filter (another sampling may pass; the filter's verdict is not the answer)."""
+
+
 def is_cacheable(response: LLMResponse) -> bool:
-    """A real, complete answer: not a hit already, not empty, not cut off by the token limit,
-    not salvaged from a stream that ended without ``[DONE]``."""
+    """A real, complete answer: not a hit already, not empty, not cut off by the token limit or
+    the content filter, not salvaged from a stream that ended without ``[DONE]``."""
     return (
         not response.cache_hit
         and not response.salvaged
-        and response.finish_reason != "length"
+        and response.finish_reason not in _UNCACHEABLE_FINISH
         and bool(response.content.strip())
     )
 
