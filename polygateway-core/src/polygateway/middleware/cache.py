@@ -8,7 +8,8 @@ body parameters mean another answer). Canonical JSON makes delimiters in tenant 
 Value: the ``LLMResponse`` as JSON, without ``structured_data``. Only what passed the
 structured ladder is stored (the structured layer is inside this one), never an empty, a
 truncated (``finish_reason == "length"``) or a filtered (``"content_filter"``) completion. A hit
-is returned with ``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit is a call of
+is returned with ``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit
+is a call of
 its own in telemetry) and ``structured_data`` rebuilt by the strategy, without network.
 
 The cache is an optimisation: a failing backend or an unreadable entry is a miss plus a

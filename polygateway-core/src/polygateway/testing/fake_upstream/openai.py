@@ -13,6 +13,7 @@ from typing import Any, Final
 from polygateway.ports import Clock
 from polygateway.testing.fake_upstream.replies import Reply, estimate_tokens, split
 from polygateway.testing.fake_upstream.wire import (
+    BLACK_HOLE,
     CHUNKED_END,
     DONE_FRAME,
     Ask,
@@ -308,7 +309,7 @@ class OpenAIAnswers:
         pending = bytearray(sse_head(close))
         pending += event(_event_tail(role, "null", include_usage))
         tails = self._token_event_tails(content, reply, reasoning, include_usage)
-        faulty = kind in ("cut", "malformed", "mid_stream_error")
+        faulty = kind in ("cut", "malformed", "mid_stream_error", "stall")
         sent = tails[: reply.after_chunks] if faulty else tails
         if reply.first_token_delay or reply.inter_token_delay:
             for index, tail in enumerate(sent):
@@ -323,6 +324,9 @@ class OpenAIAnswers:
             pending += CHUNKED_END
             steps.append(bytes(pending))
             return steps
+        if kind == "stall":
+            steps += [bytes(pending), BLACK_HOLE]
+            return steps
         if kind == "mid_stream_error":
             pending += frame(b"data: " + dumps({"error": _MID_STREAM_ERROR}).encode() + b"\n\n")
             pending += CHUNKED_END
@@ -336,7 +340,7 @@ class OpenAIAnswers:
         if include_usage:
             usage = dumps(self._usage(reply, request_json, content, reasoning))
             pending += frame(f'data: {base}"choices":[],"usage":{usage}}}\n\n'.encode())
-        pending += DONE_FRAME
+        pending += CHUNKED_END if kind == "no_done" else DONE_FRAME
         steps.append(bytes(pending))
         return steps
 
