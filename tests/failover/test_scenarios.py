@@ -9,11 +9,11 @@ are measured exactly and cost no real time.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-
 from polygateway import (
     AllSourcesExhausted,
     ContentFilterError,
@@ -64,7 +64,7 @@ PRIMARY, FALLBACK = "openai-1", "openai-2"
 
 def _gaps(fake: FakeUpstream, source: str | None = None) -> list[float]:
     times = [r.at for r in fake.received(source)]
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 async def test_s01_429_with_short_retry_after_waits_on_the_primary(
