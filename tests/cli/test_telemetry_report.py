@@ -99,3 +99,21 @@ def test_cli_prints_tables_and_writes_html(
 def test_cli_rejects_missing_db(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["telemetry", "report", "--db", str(tmp_path / "nope.db")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("dsn", "scheme"), [("mysql://u:Secret-9@h/db", "'mysql'"), ("u:Secret-9@h/db", "'?'")]
+)
+def test_cli_names_a_dsn_no_reader_reads_without_showing_it(
+    dsn: str, scheme: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["telemetry", "report", "--dsn", dsn]) == 2
+    err = capsys.readouterr().err
+    assert f"no telemetry reader for scheme {scheme}" in err
+    assert "sqlite" in err  # the readers there are
+    assert "Secret-9" not in err
+
+
+def test_cli_takes_a_file_or_a_dsn_not_both(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["telemetry", "report", "--db", "x.db", "--dsn", "postgresql://h/db"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err

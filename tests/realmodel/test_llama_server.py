@@ -112,9 +112,9 @@ def _env(base_url: str, **extra: str) -> dict[str, str]:
         "LLM__GENERIC__1__BASE_URL": base_url,
         "LLM__GENERIC__1__API_KEY": "sk-local-not-checked",
         "LLM__GENERIC__1__MODEL": "smollm2",
-        "LLM__GENERIC__1__TIMEOUT_S": "120",
-        "LLM__GENERIC__1__TTFT_TIMEOUT_S": "60",
-        "LLM__GENERIC__1__INTER_TOKEN_TIMEOUT_S": "30",
+        "LLM__GENERIC__1__TIMEOUT_S": "600",
+        "LLM__GENERIC__1__TTFT_TIMEOUT_S": "300",
+        "LLM__GENERIC__1__INTER_TOKEN_TIMEOUT_S": "120",
         "LLM_MAX_RETRIES": "1",
         "PGW_TELEMETRY_BACKEND": "none",
         "PGW_PLUGINS": "",
@@ -123,7 +123,15 @@ def _env(base_url: str, **extra: str) -> dict[str, str]:
 
 
 SHORT = [{"role": "user", "content": "Say hello in three words."}]
-LONG = [{"role": "user", "content": "Write a very long story about a dragon, in many chapters."}]
+# A long prompt leaves little room in the window: the answer runs into the window's end
+# after a few dozen tokens (fast even on a busy machine) and is cut with "length".
+LONG = [
+    {
+        "role": "user",
+        "content": "Continue this story at great length. "
+        + "The old dragon flew over the quiet village at dawn, looking for its lost egg. " * 10,
+    }
+]
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])

@@ -152,6 +152,16 @@ def pgw_register_telemetry(register: Register) -> None:
 
 
 @hookimpl
+def pgw_register_telemetry_readers(register: Register) -> None:
+    def sqlite(target: str, *, since: float | None) -> list[dict[str, Any]]:
+        from polygateway.telemetry.report import read_sqlite_rows
+
+        return read_sqlite_rows(target, since=since)
+
+    register("sqlite", sqlite)
+
+
+@hookimpl
 def pgw_register_middleware(register: Register) -> None:
     from polygateway.middleware import builtin_layers
 

@@ -48,6 +48,7 @@ HOOK_KINDS: dict[str, str] = {
     "pgw_register_structured": "structured",
     "pgw_register_pricing": "pricing",
     "pgw_register_telemetry": "telemetry",
+    "pgw_register_telemetry_readers": "telemetry_reader",
     "pgw_register_middleware": "middleware",
     "pgw_register_commands": "command",
 }
@@ -156,6 +157,19 @@ def pgw_register_telemetry(register: Register) -> None:
 
     :param register: ``register(name, factory)`` with ``factory(ctx: BuildContext) ->
         TelemetryRecorder``. Picked by ``PGW_TELEMETRY_BACKEND`` or ``[scope.telemetry]``.
+    """
+
+
+@hookspec
+def pgw_register_telemetry_readers(register: Register) -> None:
+    """Register readers of stored telemetry (what ``pgw telemetry report`` reads).
+
+    :param register: ``register(name, reader)`` with ``reader(target: str, *, since: float |
+        None) -> list[dict[str, Any]]``: every row (the 18 fields and ``created_at`` in epoch
+        seconds) created at or after ``since``, oldest first. ``--db PATH`` reads with
+        ``sqlite``; ``--dsn URL`` with the reader named by the URL's scheme (a ``+driver``
+        suffix ignored). A target that cannot be read raises ``ValueError`` with a message
+        naming the problem (never a password).
     """
 
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         RateLimiter,
         SourceSelector,
         StructuredOutputStrategy,
+        TelemetryReader,
         TelemetryRecorder,
         Transport,
         TransportFactory,
@@ -196,6 +197,8 @@ class Registry:
     def get(self, kind: Literal["pricing"], name: str) -> PricingFactory: ...
     @overload
     def get(self, kind: Literal["telemetry"], name: str) -> TelemetryFactory: ...
+    @overload
+    def get(self, kind: Literal["telemetry_reader"], name: str) -> TelemetryReader: ...
     @overload
     def get(self, kind: Literal["middleware"], name: str) -> MiddlewareFactory: ...
     @overload

@@ -337,6 +337,15 @@ class TelemetryRecorder(Protocol):
     async def aclose(self) -> None: ...
 
 
+class TelemetryReader(Protocol):
+    """Reads stored telemetry back (kind ``telemetry_reader``, what ``pgw telemetry report``
+    uses): every row (the 18 fields, ``created_at`` in epoch seconds) created at or after
+    ``since``, oldest first. An unreadable ``target`` raises ``ValueError`` naming the problem,
+    never a password."""
+
+    def __call__(self, target: str, *, since: float | None) -> list[dict[str, Any]]: ...
+
+
 @runtime_checkable
 class SupportsCacheNowait(Protocol):
     """Optional for a ``CacheBackend`` that answers without waiting (the memory cache).

@@ -90,12 +90,12 @@ class RowSummary(Protocol):
 
     @property
     def cached_prompt_tokens(self) -> int:
-        """Prompt tokens read from the provider's prompt cache (priced at its cache rate)."""
+        """Prompt tokens read from the provider's prompt cache (part of ``prompt_tokens``)."""
         ...
 
     @property
     def cache_write_tokens(self) -> int:
-        """Prompt tokens written to the provider's prompt cache."""
+        """Prompt tokens written to the provider's prompt cache (part of ``prompt_tokens``)."""
         ...
 
 
