@@ -25,9 +25,11 @@ and truncated.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import math
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -157,20 +159,32 @@ def is_quota_error(code: str | None, kind: str | None, body: bytes | str = b"") 
     return needle in body if isinstance(body, str) else needle.encode() in body
 
 
-def _seconds(value: str | None) -> float | None:
+def _seconds(value: str | None, now: float | None = None) -> float | None:
     if not value:
         return None
     try:
         seconds = float(value.strip())
     except ValueError:
-        return None  # the HTTP-date form is not supported (§6.2: seconds only)
+        if now is None:
+            return None
+        try:  # the HTTP-date form: seconds from now (a date in the past is "retry now")
+            when = email.utils.parsedate_to_datetime(value.strip())
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None  # not an HTTP-date (those are always GMT)
+        return max(when.timestamp() - now, 0.0)
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         return None
     return seconds
 
 
-def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds from ``retry-after-ms`` (preferred, as the OpenAI SDK does) or ``Retry-After``.
+def parse_retry_after(
+    headers: Mapping[str, str] | None, *, now: float | None = None
+) -> float | None:
+    """Seconds from ``retry-after-ms`` (preferred, as the OpenAI SDK does), ``Retry-After``
+    (seconds, or an HTTP-date read against ``now``, default the wall clock) or the LiteLLM
+    relay's ``llm_provider-retry-after``. Bounding the value is the governor's job.
 
     ``headers`` is a case-insensitive mapping (what both engines return) or has lower-case keys.
     """
@@ -179,7 +193,12 @@ def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
     millis = _seconds(headers.get("retry-after-ms"))
     if millis is not None:
         return millis / 1000.0
-    return _seconds(headers.get("retry-after"))
+    wall = time.time() if now is None else now
+    for name in ("retry-after", "llm_provider-retry-after"):
+        seconds = _seconds(headers.get(name), wall)
+        if seconds is not None:
+            return seconds
+    return None
 
 
 def rejection(
