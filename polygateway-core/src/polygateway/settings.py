@@ -141,6 +141,8 @@ class BreakerSettings:
     fail_threshold: int = 5
     cooldown_s: float = 30.0
     probe_ttl_s: float | None = None
+    max_cooldown_s: float | None = None
+    """Cap of the cooldown, which doubles on every failed probe in a row (``None``: fixed)."""
     """``None`` derives ``max(2 x max timeout, cooldown, max timeout + 5)`` at assembly."""
 
 

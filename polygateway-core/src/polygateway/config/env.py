@@ -74,6 +74,7 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
             "FAIL_THRESHOLD": "fail_threshold",
             "COOLDOWN_S": "cooldown_s",
             "PROBE_TTL_S": "probe_ttl_s",
+            "MAX_COOLDOWN_S": "max_cooldown_s",
         },
     ),
     "BACKPRESSURE": (

@@ -130,6 +130,7 @@ class BreakerLayer(LayerModel):
     fail_threshold: PositiveInt | None = None
     cooldown_s: PositiveFloat | None = None
     probe_ttl_s: PositiveFloat | None = None
+    max_cooldown_s: PositiveFloat | None = None
     backend: Name | None = None
     options: Options | None = None
 
