@@ -9,6 +9,7 @@ are measured exactly and cost no real time.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from typing import Any
@@ -42,7 +43,7 @@ async def fake(clock: FakeClock) -> AsyncIterator[FakeUpstream]:
         yield server
 
 
-def _client(fake: FakeUpstream, clock: FakeClock, **extra: str) -> GatewayClient:
+def _client(fake: FakeUpstream, clock: FakeClock | None, **extra: str) -> GatewayClient:
     env = {
         "LLM__SELECTOR": "priority",
         "LLM__OPENAI__1__BASE_URL": fake.base_url("primary"),
@@ -56,6 +57,8 @@ def _client(fake: FakeUpstream, clock: FakeClock, **extra: str) -> GatewayClient
         "PGW_PLUGINS": "",
         **extra,
     }
+    if clock is None:
+        return GatewayClient.from_env(env=env, pipeline_path=None)
     return GatewayClient.from_env(env=env, pipeline_path=None, clock=clock)
 
 
@@ -251,3 +254,44 @@ async def test_deadline_ends_the_call_with_the_exhausted_fields(
     assert clock.monotonic() - started <= 2.0
     assert caught.value.per_source_reasons[PRIMARY] == "network_error"
     assert isinstance(caught.value.last_error, Exception)
+
+
+# Liveness scenarios run on real time: the stream watchdog's timers are the point. Without a
+# declared TTFT / inter-token timeout a silent upstream holds the call for TIMEOUT_S (120 s
+# by default), so these declare short ones on the primary.
+LIVENESS = {
+    "LLM__OPENAI__1__TTFT_TIMEOUT_S": "0.5",
+    "LLM__OPENAI__1__INTER_TOKEN_TIMEOUT_S": "0.3",
+    "LLM__OPENAI__1__TIMEOUT_S": "3",
+    "LLM__OPENAI__1__CONNECT_TIMEOUT_S": "1",
+}
+
+
+@pytest.fixture
+async def live() -> AsyncIterator[FakeUpstream]:
+    async with FakeUpstream() as server:
+        yield server
+
+
+def _live_client(fake: FakeUpstream) -> GatewayClient:
+    return _client(fake, None, **LIVENESS)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(Reply.black_hole(), id="s06-no-response"),
+        pytest.param(Reply.ok("late", first_token_delay=5.0), id="s07-slow-first-token"),
+        pytest.param(Reply.stall(after_chunks=3), id="s09-stream-stall"),
+    ],
+)
+async def test_silent_primary_is_left_for_the_fallback(live: FakeUpstream, fault: Reply) -> None:
+    live.set_default("primary", fault)
+    async with _live_client(live) as client:
+        started = asyncio.get_running_loop().time()
+        response = await client.chat(MESSAGES)
+        elapsed = asyncio.get_running_loop().time() - started
+    assert response.source_name == FALLBACK
+    assert live.requests("fallback") == 1
+    assert live.requests("primary") == 1  # a watchdog verdict is not retried on the same source
+    assert elapsed < 3.0  # the watchdog, not the 3 s total timeout, ended the primary's attempt
