@@ -164,17 +164,39 @@ class OcrElement:
     page_idx: int = 0
     text: str = ""
     html: str | None = None
+    latex: str | None = None
+    """Equations, and tables the service recognised as LaTeX instead of HTML."""
+
+
+@dataclass(frozen=True, slots=True)
+class OcrBBoxIssue:
+    """A layout element left out of ``OcrLayoutResult.elements`` because its bbox is unusable
+    (not four finite numbers, ``x0 >= x1`` or ``y0 >= y1``, or outside the page beyond the
+    tolerance)."""
+
+    page_idx: int
+    type: str
+    bbox: str
+    """The bbox as the service sent it (JSON text)."""
+    reason: str
+    text: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class OcrLayoutResult:
-    """``/parse``: structured elements with native bboxes and page sizes."""
+    """``/parse``: structured elements with native bboxes and page sizes.
+
+    ``page_sizes[i]`` is the size of page ``i`` (one entry per page of a PDF, in the service's
+    page units, the same as the bboxes). No elements is a legitimately empty page, not an error.
+    """
 
     elements: tuple[OcrElement, ...]
     page_sizes: tuple[tuple[float, float], ...] = ()
     source_name: str = ""
     usage: Usage = field(default_factory=Usage)
     raw: Mapping[str, Any] = field(default_factory=dict)
+    bbox_issues: tuple[OcrBBoxIssue, ...] = ()
+    """Elements whose bbox failed validation (reported here instead of raising)."""
 
     @property
     def page_size(self) -> tuple[float, float] | None:

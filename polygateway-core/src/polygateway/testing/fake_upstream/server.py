@@ -30,6 +30,7 @@ from polygateway.testing.fake_upstream.wire import (
     json_head,
     sse_head,
 )
+from polygateway.testing.threads import serve_in_thread
 
 logger = logging.getLogger("polygateway.testing.fake_upstream")
 
@@ -190,32 +191,8 @@ class FakeUpstream:
         Returns once it listens; leaving the block stops it and joins the thread.
         """
         fake = cls(**kwargs)
-        loop = asyncio.new_event_loop()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_forever()
-            finally:
-                pending = asyncio.all_tasks(loop)
-                for task in pending:
-                    task.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        thread = threading.Thread(target=serve, name="pgw-fake-upstream", daemon=True)
-        thread.start()
-        try:
-            # .result() returns once the server listens, or raises why it could not.
-            asyncio.run_coroutine_threadsafe(fake.start(), loop).result()
-            try:
-                yield fake
-            finally:
-                asyncio.run_coroutine_threadsafe(fake.stop(), loop).result()
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
+        with serve_in_thread(fake.start, fake.stop, name="pgw-fake-upstream"):
+            yield fake
 
     # -- scripting -------------------------------------------------------------------------
 
