@@ -22,8 +22,8 @@ SOURCE = SourceConfig(name="s", provider="generic", base_url="http://x/v1", mode
 
 def test_builtin_profiles() -> None:
     profiles = builtin_profiles_by_name()
-    assert set(profiles) == {"openai", "deepseek", "qwen", "generic"}
-    assert len(BUILTIN_PROFILES) == 4
+    assert set(profiles) == {"openai", "deepseek", "qwen", "zhipu", "generic"}
+    assert len(BUILTIN_PROFILES) == 5
     assert profiles["openai"].supports_native_schema
     assert profiles["openai"].thinking_body is None
     assert profiles["generic"].thinking_body is None

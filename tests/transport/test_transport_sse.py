@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from polygateway.errors import TransientError
+from polygateway.errors import RequestRejectedError, SourceDeadError, TransientError
 from polygateway.transports.openai_chunks import ChatStreamParser, parse_completion
 from polygateway.transports.sse import SSEDecoder, SSEEvent, SSEProtocolError
 from polygateway.transports.think_tags import ThinkTagSplitter, split_think
@@ -318,12 +318,19 @@ def test_tool_call_fragments_count_as_tokens() -> None:
     "frame",
     [
         b'{"error":{"message":"Upstream provider disconnected","type":"server_error"}}',
-        b'{"object":"error","message":"boom","type":"BadRequestError","code":400}',
+        b'{"object":"error","message":"boom","type":"BadRequestError","code":503}',
         b'{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"error"}]}',
     ],
 )
 def test_error_events_are_transient(frame: bytes) -> None:
     with pytest.raises(TransientError):
+        ChatStreamParser(source_name="s").feed_event(frame)
+
+
+def test_flat_error_event_with_a_client_error_status_is_rejected() -> None:
+    # vLLM's integer code is the HTTP status: a 400 fails the same way on any source.
+    frame = b'{"object":"error","message":"boom","type":"BadRequestError","code":400}'
+    with pytest.raises(RequestRejectedError):
         ChatStreamParser(source_name="s").feed_event(frame)
 
 
@@ -386,12 +393,18 @@ def test_parse_completion_reasoning_field_and_tool_calls() -> None:
         [],
         {"choices": []},
         {"choices": [{"index": 0}]},
-        {"error": {"message": "quota", "code": "insufficient_quota"}},
+        {"error": {"message": "overloaded", "code": "server_error"}},
     ],
 )
 def test_parse_completion_rejects_unusable_bodies(body: Any) -> None:
     with pytest.raises(TransientError):
         parse_completion(body)
+
+
+def test_parse_completion_error_body_with_a_quota_code_is_a_dead_source() -> None:
+    # Exhausted quota whatever the status, also on a 200 whose body is the error.
+    with pytest.raises(SourceDeadError):
+        parse_completion({"error": {"message": "quota", "code": "insufficient_quota"}})
 
 
 def test_named_error_event_with_plain_text_is_transient() -> None:

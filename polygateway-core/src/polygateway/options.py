@@ -41,9 +41,12 @@ from pydantic import (
 )
 
 from polygateway.settings import Secret
+from polygateway.validation import MAX_TOKENS
 
 __all__ = [
     "BOOL_WORDS",
+    "MAX_COUNT",
+    "MAX_DURATION_S",
     "Bool",
     "ComponentOptions",
     "Duration",
@@ -154,12 +157,21 @@ def _secret(value: object) -> Secret:
 
 Bool = Annotated[bool, BeforeValidator(parse_bool)]
 Int = Annotated[int, BeforeValidator(parse_int)]
-PositiveInt = Annotated[Int, Field(ge=1)]
-NonNegativeInt = Annotated[Int, Field(ge=0)]
+MAX_COUNT = MAX_TOKENS
+"""Largest count a setting accepts (tokens, limits, sizes): what every limiter accepts, exact as
+a Lua double (Redis). A larger value is refused at load time, naming the key, instead of
+failing every call later."""
+
+MAX_DURATION_S = 366 * 86400.0
+"""Longest duration a setting accepts (a year): far above any timeout, TTL or cooldown, and
+its milliseconds fit every timer and Redis expiry."""
+
+PositiveInt = Annotated[Int, Field(ge=1, le=MAX_COUNT)]
+NonNegativeInt = Annotated[Int, Field(ge=0, le=MAX_COUNT)]
 Number = Annotated[float, BeforeValidator(parse_number)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-PositiveDuration = Annotated[Duration, Field(gt=0)]
-NonNegativeDuration = Annotated[Duration, Field(ge=0)]
+PositiveDuration = Annotated[Duration, Field(gt=0, le=MAX_DURATION_S)]
+NonNegativeDuration = Annotated[Duration, Field(ge=0, le=MAX_DURATION_S)]
 SecretText = Annotated[
     Secret, PlainValidator(_secret), PlainSerializer(lambda secret: secret.masked())
 ]

@@ -150,12 +150,78 @@ class AudioPort(Protocol):
 # --------------------------------------------------------------------------- providers
 
 
+ErrorVerdict: TypeAlias = Literal["source_dead", "transient", "rejected"]
+"""What an error answer stands for: ``SourceDeadError``, ``TransientError``,
+``RequestRejectedError`` (ARCHITECTURE §6.2)."""
+
+ERROR_VERDICTS: tuple[str, ...] = ("source_dead", "transient", "rejected")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRule:
+    """One provider's error answer and the error class it stands for, as data (D11).
+
+    A rule matches when every criterion it gives holds:
+
+    - ``statuses``: the HTTP status is one of them. Empty: any status, and also an error event
+      in a stream (or a 200 whose body is an error object), which has no status of its own.
+    - ``codes``: the body's error ``code`` is one of them or, when the body carries no code, its
+      ``type``. Compared as text: ``"1113"`` matches Zhipu's code whether sent as a string or an
+      integer.
+    - ``messages``: the error message contains one of them, ignoring case (a relay that drops
+      the code usually keeps the provider's message).
+
+    ``verdict`` is the class: ``"source_dead"`` (switch at once, breaker forced open),
+    ``"transient"`` (retried with backoff) or ``"rejected"`` (raised at once, no switch, not
+    counted). Rules are tried in order, a profile's before the common ones
+    (``polygateway.transports.errors.COMMON_ERROR_RULES``); the first match wins, the status
+    table decides when none matches. A rule without any criterion would match every error and
+    is refused.
+    """
+
+    verdict: ErrorVerdict
+    statuses: tuple[int, ...] = ()
+    codes: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.verdict not in ERROR_VERDICTS:
+            raise ValueError(
+                f"ErrorRule.verdict must be one of {ERROR_VERDICTS}, got {self.verdict!r}"
+            )
+        if not (self.statuses or self.codes or self.messages):
+            raise ValueError("ErrorRule needs at least one of statuses, codes, messages")
+        for status in self.statuses:
+            if type(status) is not int or not 100 <= status <= 599:
+                raise ValueError(f"ErrorRule.statuses must be HTTP statuses, got {status!r}")
+        for name in ("codes", "messages"):
+            values = getattr(self, name)
+            if isinstance(values, str) or not all(isinstance(v, str) and v for v in values):
+                raise ValueError(f"ErrorRule.{name} must be a tuple of non-empty strings")
+        # Stored lower-cased: matching compares with the lower-cased message.
+        object.__setattr__(self, "messages", tuple(m.lower() for m in self.messages))
+
+    def matches(self, status: int | None, code: str | None, kind: str | None, lowered: str) -> bool:
+        """Whether an error answer matches: its status (``None`` for a stream's error event),
+        code and type (as text, ``None`` when absent) and its message, lower-cased."""
+        if self.statuses and status not in self.statuses:
+            return False
+        if self.codes:
+            key = code if code is not None else kind
+            if key is None or key not in self.codes:
+                return False
+        return not self.messages or any(m in lowered for m in self.messages)
+
+
 @dataclass(frozen=True, slots=True)
 class ProviderProfile:
     """What differs between OpenAI-compatible providers (ARCHITECTURE D11), declared not guessed.
 
     ``thinking_body`` maps ``enable_thinking`` to the top-level body fields to merge
     (e.g. qwen ``{"enable_thinking": True}``, deepseek ``{"thinking": {"type": "enabled"}}``).
+    ``error_rules``: this provider's error answers that the status alone misclassifies (e.g.
+    DashScope's 400 ``Arrearage`` is an exhausted balance, not a bad request); tried before
+    the common rules.
     """
 
     name: str
@@ -164,6 +230,7 @@ class ProviderProfile:
     think_tags: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
     supports_native_schema: bool = False
     thinking_requires_stream: bool = False
+    error_rules: tuple[ErrorRule, ...] = ()
 
 
 # --------------------------------------------------------------------------- limiter

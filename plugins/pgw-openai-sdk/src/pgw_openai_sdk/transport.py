@@ -139,6 +139,8 @@ class OpenAISDKTransport:
         self._providers: Mapping[str, ProviderProfile] = (
             dict(providers) if providers is not None else builtin_profiles_by_name()
         )
+        profile = self._providers.get(source.provider)
+        self._rules = profile.error_rules if profile is not None else ()
         options = source.options
         self._http_client = str(options.get("engine", "httpx2")).strip().lower()
         if self._http_client not in HTTP_CLIENTS:
@@ -232,6 +234,7 @@ class OpenAISDKTransport:
                 response.headers,
                 source_name=name,
                 secret=secret,
+                rules=self._rules,
             )
         if isinstance(exc, openai.APIConnectionError):
             cause = exc.__cause__
@@ -255,7 +258,9 @@ class OpenAISDKTransport:
         if isinstance(exc, openai.APIError):
             # An error object in the stream (the SDK raises on it, with the object as body).
             body = exc.body if isinstance(exc.body, Mapping) else {"message": exc.message}
-            return error_for_stream_event({"error": body}, source_name=name, secret=secret)
+            return error_for_stream_event(
+                {"error": body}, source_name=name, secret=secret, rules=self._rules
+            )
         return TransientError(
             sanitize_message(f"source {name!r}: {type(exc).__name__}: {exc}", secret),
             source_name=name,
@@ -369,7 +374,10 @@ class OpenAISDKTransport:
         kind: Any = chunk.object
         if kind == "error":  # a flat vLLM error object (no "error" key to raise on)
             raise error_for_stream_event(
-                chunk.model_dump(), source_name=self._source_name, secret=self._secret
+                chunk.model_dump(),
+                source_name=self._source_name,
+                secret=self._secret,
+                rules=self._rules,
             )
         if not state.model and isinstance(chunk.model, str):
             state.model = chunk.model
@@ -461,7 +469,9 @@ class OpenAISDKTransport:
         extra = _extra(answer)
         kind: Any = answer.object
         if extra.get("error") or kind == "error":
-            raise error_for_stream_event(answer.model_dump(), source_name=name, secret=self._secret)
+            raise error_for_stream_event(
+                answer.model_dump(), source_name=name, secret=self._secret, rules=self._rules
+            )
         choices = getattr(answer, "choices", None)
         if not choices:
             raise TransientError("malformed completion body (no choices)", source_name=name)

@@ -28,8 +28,13 @@ cancelled or fails (waiting for a connection, connecting, a connection lost, a t
 go back to the front of the queue and the background flush sends them. Whether they ran
 before the failure is often unknowable, so every accounting script is idempotent: a release
 removes a lease id (twice is once), and a lease's TPM correction is applied only by the run
-that records its id in the window's set of settled leases. Only the background flush, the
-last try, drops them when Redis fails (a warning; the leases expire after their TTL).
+that records its id in the window's set of settled leases. When the background flush (or
+``flush()``) fails they are kept and sent again in the background, with a backoff from
+``RETRY_FIRST_S`` up to ``RETRY_MAX_S``, until they land: a compensation that is dropped leaves
+a lease that nobody releases (an acquire sent before Redis froze runs when it thaws), and with
+a small concurrency limit the scope would refuse every call until the lease expires. Retrying is
+bounded: after ``max(RETRY_FOR_S, 2 * lease_ttl_s)`` of failures in a row the writes are dropped
+with a warning (the leases expire after their TTL), and ``aclose()`` stops the retries.
 
 Cancellation: lease ids are made here before the script is sent. If the caller is cancelled
 (or the connection fails) after sending, the script may have run, or may still run (the
@@ -93,6 +98,15 @@ _GATES: Final[tuple[GateName, ...]] = (
 )
 
 _WINDOW_ATTEMPTS = 3
+
+RETRY_FIRST_S: Final = 0.05
+"""First wait before queued accounting that failed is sent again (doubling from there)."""
+
+RETRY_MAX_S: Final = 0.5
+"""Longest wait between two retries: a recovered Redis gets the writes within this."""
+
+RETRY_FOR_S: Final = 60.0
+"""Least time queued accounting is retried through an outage (at least twice the lease TTL)."""
 """Tries with a corrected window id before giving up (each retry follows a minute boundary)."""
 
 
@@ -190,11 +204,15 @@ class RedisLimiter:
         "_keys",
         "_lease_ttl_ms",
         "_lease_ttl_s",
+        "_monotonic",
         "_now_s",
         "_offset_ms",
         "_owns_client",
         "_pending",
         "_progress_pending",
+        "_retry_delay_s",
+        "_retry_handle",
+        "_retry_since",
         "_scope",
         "_scripts",
         "_source_keys",
@@ -221,6 +239,12 @@ class RedisLimiter:
         self._lease_ttl_s = lease_ttl_s
         self._lease_ttl_ms = max(1, round(lease_ttl_s * 1000.0))
         self._now_s: Callable[[], float] = clock.time if clock is not None else time.time
+        self._monotonic: Callable[[], float] = (
+            clock.monotonic if clock is not None else time.monotonic
+        )
+        self._retry_handle: asyncio.TimerHandle | None = None
+        self._retry_since: float | None = None
+        self._retry_delay_s = RETRY_FIRST_S
         self._offset_ms = 0.0
         self._owns_client = owns_client
         self._source_keys: dict[str, SourceKeys] = {}
@@ -353,6 +377,17 @@ class RedisLimiter:
             await self.flush()
         finally:
             self._closed = True
+            if self._retry_handle is not None:
+                self._retry_handle.cancel()
+                self._retry_handle = None
+            if self._pending:
+                self._warn.failed(
+                    "accounting at close",
+                    GovernanceBackendError("Redis did not answer"),
+                    f"{len(self._pending)} release/settle write(s) dropped; leases expire "
+                    "after their TTL",
+                )
+                self._pending = {}
             await self._scripts.disconnect()
             if self._owns_client:
                 await self._client.aclose()
@@ -403,6 +438,7 @@ class RedisLimiter:
                 self._requeue(batch)
                 self._schedule_flush()
         if batch is not None:
+            self._delivered()
             self._check_accounting(results)
         result = results[-1]
         if isinstance(result, Exception):
@@ -445,12 +481,24 @@ class RedisLimiter:
     def _schedule_flush(self) -> None:
         # At the next turn of the loop, not now: the caller usually has more to queue, or
         # is about to send a command the queue can ride along with (then no task is made).
-        if self._flush_task is None and not self._flush_scheduled:
+        # During an outage the retry timer starts the next flush (no busy loop).
+        if (
+            self._flush_task is None
+            and not self._flush_scheduled
+            and self._retry_handle is None
+            and not self._closed
+        ):
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._start_flush)
 
+    def _retry_due(self) -> None:
+        self._retry_handle = None
+        self._start_flush()
+
     def _start_flush(self) -> None:
         self._flush_scheduled = False
+        if self._closed:
+            return
         if self._flush_task is None and (self._pending or self._progress_pending):
             self._flush_task = asyncio.get_running_loop().create_task(
                 self._flush_queued(), name=f"pgw-redis limiter flush ({self._scope})"
@@ -535,16 +583,41 @@ class RedisLimiter:
         try:
             results = await self._run(batch.calls)
         except BACKEND_ERRORS as exc:
-            self._warn.failed(
-                "accounting", exc, "release/settle/progress dropped; leases expire after their TTL"
-            )
+            self._retry_later(batch, exc)
             return
         except asyncio.CancelledError:
             # Whoever sent it is going away (a cancelled flush(), the loop shutting down):
             # keep it for this limiter's next command or flush rather than lose it.
             self._requeue(batch)
             raise
+        self._delivered()
         self._check_accounting(results)
+
+    def _retry_later(self, batch: _Batch, exc: BaseException) -> None:
+        """Keep a batch that Redis did not take and send it again after a backoff, unless the
+        limiter is closed or the outage outlasted the retry bound (then drop it, warned)."""
+        now = self._monotonic()
+        if self._retry_since is None:
+            self._retry_since = now
+        bound_s = max(RETRY_FOR_S, 2.0 * self._lease_ttl_s)
+        if self._closed or now - self._retry_since > bound_s:
+            self._warn.failed(
+                "accounting", exc, "release/settle/progress dropped; leases expire after their TTL"
+            )
+            self._retry_since = None
+            self._retry_delay_s = RETRY_FIRST_S
+            return
+        self._warn.failed("accounting", exc, "kept and sent again until Redis takes it")
+        self._requeue(batch)
+        if self._retry_handle is None:
+            delay = self._retry_delay_s
+            self._retry_delay_s = min(RETRY_MAX_S, delay * 2.0)
+            self._retry_handle = asyncio.get_running_loop().call_later(delay, self._retry_due)
+
+    def _delivered(self) -> None:
+        """Redis took queued accounting: the next outage starts its backoff afresh."""
+        self._retry_since = None
+        self._retry_delay_s = RETRY_FIRST_S
 
     def _check_accounting(self, results: list[Any]) -> None:
         for result in results:

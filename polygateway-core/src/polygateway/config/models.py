@@ -308,6 +308,8 @@ def allowed_keys(root: type[BaseModel], table: Loc) -> list[str]:
 
 
 def _number(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))  # 31622400, not 3.16224e+07
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -342,6 +344,10 @@ def _reason(error: Mapping[str, Any], root: type[BaseModel]) -> str:
         return f"must be > {_number(ctx.get('gt'))}"
     if kind == "greater_than_equal":
         return f"must be >= {_number(ctx.get('ge'))}"
+    if kind == "less_than_equal":
+        return f"must be <= {_number(ctx.get('le'))}"
+    if kind == "less_than":
+        return f"must be < {_number(ctx.get('lt'))}"
     if kind == "string_pattern_mismatch":
         return "must start with a letter or digit and contain only letters, digits, '_', '-', '.'"
     if kind == "value_error":

@@ -2,9 +2,9 @@
 
 | upstream answer                                             | error                         |
 |-------------------------------------------------------------|-------------------------------|
-| 429 (rate), 500, 502, 503, 504, any other 5xx               | TransientError + Retry-After  |
+| an error rule matches (the profile's, then the common ones) | the rule's verdict            |
+| 429 (rate), 409 (conflict), 500, 502, 503, 504, other 5xx   | TransientError + Retry-After  |
 | 408 (the upstream timed out waiting for us)                 | TransientError (timeout)      |
-| 429 / any 4xx with a quota code (``insufficient_quota``...) | SourceDeadError               |
 | 401, 403, 402 (payment required: out of credit)             | SourceDeadError               |
 | 404 (model not found / wrong base_url)                      | SourceDeadError               |
 | 3xx (redirects are not followed: base_url is wrong)         | SourceDeadError               |
@@ -13,13 +13,24 @@
 | 400 and any other 4xx                                       | RequestRejectedError          |
 | connection errors / read errors / engine timeouts           | TransientError                |
 
+Then ``x-should-retry`` (the header the OpenAI SDKs obey before their own rules): ``false``
+turns a would-be ``TransientError`` into ``RequestRejectedError`` (raised at once: no retry, no
+switch, and the breaker does not count it, since the server answered and asked that this
+request not be repeated, which says nothing against the source); ``true`` turns a
+``RequestRejectedError`` into a ``TransientError`` (retried). A ``SourceDeadError`` stays: an
+exhausted balance or a revoked key is not cured by repeating the request.
+
 404 is a misconfigured source, not a bad request: the same messages may succeed on another
 source, and retrying this one cannot help until someone fixes its model name or URL. Treating it
 as ``SourceDeadError`` switches source at once and keeps the breaker of this source open.
 
-Quota exhaustion is recognised by the error ``code`` (protocols.md §1.4: several codes, the
-``type`` varies between gateways); the ``type`` and a plain substring are fallbacks for bodies
-that are not the usual shape. Messages are sanitised (anything that looks like a key is masked)
+Exhausted quota or balance is recognised by rules (``ErrorRule``, data: provider profiles add
+their own): by error ``code`` (protocols.md §1.4: several codes, the ``type`` varies between
+gateways), by the ``type`` when the code is missing, and by the message a relay keeps when it
+drops the code. An error event in a stream (HTTP 200) is a ``TransientError`` unless a rule
+matches (``tool_use_failed``, a context-length error: the same request fails the same way on
+any source) or its integer ``code`` is an HTTP status (OpenRouter, vLLM), which is then
+classified like that status. Messages are sanitised (anything that looks like a key is masked)
 and truncated.
 """
 
@@ -30,7 +41,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from polygateway.errors import (
@@ -42,6 +53,7 @@ from polygateway.errors import (
     SourceReason,
     TransientError,
 )
+from polygateway.ports import ErrorRule, ErrorVerdict
 
 QUOTA_CODES: frozenset[str] = frozenset(
     {
@@ -78,6 +90,30 @@ CONTENT_FILTER_CODES: frozenset[str] = frozenset(
         "responsibleaipolicyviolation",  # Azure OpenAI
     }
 )
+
+COMMON_ERROR_RULES: tuple[ErrorRule, ...] = (
+    # Exhausted quota, credit or balance, whatever the status (a 429 of this kind never heals
+    # by waiting).
+    ErrorRule("source_dead", codes=tuple(sorted(QUOTA_CODES))),
+    # Relays that drop the code keep OpenAI's message (or the code inside the text).
+    ErrorRule(
+        "source_dead",
+        messages=("exceeded your current quota", "insufficient_quota", "insufficient balance"),
+    ),
+    # Deterministic client errors: the same request fails the same way on every source, also
+    # when reported in the middle of a stream (Groq ``tool_use_failed``, context length).
+    ErrorRule(
+        "rejected",
+        codes=(
+            "tool_use_failed",
+            "json_validate_failed",
+            "context_length_exceeded",
+            "string_above_max_length",
+        ),
+    ),
+    ErrorRule("rejected", messages=("maximum context length",)),
+)
+"""Tried after a profile's own rules by every OpenAI-wire transport (see ``ErrorRule``)."""
 
 MAX_MESSAGE_CHARS = 300
 """Upstream messages are cut to this length (bodies can be whole HTML error pages)."""
@@ -151,12 +187,25 @@ def describe_error_body(
 
 
 def is_quota_error(code: str | None, kind: str | None, body: bytes | str = b"") -> bool:
-    if code is not None:
-        return code in QUOTA_CODES
-    if kind is not None and kind in QUOTA_CODES:
-        return True
-    needle = "insufficient_quota"
-    return needle in body if isinstance(body, str) else needle.encode() in body
+    """Whether an error is an exhausted quota or balance by the common rules."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    return rule_verdict(None, code, kind, text) == "source_dead"
+
+
+def rule_verdict(
+    status: int | None,
+    code: str | None,
+    kind: str | None,
+    message: str,
+    rules: Sequence[ErrorRule] = (),
+) -> ErrorVerdict | None:
+    """The verdict of the first matching rule, ``rules`` before ``COMMON_ERROR_RULES``;
+    ``None`` when none matches."""
+    lowered = message.lower()
+    for rule in (*rules, *COMMON_ERROR_RULES):
+        if rule.matches(status, code, kind, lowered):
+            return rule.verdict
+    return None
 
 
 def _seconds(value: str | None, now: float | None = None) -> float | None:
@@ -221,6 +270,52 @@ def rejection(
     return RequestRejectedError(text, status=status, source_name=source_name)
 
 
+def _status_verdict(status: int) -> ErrorVerdict:
+    if status >= 500 or status in (408, 409, 429) or status < 300:
+        # 1xx or another status an HTTP client should never hand over: a wire fault.
+        return "transient"
+    if status in (401, 402, 403, 404) or 300 <= status < 400:
+        return "source_dead"
+    return "rejected"
+
+
+def _should_retry(headers: Mapping[str, str] | None) -> bool | None:
+    """The ``x-should-retry`` header: ``True``/``False``, ``None`` when absent or unclear."""
+    value = headers.get("x-should-retry") if headers else None
+    if value is None:
+        return None
+    value = value.strip().lower()
+    return True if value == "true" else False if value == "false" else None
+
+
+def _status_reason(status: int | None) -> SourceReason:
+    if status in (408, 504):
+        return "timeout"
+    return "rate_limited" if status == 429 else "network_error"
+
+
+def _classified(
+    verdict: ErrorVerdict,
+    text: str,
+    status: int | None,
+    source_name: str | None,
+    retry_after_s: float | None,
+    described: tuple[str | None, str | None, str] = (None, None, ""),
+) -> PolyGatewayError:
+    if verdict == "source_dead":
+        return SourceDeadError(text, status=status, source_name=source_name)
+    if verdict == "rejected":
+        code, kind, message = described
+        return rejection(code, kind, message, text, status=status, source_name=source_name)
+    return TransientError(
+        text,
+        retry_after_s=retry_after_s,
+        status=status,
+        source_name=source_name,
+        reason=_status_reason(status),
+    )
+
+
 def error_for_status(
     status: int,
     body: bytes | str,
@@ -228,61 +323,57 @@ def error_for_status(
     *,
     source_name: str | None = None,
     secret: Secrets = None,
+    rules: Sequence[ErrorRule] = (),
 ) -> PolyGatewayError:
-    """The error an HTTP answer other than 2xx stands for (see the module table)."""
+    """The error an HTTP answer other than 2xx stands for (see the module table).
+
+    ``rules``: the source's provider profile's ``error_rules`` (tried before the common ones).
+    """
     code, kind, message = describe_error_body(body)
     label = "/".join(x for x in (kind, code) if x)
     where = f"source {source_name!r}: " if source_name else ""
+    verdict = rule_verdict(status, code, kind, message, rules) or _status_verdict(status)
+    should_retry = _should_retry(headers)
+    note = ""
+    if should_retry is False and verdict == "transient":
+        verdict, note = "rejected", " (x-should-retry: false)"
+    elif should_retry is True and verdict == "rejected":
+        verdict, note = "transient", " (x-should-retry: true)"
     text = sanitize_message(
-        f"{where}HTTP {status}{' ' + label if label else ''}: {message}", secret
+        f"{where}HTTP {status}{' ' + label if label else ''}{note}: {message}", secret
     )
-    if 400 <= status < 500 and is_quota_error(code, kind, body):
-        return SourceDeadError(text, status=status, source_name=source_name)
-    if status == 429:
-        return TransientError(
-            text,
-            retry_after_s=parse_retry_after(headers),
-            status=status,
-            source_name=source_name,
-            reason="rate_limited",
-        )
-    if status >= 500:
-        reason: SourceReason = "timeout" if status == 504 else "network_error"
-        return TransientError(
-            text,
-            retry_after_s=parse_retry_after(headers),
-            status=status,
-            source_name=source_name,
-            reason=reason,
-        )
-    if status == 408:
-        return TransientError(
-            text,
-            retry_after_s=parse_retry_after(headers),
-            status=status,
-            source_name=source_name,
-            reason="timeout",
-        )
-    if status in (401, 402, 403, 404) or 300 <= status < 400:
-        return SourceDeadError(text, status=status, source_name=source_name)
-    if 400 <= status < 500:
-        return rejection(code, kind, message, text, status=status, source_name=source_name)
-    # 1xx or another status an HTTP client should never hand over: treat as a wire fault.
-    return TransientError(text, status=status, source_name=source_name)
+    return _classified(
+        verdict, text, status, source_name, parse_retry_after(headers), (code, kind, message)
+    )
+
+
+def _event_status(code: str | None) -> int | None:
+    """An error event's integer ``code`` that is an HTTP error status (OpenRouter, vLLM)."""
+    if code is not None and len(code) == 3 and code.isdigit() and 400 <= int(code) <= 599:
+        return int(code)
+    return None
 
 
 def error_for_stream_event(
-    payload: Mapping[str, Any], *, source_name: str | None, secret: Secrets = None
-) -> TransientError:
+    payload: Mapping[str, Any],
+    *,
+    source_name: str | None,
+    secret: Secrets = None,
+    rules: Sequence[ErrorRule] = (),
+) -> PolyGatewayError:
     """An error object sent instead of an answer, on an HTTP 200 (in a stream, or as the whole
-    body): ``TransientError`` (§6.2: SSE faults). Shared by every OpenAI-wire transport."""
+    body). ``TransientError`` (§6.2: SSE faults) unless a rule matches (``rules`` first: the
+    source's profile's) or the event's integer ``code`` is an HTTP status, classified as that
+    status. Shared by every OpenAI-wire transport."""
     code, kind, message = describe_error_body(payload)
     label = "/".join(str(x) for x in (kind, code) if x) or "error"
     prefix = f"source {source_name!r}: " if source_name else ""
-    return TransientError(
-        sanitize_message(f"{prefix}error event in the stream: {label}: {message}", secret),
-        source_name=source_name,
-    )
+    text = sanitize_message(f"{prefix}error event in the stream: {label}: {message}", secret)
+    verdict = rule_verdict(None, code, kind, message, rules)
+    status = _event_status(code)
+    if verdict is None:
+        verdict = _status_verdict(status) if status is not None else "transient"
+    return _classified(verdict, text, status, source_name, None, (code, kind, message))
 
 
 def wire_error(
@@ -301,6 +392,7 @@ def wire_error(
 
 
 __all__ = [
+    "COMMON_ERROR_RULES",
     "CONTENT_FILTER_CODES",
     "CONTEXT_OVERFLOW_CODES",
     "CONTEXT_OVERFLOW_WORDINGS",
@@ -313,6 +405,7 @@ __all__ = [
     "is_quota_error",
     "parse_retry_after",
     "rejection",
+    "rule_verdict",
     "sanitize_message",
     "wire_error",
 ]

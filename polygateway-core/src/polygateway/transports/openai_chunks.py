@@ -1,10 +1,13 @@
 """OpenAI chat completions as pure, I/O-free parsers.
 
 ``ChatStreamParser`` interprets the SSE events of a chat completion stream: content and
-reasoning deltas (``reasoning_content`` -> ``reasoning`` -> inline ``<think>`` tags, §2), the
-usage chunk (``choices`` empty, null or missing), ``finish_reason``, ``[DONE]``; error events and
-malformed frames raise ``TransientError``. ``parse_completion`` does the same for a
-non-streaming body.
+reasoning deltas (``reasoning_content`` -> ``reasoning`` -> ``reasoning_details`` -> inline
+``<think>`` tags, §2), content given as a list of parts (Mistral: ``text`` parts are the
+answer, ``thinking`` parts the reasoning), the usage chunk (``choices`` empty, null or missing;
+Groq's ``x_groq.usage`` when there is no ``usage``), ``finish_reason``, ``[DONE]``; malformed
+frames raise ``TransientError``, error events the class ``error_for_stream_event`` gives them
+(``TransientError`` unless a deterministic client error). ``parse_completion`` does the same for
+a non-streaming body.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from polygateway.errors import TransientError
+from polygateway.ports import ErrorRule
 from polygateway.transports.errors import error_for_stream_event, sanitize_message
 from polygateway.transports.sse import SSEEvent
 from polygateway.transports.think_tags import BODY, ThinkTagSplitter, opens_think_block, split_think
@@ -72,6 +76,64 @@ def _usage(usage: Any) -> tuple[int, int] | None:
     return _as_tokens(prompt), _as_tokens(completion)
 
 
+def _chunk_usage(chunk: Mapping[str, Any]) -> Any:
+    """A chunk's (or body's) ``usage``, else Groq's ``x_groq.usage``."""
+    usage = chunk.get("usage")
+    if usage:
+        return usage
+    extra = chunk.get("x_groq")
+    return extra.get("usage") if type(extra) is dict else None
+
+
+def _part_text(value: Any) -> str:
+    """The text of a part's payload: a string, or a list of ``{"type":"text","text":...}``."""
+    if type(value) is str:
+        return value
+    if type(value) is not list:
+        return ""
+    return "".join(
+        item["text"] for item in value if type(item) is dict and type(item.get("text")) is str
+    )
+
+
+def content_parts(parts: list[Any]) -> tuple[str, str, bool]:
+    """``(text, thinking, any_part)`` of content given as a list of parts (Mistral): ``text``
+    parts are the answer, ``thinking`` parts (their ``thinking`` is text or a list of text
+    parts) the reasoning; ``any_part`` is true when some part was one of the two."""
+    text: list[str] = []
+    thinking: list[str] = []
+    seen = False
+    for part in parts:
+        if type(part) is not dict:
+            continue
+        kind = part.get("type")
+        if kind == "text":
+            seen = True
+            value = part.get("text")
+            if type(value) is str:
+                text.append(value)
+        elif kind == "thinking":
+            seen = True
+            thinking.append(_part_text(part.get("thinking")))
+    return "".join(text), "".join(thinking), seen
+
+
+def reasoning_details_text(details: list[Any]) -> str:
+    """The readable reasoning of a ``reasoning_details`` array (OpenRouter):
+    ``reasoning.text`` items' ``text`` and ``reasoning.summary`` items' ``summary``
+    (encrypted items carry nothing readable)."""
+    pieces: list[str] = []
+    for item in details:
+        if type(item) is not dict:
+            continue
+        value = item.get("text")
+        if type(value) is not str:
+            value = item.get("summary")
+        if type(value) is str:
+            pieces.append(value)
+    return "".join(pieces)
+
+
 def cache_usage(usage: Any) -> tuple[int, int]:
     """``(cached, cache_written)`` prompt tokens of a usage object
     (``prompt_tokens_details.cached_tokens`` / ``.cache_write_tokens``; 0 when absent)."""
@@ -91,6 +153,7 @@ class ChatStreamParser:
     __slots__ = (
         "_cache",
         "_reasoning_fields",
+        "_rules",
         "_splitter",
         "_usage",
         "done",
@@ -106,10 +169,12 @@ class ChatStreamParser:
         reasoning_fields: Sequence[str] = ("reasoning_content", "reasoning"),
         think_tags: Sequence[tuple[str, str]] = (("<think>", "</think>"),),
         source_name: str | None = None,
+        error_rules: Sequence[ErrorRule] = (),
     ) -> None:
         self._reasoning_fields = (
             reasoning_fields if type(reasoning_fields) is tuple else tuple(reasoning_fields)
         )
+        self._rules = error_rules
         self._splitter = ThinkTagSplitter(think_tags)
         self._usage: tuple[int, int] | None = None
         self._cache = (0, 0)
@@ -132,7 +197,9 @@ class ChatStreamParser:
                 return False
             if event == b"error":
                 raise error_for_stream_event(
-                    self._load(data, strict=False), source_name=self.source_name
+                    self._load(data, strict=False),
+                    source_name=self.source_name,
+                    rules=self._rules,
                 )
         return self._chunk(self._load(data, strict=True))
 
@@ -184,8 +251,8 @@ class ChatStreamParser:
         """One parsed chunk (a JSON object): the general path."""
         get = chunk.get
         if get("error"):
-            raise error_for_stream_event(chunk, source_name=self.source_name)
-        usage = get("usage")
+            raise error_for_stream_event(chunk, source_name=self.source_name, rules=self._rules)
+        usage = _chunk_usage(chunk)
         if usage:
             self._usage = _usage(usage) or self._usage
             self._cache = cache_usage(usage)
@@ -196,7 +263,7 @@ class ChatStreamParser:
         choices = get("choices")
         if not choices:
             if get("object") == "error":  # flat vLLM error object
-                raise error_for_stream_event(chunk, source_name=self.source_name)
+                raise error_for_stream_event(chunk, source_name=self.source_name, rules=self._rules)
             return False  # the usage chunk: choices [] / null / missing
         if type(choices) is not list:
             return False
@@ -226,12 +293,26 @@ class ChatStreamParser:
                     self._splitter.thinking.append(reasoning)
                     token = True
                     break
+            else:
+                details = delta.get("reasoning_details")
+                if details and type(details) is list:
+                    # Only when no plain field had it: OpenRouter may send both, the same text.
+                    self._splitter.thinking.append(reasoning_details_text(details))
+                    token = True  # encrypted reasoning too: the model is working
             if delta.get("tool_calls"):
                 self.has_tool_calls = True
                 token = True
         if content and type(content) is str:
             self._splitter.feed(content)
             return True
+        if content and type(content) is list:
+            text, thinking, seen = content_parts(content)
+            if thinking:
+                self._splitter.thinking.append(thinking)
+            if text:
+                self._splitter.feed(text)
+            # A thinking part is a token: it keeps the TTFT and inter-token deadlines satisfied.
+            return token or seen
         return token
 
     @property
@@ -280,11 +361,13 @@ def parse_completion(
     reasoning_fields: Sequence[str] = ("reasoning_content", "reasoning"),
     think_tags: Sequence[tuple[str, str]] = (("<think>", "</think>"),),
     source_name: str | None = None,
+    error_rules: Sequence[ErrorRule] = (),
 ) -> ParsedCompletion:
     """Interpret a parsed non-streaming ``chat.completion`` body (protocols.md §1.2).
 
-    An ``error`` object (some gateways answer 200 with one) or a body without a first choice
-    raises ``TransientError``.
+    An ``error`` object (some gateways answer 200 with one) raises what
+    ``error_for_stream_event`` makes of it (``error_rules`` first); a body without a first
+    choice raises ``TransientError``.
     """
     if not isinstance(body, dict):
         raise TransientError(
@@ -292,7 +375,7 @@ def parse_completion(
         )
     get = body.get
     if get("error") or get("object") == "error":
-        raise error_for_stream_event(body, source_name=source_name)
+        raise error_for_stream_event(body, source_name=source_name, rules=error_rules)
     choices = get("choices")
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise TransientError("malformed completion body (no choices)", source_name=source_name)
@@ -306,13 +389,23 @@ def parse_completion(
         if value and isinstance(value, str):
             thinking = value
             break
+    else:
+        details = message.get("reasoning_details")
+        if details and type(details) is list:
+            thinking = reasoning_details_text(details)
     raw_content = message.get("content")
-    content = raw_content if isinstance(raw_content, str) else ""
+    if isinstance(raw_content, str):
+        content = raw_content
+    elif type(raw_content) is list:
+        content, part_thinking, _ = content_parts(raw_content)
+        thinking += part_thinking
+    else:
+        content = ""
     if content and opens_think_block(content, think_tags):
         content, inline_thinking = split_think(content, think_tags)
         if inline_thinking:
             thinking = thinking + inline_thinking if thinking else inline_thinking
-    raw_usage = get("usage")
+    raw_usage = _chunk_usage(body)
     usage = _usage(raw_usage)
     cached, written = cache_usage(raw_usage) if usage else (0, 0)
     finish = choice.get("finish_reason")
@@ -331,4 +424,12 @@ def parse_completion(
     )
 
 
-__all__ = ["ChatStreamParser", "ParsedCompletion", "cache_usage", "json_loads", "parse_completion"]
+__all__ = [
+    "ChatStreamParser",
+    "ParsedCompletion",
+    "cache_usage",
+    "content_parts",
+    "json_loads",
+    "parse_completion",
+    "reasoning_details_text",
+]

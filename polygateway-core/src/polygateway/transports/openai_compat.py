@@ -489,6 +489,7 @@ class OpenAICompatTransport:
                 reasoning_fields=profile.reasoning_fields,
                 think_tags=profile.think_tags,
                 source_name=source.name,
+                error_rules=profile.error_rules,
             )
         else:
             parser = ChatStreamParser(source_name=source.name)
@@ -503,7 +504,7 @@ class OpenAICompatTransport:
             with liveness:
                 response = await self._engine.post(self._url, body)
                 if not 200 <= response.status < 300:
-                    await self._raise_status_error(response, source)
+                    await self._raise_status_error(response, source, profile)
             read_chunk = response.read_chunk
             chunk = b""
             content_type = response.headers.get("content-type", "")
@@ -568,15 +569,18 @@ class OpenAICompatTransport:
         except SSEProtocolError as exc:
             raise TransientError(f"{exc}", source_name=parser.source_name) from exc
 
-    async def _raise_status_error(self, response: EngineResponse, source: SourceConfig) -> None:
+    async def _raise_status_error(
+        self, response: EngineResponse, source: SourceConfig, profile: ProviderProfile | None
+    ) -> None:
         """The error class of a non-2xx answer (ARCHITECTURE §6.2), read from its status,
-        headers and the start of its body."""
+        headers and the start of its body, with the provider profile's error rules."""
         raise error_for_status(
             response.status,
             await response.read(ERROR_BODY_LIMIT),
             response.headers,
             source_name=source.name,
             secret=self._secret,
+            rules=profile.error_rules if profile is not None else (),
         )
 
     # ------------------------------------------------------------------ non-streaming
@@ -598,7 +602,7 @@ class OpenAICompatTransport:
             with deadline:
                 response = await self._engine.post(self._url, body)
                 if not 200 <= response.status < 300:
-                    await self._raise_status_error(response, source)
+                    await self._raise_status_error(response, source, profile)
                 raw = await response.read()
         finally:
             deadline.close()
@@ -639,6 +643,7 @@ class OpenAICompatTransport:
                 reasoning_fields=profile.reasoning_fields,
                 think_tags=profile.think_tags,
                 source_name=source.name,
+                error_rules=profile.error_rules,
             )
         return parse_completion(payload, source_name=source.name)
 

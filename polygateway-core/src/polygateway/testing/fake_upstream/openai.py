@@ -1,5 +1,7 @@
-"""The OpenAI protocol's answers: chat completions (JSON and SSE, every fault shape),
-embeddings, the model list, and OpenAI-style error bodies, byte for byte like the real API."""
+"""The OpenAI protocol's answers: chat completions (JSON and SSE, every fault shape, the
+dialects of other OpenAI-compatible providers), embeddings, the model list, OpenAI-style error
+bodies byte for byte like the real API, and real providers' error answers
+(``provider_error``)."""
 
 from __future__ import annotations
 
@@ -77,6 +79,126 @@ _MID_STREAM_ERROR: Final = {
     "code": "server_error",
 }
 
+_QUOTA_BODY: Final = {
+    "error": {
+        "message": _QUOTA_MESSAGE,
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
+    }
+}
+
+PROVIDER_ERRORS: Final[dict[str, tuple[int, dict[str, Any]]]] = {
+    # DashScope (Qwen) compatible mode: arrears on a 400 (Model Studio "Error codes").
+    "dashscope-arrearage": (
+        400,
+        {
+            "error": {
+                "code": "Arrearage",
+                "param": None,
+                "message": "Access denied, please make sure your account is in good standing.",
+                "type": "Arrearage",
+            },
+            "id": "chatcmpl-fake-arrearage",
+            "request_id": "00000000-0000-0000-0000-000000000000",
+        },
+    ),
+    # Zhipu (open.bigmodel.cn): business code 1113 inside a 429 ("balance insufficient or no
+    # resource package, please recharge"; docs.z.ai "API codes").
+    "zhipu-1113": (
+        429,
+        {"error": {"code": "1113", "message": "余额不足或无可用资源包,请充值。"}},
+    ),
+    # DeepSeek: 402 "Insufficient Balance" (api-docs.deepseek.com "Error codes").
+    "deepseek-402": (
+        402,
+        {
+            "error": {
+                "message": "Insufficient Balance",
+                "type": "unknown_error",
+                "param": None,
+                "code": "invalid_request_error",
+            }
+        },
+    ),
+    # OpenAI's 429 insufficient_quota, and the same through a relay that drops code and type.
+    "openai-quota": (429, _QUOTA_BODY),
+    "relay-quota-no-code": (
+        429,
+        {"error": {"message": _QUOTA_MESSAGE, "type": None, "param": None, "code": None}},
+    ),
+    # A rate limit whose code is null: transient.
+    "rate-limit-null-code": (
+        429,
+        {
+            "error": {
+                "message": "Rate limit reached for requests. Please try again in 1s.",
+                "type": "requests",
+                "param": None,
+                "code": None,
+            }
+        },
+    ),
+    # Groq: a tool call the model could not produce (deterministic for this request).
+    "groq-tool-use-failed": (
+        400,
+        {
+            "error": {
+                "message": "Failed to call a function. Please adjust your prompt. See "
+                "'failed_generation' for more details.",
+                "type": "invalid_request_error",
+                "code": "tool_use_failed",
+                "failed_generation": '<function=get_weather>{"city": 1}</function>',
+            }
+        },
+    ),
+    # OpenAI: the prompt does not fit the model's context window.
+    "openai-context-length": (
+        400,
+        {
+            "error": {
+                "message": "This model's maximum context length is 8192 tokens. However, your "
+                "messages resulted in 9000 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        },
+    ),
+    # OpenAI: a request that conflicts with one in flight (the SDKs retry 409).
+    "openai-409": (
+        409,
+        {
+            "error": {
+                "message": "Another request is currently being processed. Try again.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "conflict",
+            }
+        },
+    ),
+}
+"""Real providers' error answers, as ``(status, body)`` (shapes copied from their docs)."""
+
+
+def provider_error(name: str, *, headers: dict[str, str] | None = None) -> Reply:
+    """``Reply.error`` with the status and body of a real provider's error answer, by name
+    (see ``PROVIDER_ERRORS``); ``headers`` adds response headers."""
+    try:
+        status, body = PROVIDER_ERRORS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown provider error {name!r}; known: {', '.join(sorted(PROVIDER_ERRORS))}"
+        ) from None
+    return Reply.error(status, body=dumps(body), headers=headers)
+
+
+def provider_error_event(name: str) -> dict[str, Any]:
+    """The error object of ``PROVIDER_ERRORS[name]``, for ``Reply.mid_stream_error(error=...)``
+    (the same failure reported in the middle of a stream)."""
+    error = PROVIDER_ERRORS[name][1]["error"]
+    return dict(error)
+
 
 def _event_tail(delta: str, finish_reason: str, include_usage: bool) -> bytes:
     """A chunk event after ``..."delta":``: the delta, the finish reason and the usage key
@@ -121,7 +243,9 @@ class OpenAIAnswers:
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._event_tail_cache: dict[tuple[str, int | None, str | None, bool], list[bytes]] = {}
+        self._event_tail_cache: dict[
+            tuple[str, int | None, str | None, bool, str], list[bytes]
+        ] = {}
 
     def plan(self, ask: Ask) -> list[Step]:
         reply = ask.reply
@@ -169,11 +293,11 @@ class OpenAIAnswers:
         if reply.quota:
             default_type = default_code = "insufficient_quota"
             default_message = _QUOTA_MESSAGE
-        extra = ""
+        extra = "".join(f"{name}: {value}\r\n" for name, value in reply.headers)
         if reply.retry_after is not None:
             value = reply.retry_after
             text = value if isinstance(value, str) else f"{value:g}"
-            extra = f"Retry-After: {text}\r\n"
+            extra += f"Retry-After: {text}\r\n"
         if reply.body is not None:
             data = reply.body.encode() if isinstance(reply.body, str) else reply.body
             steps: list[Step] = [json_head(len(data), close, status, extra) + data]
@@ -197,7 +321,7 @@ class OpenAIAnswers:
         text = content(request_json) if callable(content) else content
         if not isinstance(text, str):
             raise TypeError(f"Reply content callable must return str, got {type(text).__name__}")
-        if reply.reasoning is not None and reply.think_inline:
+        if reply.reasoning is not None and reply.think_inline and reply.dialect == "openai":
             return f"<think>{reply.reasoning}</think>{text}", None
         return text, reply.reasoning
 
@@ -230,7 +354,19 @@ class OpenAIAnswers:
         reply, request_json, model = ask.reply, ask.body, ask.model
         content, reasoning = self._completion_parts(reply, request_json)
         message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
-        if reasoning is not None:
+        dialect = reply.dialect
+        if dialect == "mistral":
+            parts: list[dict[str, Any]] = []
+            if reasoning is not None:
+                parts.append(_thinking_part(reasoning))
+            parts.append({"type": "text", "text": content})
+            message["content"] = parts
+        elif dialect == "openrouter" and reasoning is not None:
+            message["reasoning_details"] = [
+                _reasoning_detail(reasoning),
+                {"type": "reasoning.encrypted", "data": "ZmFrZQ==", "format": "unknown"},
+            ]
+        elif reasoning is not None:
             message["reasoning_content"] = reasoning
         answer: dict[str, Any] = {
             "id": f"chatcmpl-fake{ask.serial}",
@@ -247,7 +383,11 @@ class OpenAIAnswers:
             ],
         }
         if reply.include_usage is not False:
-            answer["usage"] = self._usage(reply, request_json, content, reasoning)
+            usage = self._usage(reply, request_json, content, reasoning)
+            if dialect == "groq":
+                answer["x_groq"] = {"id": f"req_fake{ask.serial}", "usage": usage}
+            else:
+                answer["usage"] = usage
         pieces = len(split(content, reply.chunks)) + len(split(reasoning or "", None))
         return _json_answer(reply, answer, ask.close, pieces)
 
@@ -256,11 +396,25 @@ class OpenAIAnswers:
     ) -> list[bytes]:
         """Each token chunk's bytes after the per-request prefix (reasoning first), cached:
         only ``id``, ``created`` and ``model`` vary between requests."""
-        key = (content, reply.chunks, reasoning, include_usage)
+        dialect = reply.dialect
+        key = (content, reply.chunks, reasoning, include_usage, dialect)
         cached = self._event_tail_cache.get(key)
         if cached is not None:
             return cached
-        if reasoning is None:
+        if dialect == "mistral":
+            thought = split(reasoning or "", None)
+            deltas = [dumps({"content": [_thinking_part(piece)]}) for piece in thought]
+            deltas += [
+                dumps({"content": [{"type": "text", "text": piece}]})
+                for piece in split(content, reply.chunks)
+            ]
+        elif dialect == "openrouter" and reasoning is not None:
+            deltas = [
+                dumps({"content": "", "reasoning_details": [_reasoning_detail(piece)]})
+                for piece in split(reasoning, None)
+            ]
+            deltas += [dumps({"content": piece}) for piece in split(content, reply.chunks)]
+        elif reasoning is None:
             deltas = [dumps({"content": piece}) for piece in split(content, reply.chunks)]
         else:
             deltas = [
@@ -296,7 +450,7 @@ class OpenAIAnswers:
 
         role = (
             '{"role":"assistant","content":""}'
-            if reasoning is None
+            if reasoning is None or reply.dialect != "openai"
             else '{"role":"assistant","content":null,"reasoning_content":""}'
         )
         kind = reply.kind
@@ -328,7 +482,8 @@ class OpenAIAnswers:
             steps += [bytes(pending), BLACK_HOLE]
             return steps
         if kind == "mid_stream_error":
-            pending += frame(b"data: " + dumps({"error": _MID_STREAM_ERROR}).encode() + b"\n\n")
+            error = reply.event_error if reply.event_error is not None else _MID_STREAM_ERROR
+            pending += frame(b"data: " + dumps({"error": error}).encode() + b"\n\n")
             pending += CHUNKED_END
             steps.append(bytes(pending))
             return steps
@@ -336,6 +491,17 @@ class OpenAIAnswers:
             pending += event(b'{"content":"unterminated\n\n')
             for tail in tails[reply.after_chunks :]:
                 pending += event(tail)
+        if reply.dialect == "groq":
+            # Groq: no usage chunk; the finish chunk carries x_groq.usage, asked for or not.
+            usage = dumps(self._usage(reply, request_json, content, reasoning))
+            pending += frame(
+                f'data: {base}"choices":[{{"index":0,"delta":{{}},"logprobs":null,'
+                f'"finish_reason":{dumps(reply.finish_reason)}}}],'
+                f'"x_groq":{{"id":"req_fake{ask.serial}","usage":{usage}}}}}\n\n'.encode()
+            )
+            pending += DONE_FRAME
+            steps.append(bytes(pending))
+            return steps
         pending += event(_event_tail("{}", dumps(reply.finish_reason), include_usage))
         if include_usage:
             usage = dumps(self._usage(reply, request_json, content, reasoning))
@@ -455,5 +621,20 @@ def _flood_plan(ask: Ask, created: int) -> list[Step]:
 _MID_STREAM_ERROR_BODY: Final = dumps({"error": _MID_STREAM_ERROR}).encode()
 
 
+def _thinking_part(text: str) -> dict[str, Any]:
+    """A Mistral (Magistral) thinking content part."""
+    return {"type": "thinking", "thinking": [{"type": "text", "text": text}]}
+
+
+def _reasoning_detail(text: str) -> dict[str, Any]:
+    """An OpenRouter ``reasoning_details`` text item."""
+    return {"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}
+
+
 def _json_answer(reply: Reply, answer: dict[str, Any], close: bool, pieces: int = 1) -> list[Step]:
-    return json_plan(reply, dumps(answer).encode(), _MID_STREAM_ERROR_BODY, close, pieces)
+    error = (
+        _MID_STREAM_ERROR_BODY
+        if reply.event_error is None
+        else dumps({"error": reply.event_error}).encode()
+    )
+    return json_plan(reply, dumps(answer).encode(), error, close, pieces)

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 __all__ = [
     "DEFAULT_CONTENT",
+    "DIALECTS",
+    "Dialect",
     "ReceivedRequest",
     "Reply",
     "ReplyKind",
@@ -36,6 +38,11 @@ ReplyKind = Literal[
     "flood",
     "garbage",
 ]
+
+Dialect = Literal["openai", "mistral", "openrouter", "groq"]
+"""How an OpenAI-wire answer is shaped, after real providers (see ``Reply.ok``)."""
+
+DIALECTS: Final[tuple[str, ...]] = ("openai", "mistral", "openrouter", "groq")
 
 _MAX_DEFAULT_CHUNKS: Final = 20
 _CHARS_PER_DEFAULT_CHUNK: Final = 4
@@ -82,6 +89,9 @@ class Reply:
     gzip: bool = False
     fill: str = "x"
     cached_tokens: int | None = None
+    dialect: Dialect = "openai"
+    headers: tuple[tuple[str, str], ...] = ()
+    event_error: Mapping[str, Any] | None = None
     reject_prefill: bool = False
 
     def __post_init__(self) -> None:
@@ -106,6 +116,11 @@ class Reply:
             raise ValueError(f"Reply.flood fill must be one printable character, got {self.fill!r}")
         if self.after_chunks < 0:
             raise ValueError(f"Reply after_chunks must be >= 0, got {self.after_chunks!r}")
+        if self.dialect not in DIALECTS:
+            raise ValueError(f"Reply.dialect must be one of {DIALECTS}, got {self.dialect!r}")
+        for name, value in self.headers:
+            if not name or any(c in f"{name}{value}" for c in "\r\n") or ":" in name:
+                raise ValueError(f"Reply.headers: not a valid header line {name!r}: {value!r}")
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -128,6 +143,7 @@ class Reply:
         inter_token_delay: float = 0.0,
         model: str | None = None,
         cached_tokens: int | None = None,
+        dialect: Dialect = "openai",
         reject_prefill: bool = False,
     ) -> Reply:
         """A normal completion (JSON or SSE, as the request asks).
@@ -146,6 +162,14 @@ class Reply:
         cache (OpenAI ``prompt_tokens_details.cached_tokens``, Anthropic
         ``cache_read_input_tokens``). Other protocols render ``reasoning`` their own way
         (Anthropic: thinking blocks, whatever ``think_inline`` says).
+
+        ``dialect`` shapes an OpenAI-wire answer like a real provider's:
+        ``"mistral"``: ``content`` is a list of parts, ``{"type":"text","text":...}`` for the
+        answer and ``{"type":"thinking","thinking":[{"type":"text","text":...}]}`` for the
+        reasoning (Magistral), in the JSON message and in every delta; ``"openrouter"``: the
+        reasoning only in ``reasoning_details`` (``reasoning.text`` items; the JSON message adds
+        a ``reasoning.encrypted`` one); ``"groq"``: the usage only in ``x_groq.usage`` (the
+        stream's finish chunk, or the JSON body), never in ``usage``.
         """
         return cls(
             kind="ok",
@@ -162,6 +186,7 @@ class Reply:
             inter_token_delay=inter_token_delay,
             model=model,
             cached_tokens=cached_tokens,
+            dialect=dialect,
             reject_prefill=reject_prefill,
         )
 
@@ -177,12 +202,15 @@ class Reply:
         quota: bool = False,
         body: str | bytes | None = None,
         headers_delay: float = 0.0,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply:
         """An HTTP error with an OpenAI-style body ``{"error":{message,type,param,code}}``.
 
         Defaults per status follow the real API (429: ``requests``/``rate_limit_exceeded``;
         ``quota=True``: ``insufficient_quota`` for both). ``retry_after`` adds a
         ``Retry-After`` header (seconds; a string is sent verbatim). ``body`` replaces the body.
+        ``headers`` adds response headers (e.g. ``{"x-should-retry": "false"}``). Real
+        providers' error bodies: ``polygateway.testing.fake_upstream.openai.provider_error``.
         """
         return cls(
             kind="error",
@@ -194,6 +222,7 @@ class Reply:
             quota=quota,
             body=body,
             headers_delay=headers_delay,
+            headers=tuple((str(k), str(v)) for k, v in (headers or {}).items()),
         )
 
     @classmethod
@@ -254,10 +283,14 @@ class Reply:
         return cls(kind="empty", content="")
 
     @classmethod
-    def mid_stream_error(cls, after_chunks: int = 1) -> Reply:
+    def mid_stream_error(
+        cls, after_chunks: int = 1, *, error: Mapping[str, Any] | None = None
+    ) -> Reply:
         """After ``after_chunks`` content chunks, ``data: {"error":{...}}`` and the end of the
-        body (no ``[DONE]``). A JSON answer is a 200 whose body is the error object."""
-        return cls(kind="mid_stream_error", after_chunks=after_chunks)
+        body (no ``[DONE]``). A JSON answer is a 200 whose body is the error object.
+        ``error`` replaces the error object (default: OpenAI's "Upstream provider
+        disconnected" ``server_error``), e.g. Groq's ``tool_use_failed``."""
+        return cls(kind="mid_stream_error", after_chunks=after_chunks, event_error=error)
 
     @classmethod
     def reset(cls, after_headers: bool = False) -> Reply:
