@@ -31,9 +31,11 @@ from pydantic import (
 
 from polygateway.options import (
     BOOL_WORDS,
+    MAX_DURATION_S,
     Bool,
     NonNegativeDuration,
     NonNegativeInt,
+    Number,
     PositiveDuration,
     PositiveInt,
     env_keys,
@@ -111,7 +113,8 @@ class SourceLayer(SourceDefaultsLayer):
     api_key: str | None = None
     api_key_env: Name | None = None
     priority: NonNegativeInt | None = None
-    weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    # A share, not a duration; bounded like one so that every number has a range.
+    weight: Annotated[Number, Field(gt=0, le=MAX_DURATION_S)] | None = None
     context_window: PositiveInt | None = None
 
 
