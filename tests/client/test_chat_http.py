@@ -134,7 +134,10 @@ async def test_each_fault_has_its_error_class_and_behaviour(
 
 async def test_429_with_retry_after_moves_the_next_attempt_to_b(fake: FakeUpstream) -> None:
     clock = FakeClock()
-    client = http_client(fake, ["a", "b"], clock=clock)
+    # Retry-After above the wait threshold: cool a and switch.
+    client = http_client(
+        fake, ["a", "b"], clock=clock, retry=RetrySettings(wait_retry_after_up_to_s=1)
+    )
     fake.script("a", Reply.error(429, retry_after=2))
     response = await client.chat(MESSAGES)
     assert response.source_name == "b"

@@ -31,6 +31,7 @@ from polygateway.settings import (
     CacheSettings,
     GatewaySettings,
     Limits,
+    RetrySettings,
     TelemetrySettings,
 )
 from polygateway.testing import FakeClock, FakeUpstream, Reply
@@ -346,7 +347,13 @@ async def _settled(recorder: _Recorder, count: int) -> list[TelemetryRecord]:
 
 async def test_every_attempt_is_one_telemetry_row_with_its_own_call_id(fake: FakeUpstream) -> None:
     recorder = _Recorder()
-    client = http_client(fake, ["a", "b"], clock=FakeClock(), injected={"telemetry": recorder})
+    client = http_client(
+        fake,
+        ["a", "b"],
+        clock=FakeClock(),
+        injected={"telemetry": recorder},
+        retry=RetrySettings(same_source_attempts=0),  # the 503 switches at once
+    )
     fake.script("a", Reply.error(503))
     response = await client.chat(MESSAGES, session_id="s", parent_call_id="p")
     rows = await _settled(recorder, 2)

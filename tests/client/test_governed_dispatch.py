@@ -101,7 +101,7 @@ async def test_the_dispatcher_is_a_plain_handler_without_call_next() -> None:
 
 
 async def test_transient_backs_off_then_switches_source_with_new_call_id() -> None:
-    rig = make_rig(["a", "b"])
+    rig = make_rig(["a", "b"], retry=RetrySettings(same_source_attempts=0))
     rig.transport.script("a", transient(502))
     response = await rig.call()
     assert [s for s, _ in rig.transport.calls] == ["a", "b"]
@@ -595,6 +595,7 @@ async def test_accounting_side_failures_only_warn(caplog: pytest.LogCaptureFixtu
         limiter=FaultyLimiter(real, accounting=True),
         breaker=FaultyBreaker(gate, accounting=True),
         clock=clock,
+        retry=RetrySettings(same_source_attempts=0),
     )
     rig.transport.script("a", transient())
     with caplog.at_level(logging.WARNING, logger="polygateway.governance.admission"):

@@ -235,7 +235,10 @@ def test_unknown_source_field_lists_the_allowed_fields() -> None:
 @pytest.mark.parametrize(
     ("key", "needle"),
     [
-        ("LLM__RETRY__MAX_ATTEMTPS", "allowed: BASE_DELAY_S, MAX_ATTEMPTS, MAX_DELAY_S"),
+        (
+            "LLM__RETRY__MAX_ATTEMTPS",
+            "allowed: BASE_DELAY_S, CALL_DEADLINE_S, MAX_ATTEMPTS, MAX_DELAY_S",
+        ),
         ("LLM__RETRY", "missing the field"),
         ("LLM__RETRY__1__MODEL", "RETRY is reserved"),
         ("LLM__GLOBAL__1__BASE_URL", "GLOBAL is reserved"),

@@ -272,7 +272,7 @@ def test_pipeline_file_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         (
             "[scopes.LLM.retry]\nmax_atempts = 3\n",
             "[scopes.LLM.retry].max_atempts",
-            "allowed: base_delay_s, max_attempts, max_delay_s",
+            "allowed: base_delay_s, call_deadline_s, max_attempts, max_delay_s",
         ),
         (
             "[scopes.LLM]\nretries = 3\n",

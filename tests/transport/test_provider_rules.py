@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from polygateway.client import GatewayClient
 from polygateway.errors import (
+    ContextWindowExceededError,
     PolyGatewayError,
     RequestRejectedError,
     SourceDeadError,
@@ -92,7 +93,7 @@ PROVIDER_CASES: list[tuple[str, str, type[PolyGatewayError], int]] = [
     ("rate-limit-null-code", "generic", TransientError, 429),
     ("rate-limit-null-code", "openai", TransientError, 429),
     ("groq-tool-use-failed", "generic", RequestRejectedError, 400),
-    ("openai-context-length", "openai", RequestRejectedError, 400),
+    ("openai-context-length", "openai", ContextWindowExceededError, 400),
     ("openai-409", "openai", TransientError, 409),
     # Without the provider's profile its codes mean nothing: the status decides.
     ("dashscope-arrearage", "generic", RequestRejectedError, 400),
@@ -250,7 +251,7 @@ async def test_409_is_retried(fake_upstream: FakeUpstream) -> None:
 
 EVENT_CASES: list[tuple[dict[str, Any], type[PolyGatewayError]]] = [
     (provider_error_event("groq-tool-use-failed"), RequestRejectedError),
-    (provider_error_event("openai-context-length"), RequestRejectedError),
+    (provider_error_event("openai-context-length"), ContextWindowExceededError),
     (provider_error_event("openai-quota"), SourceDeadError),
     # OpenRouter: the integer code is the HTTP status of the failure.
     ({"code": 400, "message": "Provider returned error"}, RequestRejectedError),

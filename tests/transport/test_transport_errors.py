@@ -77,7 +77,7 @@ def test_reasons() -> None:
         ({"retry-after": " 1.5 "}, 1.5),
         ({"retry-after-ms": "644", "retry-after": "9"}, 0.644),
         ({"retry-after-ms": "junk", "retry-after": "3"}, 3.0),
-        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, None),
+        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),  # a past date: now
         ({"retry-after": "-1"}, None),
         ({"retry-after": "nan"}, None),
         ({"retry-after": "inf"}, None),

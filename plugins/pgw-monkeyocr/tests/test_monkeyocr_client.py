@@ -142,7 +142,13 @@ async def test_a_source_down_switches_to_the_next(
         fake_monkeyocr.script("down", Reply.with_status(503, "Service Unavailable"))
     else:
         down = _dead_url()
-    client = make_client(down, fake_monkeyocr.base_url("b"), OCR__SELECTOR="round_robin")
+    # No same-source retry (on by default for 5xx and wire faults): the switch is the point.
+    client = make_client(
+        down,
+        fake_monkeyocr.base_url("b"),
+        OCR__SELECTOR="round_robin",
+        OCR__RETRY__SAME_SOURCE_ATTEMPTS="0",
+    )
     result = await client.parse_layout(make_png(800, 600))
     assert result.source_name == "monkey-2" and len(result.elements) == 7
     failed, answered = await _rows(client, db)

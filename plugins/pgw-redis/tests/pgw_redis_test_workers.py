@@ -89,3 +89,49 @@ def chat_many(
             await client.aclose()
 
     results.put(asyncio.run(run()))
+
+
+def chat_through_a_flap(
+    barrier: Any,
+    results: Any,
+    primary_url: str,
+    fallback_url: str,
+    redis_url: str,
+    scope: str,
+    cooldown_s: float,
+    run_s: float,
+) -> None:
+    """Sequential chats for ``run_s`` seconds through a primary/fallback client (priority
+    selector, Redis breaker with ``cooldown_s``); report who answered each."""
+    import dataclasses
+    import time
+
+    from pgw_redis_test_helpers import gateway_settings
+    from polygateway import GatewayClient
+    from polygateway.settings import BreakerSettings
+
+    async def run() -> list[str]:
+        settings = gateway_settings(
+            primary_url,
+            redis_url,
+            scope,
+            source_name="primary",
+            selector="priority",
+            breaker=BreakerSettings(fail_threshold=1, cooldown_s=cooldown_s),
+        )
+        fallback = dataclasses.replace(settings.sources[0], name="fallback", base_url=fallback_url)
+        settings = dataclasses.replace(settings, sources=(*settings.sources, fallback))
+        client = GatewayClient(settings)
+        served: list[str] = []
+        try:
+            await asyncio.to_thread(barrier.wait)
+            end = time.monotonic() + run_s
+            while time.monotonic() < end:
+                response = await client.chat([{"role": "user", "content": "hi"}])
+                served.append(response.source_name)
+                await asyncio.sleep(0.05)  # a steady trickle of calls, not a measurement wait
+            return served
+        finally:
+            await client.aclose()
+
+    results.put(asyncio.run(run()))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import queue
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -123,3 +125,33 @@ async def test_four_worker_processes_share_concurrency_and_rpm_through_the_clien
     assert all(count <= rpm for count in windows.values()), windows
     assert len(windows) >= 2  # the limit made the run span a minute boundary
     assert await admin.zcard(f"pgw:limit:{tag}:global:lease") == 0
+
+
+@pytest.mark.slow
+async def test_three_processes_probe_a_flapping_primary_once_per_cooldown(
+    backend: RedisGovernanceBackend, fake_upstream: Any
+) -> None:
+    """The flapping scenario across a fleet: while the primary is down, the Redis breaker lets
+    one probe through per cooldown for the whole scope, whichever process holds it; after it
+    recovers every process is back on it within one cooldown."""
+    cooldown_s, down_s, run_s = 1.0, 8.0, 11.0
+    flap_start = time.monotonic()  # the fake upstream runs on this process's system clock
+    fake_upstream.flap("primary", down=Reply.error(503), down_s=down_s, up_s=3600.0)
+    served = await asyncio.to_thread(
+        _run_processes, 3, workers.chat_through_a_flap, fake_upstream.base_url("primary"),
+        fake_upstream.base_url("fallback"), backend.redis_url, backend.scope, cooldown_s, run_s,
+        timeout_s=90.0,
+    )  # fmt: skip
+    down = [r.at for r in fake_upstream.received("primary") if r.at < flap_start + down_s]
+    assert down, "the primary was never tried while down"
+    # The first calls of the processes race the breaker's opening (at most one each); after
+    # that only probes reach the down primary, one per cooldown for the whole fleet.
+    burst = [t for t in down if t < down[0] + 0.5]
+    probes = down[len(burst) :]
+    assert len(burst) <= 3, burst
+    assert probes, "no probe while the primary was down"
+    gaps = [b - a for a, b in itertools.pairwise([burst[-1], *probes])]
+    assert all(gap >= cooldown_s * 0.9 for gap in gaps), gaps
+    assert len(probes) <= down_s / cooldown_s + 1
+    # Recovered: every process is back on the primary.
+    assert all(worker[-1] == "primary" for worker in served), [w[-3:] for w in served]

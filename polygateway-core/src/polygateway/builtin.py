@@ -60,6 +60,7 @@ def pgw_register_breakers(register: Register) -> None:
             cooldown_s=ctx.settings.breaker.cooldown_s,
             probe_ttl_s=ctx.settings.probe_ttl_s,
             clock=ctx.clock,
+            max_cooldown_s=ctx.settings.breaker.max_cooldown_s,
         )
 
     register("memory", memory)
@@ -89,8 +90,20 @@ def pgw_register_selectors(register: Register) -> None:
 
         return LeastInflightSelector()
 
+    def priority(ctx: BuildContext) -> Any:
+        from polygateway.selectors import PrioritySelector
+
+        return PrioritySelector()
+
+    def weighted(ctx: BuildContext) -> Any:
+        from polygateway.selectors import WeightedSelector
+
+        return WeightedSelector()
+
     register("round_robin", round_robin)
     register("least_inflight", least_inflight)
+    register("priority", priority)
+    register("weighted", weighted)
 
 
 @hookimpl

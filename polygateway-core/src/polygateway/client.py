@@ -75,6 +75,7 @@ class ChatOptions(TypedDict, total=False):
     response_format: Mapping[str, Any] | None
     user: str | None
     extra_body: Mapping[str, Any] | None
+    deadline_s: float | None
 
 
 class Injected(TypedDict, total=False):
@@ -240,9 +241,13 @@ class GatewayClient:
         response_format: Mapping[str, Any] | None = None,
         user: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
     ) -> LLMResponse:
         """One governed chat call (ARCHITECTURE §5.2).
 
+        :param deadline_s: end-to-end deadline across every attempt, backoff and admission
+            wait (default: the scope's ``retry.call_deadline_s``); past it the call raises
+            ``AllSourcesExhausted(reason="retry_exhausted")``.
         :param structured: ``None`` raw text, ``"json"`` repaired JSON in
             ``structured_data``, or a pydantic model class (the full D14 ladder).
         The generation parameters (``model`` ... ``extra_body``, see ``polygateway.params``)
@@ -280,6 +285,7 @@ class GatewayClient:
                 response_format=response_format,
                 user=user,
                 extra_body=extra_body,
+                deadline_s=deadline_s,
             )
         )
 
@@ -337,6 +343,7 @@ class GatewayClient:
         response_format: Mapping[str, Any] | None = None,
         user: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        deadline_s: float | None = None,
     ) -> ChatRequest:
         """The validated request of one call (shared by ``chat`` and ``stream``)."""
         if self._closed:
@@ -380,6 +387,7 @@ class GatewayClient:
             structured=structured,
             stream=stream,
             params=None if plain else params,
+            deadline_s=deadline_s,
             context=CallContext(),
         )
         return request

@@ -34,13 +34,15 @@ logger = logging.getLogger(__name__)
 class CallContext:
     """The per-call side channels of a chat call (see the module docstring)."""
 
-    __slots__ = ("_messages_for", "_messages_json", "observers", "stream")
+    __slots__ = ("_messages_for", "_messages_json", "deadline_at", "observers", "stream")
 
     def __init__(self, stream: DeltaSink | None = None) -> None:
         self.observers: tuple[CallObserver, ...] = ()
         self.stream = stream
         """Where a streaming transport sends the deltas it parses (``GatewayClient.stream``);
         ``None`` for ``chat()``."""
+        self.deadline_at: float | None = None
+        """Monotonic end of the call's deadline, set by its first dispatch: re-asks share it."""
         self._messages_for: object = None
         self._messages_json = ""
 

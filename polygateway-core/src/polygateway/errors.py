@@ -7,6 +7,11 @@
 | RequestRejectedError   | no           | no            | not counted    |
 | ResultInvalidError     | re-ask only  | no            | success        |
 
+Two rejections name what is wrong so the governor can act on it (both ``RequestRejectedError``,
+never re-sent to the same source, never counted by the breaker):
+``ContextWindowExceededError`` (tried again only on sources declaring a larger
+``context_window``) and ``ContentFilterError`` (another source only when the scope allows it).
+
 Scope-level unavailability (``CircuitOpenError``, ``AllSourcesExhausted``) carries a
 ``retry_after_s`` the caller can schedule on. Messages never contain secrets.
 """
@@ -103,6 +108,28 @@ class RequestRejectedError(PolyGatewayError):
         self.source_name = source_name
 
 
+class ContextWindowExceededError(RequestRejectedError):
+    """The request does not fit the source's context window (``context_length_exceeded`` and
+    the other providers' wordings): never re-sent to this source; only a source declaring a
+    larger ``context_window`` may take it."""
+
+
+class ContentFilterError(RequestRejectedError):
+    """The provider's content policy refused the request or the answer (a 400 content-policy
+    rejection, or ``finish_reason: content_filter``); ``reason`` is the provider's wording."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        source_name: str | None = None,
+        reason: str = "content_filter",
+    ) -> None:
+        super().__init__(message, status=status, source_name=source_name)
+        self.reason = reason
+
+
 class ResultInvalidError(PolyGatewayError):
     """The call succeeded but its content cannot be used (bad JSON, schema mismatch, bad ZIP).
 
@@ -193,6 +220,8 @@ __all__ = [
     "CircuitOpenError",
     "ClientClosedError",
     "ConfigError",
+    "ContentFilterError",
+    "ContextWindowExceededError",
     "GovernanceBackendError",
     "PluginError",
     "PolyGatewayError",

@@ -105,6 +105,14 @@ class SourceConfig:
     params: ChatParams = field(default_factory=ChatParams)
     """Default generation parameters of this source (``{SCOPE}__{P}__{N}__TEMPERATURE``, ...);
     a call's own values win."""
+    priority: int | None = None
+    """The ``priority`` selector's order: lower first; ``None`` ranks after every numbered
+    source, in declared order."""
+    weight: float = 1.0
+    """The ``weighted`` selector's share of calls (relative to the other runnable sources)."""
+    context_window: int | None = None
+    """Declared context window in tokens: after a context overflow only sources declaring a
+    larger one are tried."""
     options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     """Transport options (e.g. ``engine``, ``trust_env``, ``headers``) from env or the pipeline
     file. Kept out of the repr: headers may carry credentials."""
@@ -136,6 +144,18 @@ class RetrySettings:
     max_attempts: int = 3
     base_delay_s: float = 1.0
     max_delay_s: float = 30.0
+    same_source_attempts: int = 1
+    """Extra tries on the same source after a 5xx, a reset or a timeout before headers (429s
+    never: they wait for a short Retry-After or switch), inside ``max_attempts``."""
+    wait_retry_after_up_to_s: float = 3.0
+    """A Retry-After at or below this is waited on the same source; above it, the source cools
+    and the call switches."""
+    max_retry_after_s: float = 60.0
+    """Cap on an honoured Retry-After (an absurd hint cools the source this long at most)."""
+    call_deadline_s: float | None = None
+    """Default end-to-end deadline of one call (attempts, backoff, admission waits)."""
+    switch_on_content_filter: bool = False
+    """A content-policy refusal tries another source instead of raising at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +163,8 @@ class BreakerSettings:
     fail_threshold: int = 5
     cooldown_s: float = 30.0
     probe_ttl_s: float | None = None
+    max_cooldown_s: float | None = None
+    """Cap of the cooldown, which doubles on every failed probe in a row (``None``: fixed)."""
     """``None`` derives ``max(2 x max timeout, cooldown, max timeout + 5)`` at assembly."""
 
 

@@ -179,6 +179,8 @@ class ChatRequest:
     """Extra top-level body fields merged into every attempt's request body."""
     params: ChatParams | None = None
     """Per-call generation parameters (``polygateway.params``), over the source's defaults."""
+    deadline_s: float | None = None
+    """End-to-end deadline of the call (``None``: the scope's ``retry.call_deadline_s``)."""
     context: CallContext | None = field(default=None, compare=False, repr=False)
     """The call's ``polygateway.context.CallContext`` (observers, shared encodings): set by
     ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""

@@ -52,6 +52,23 @@ def check_threshold(value: object, what: str) -> int:
     return value
 
 
+def check_max_cooldown(cooldown_s: float, max_cooldown_s: float | None) -> float:
+    """The cap of a growing breaker cooldown: ``None`` means no growth (``cooldown_s``)."""
+    if max_cooldown_s is None:
+        return float(cooldown_s)
+    if not (math.isfinite(max_cooldown_s) and max_cooldown_s >= cooldown_s):
+        raise ValueError(
+            f"max_cooldown_s must be a finite number >= cooldown_s ({cooldown_s:g}), "
+            f"got {max_cooldown_s!r}"
+        )
+    return float(max_cooldown_s)
+
+
+def grown_cooldown(cooldown_s: float, max_cooldown_s: float, streak: int) -> float:
+    """The cooldown after ``streak`` failed probes in a row: doubling, capped."""
+    return min(cooldown_s * 2.0 ** min(streak, 64), max_cooldown_s)
+
+
 def check_ttl(ttl_s: object, what: str = "cache ttl_s") -> float:
     """``ttl_s`` as a float if it is a finite number > 0; else ``ValueError``.
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from polygateway.errors import (
+    ContextWindowExceededError,
     PolyGatewayError,
-    RequestRejectedError,
     SourceDeadError,
     TransientError,
 )
@@ -31,6 +31,7 @@ from polygateway.transports.errors import (
     Secrets,
     error_for_status,
     parse_retry_after,
+    rejection,
     sanitize_message,
 )
 
@@ -39,12 +40,6 @@ DEAD_TYPES = frozenset(
     ("authentication_error", "permission_error", "billing_error", "not_found_error")
 )
 REJECTED_TYPES = frozenset(("invalid_request_error", "request_too_large"))
-
-
-class ContextWindowExceededError(RequestRejectedError):
-    """The request does not fit the model's context window (``stop_reason:
-    model_context_window_exceeded``): not retried on this source; a model with a larger window
-    or a shorter prompt is needed."""
 
 
 def describe_anthropic_error(body: bytes | str | Mapping[str, Any]) -> tuple[str | None, str]:
@@ -97,7 +92,7 @@ def classify_error(
     if kind in DEAD_TYPES:
         return SourceDeadError(text, status=status, source_name=source_name)
     if kind in REJECTED_TYPES:
-        return RequestRejectedError(text, status=status, source_name=source_name)
+        return rejection(None, kind, message, text, status=status, source_name=source_name)
     return None
 
 

@@ -41,7 +41,7 @@ from typing import Any, Final, cast
 
 from polygateway.errors import GovernanceBackendError
 from polygateway.ports import GateDecision, GateState, GateUpdate
-from polygateway.validation import check_threshold, check_ttl
+from polygateway.validation import check_max_cooldown, check_threshold, check_ttl
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
@@ -79,6 +79,8 @@ class RedisGate:
         "_fail_threshold",
         "_key_ttl_ms",
         "_keys",
+        "_max_cooldown_ms",
+        "_max_cooldown_s",
         "_owns_client",
         "_probe_ttl_ms",
         "_probe_ttl_s",
@@ -99,6 +101,7 @@ class RedisGate:
         probe_ttl_s: float,
         elide_clean_success: bool = True,
         owns_client: bool = False,
+        max_cooldown_s: float | None = None,
     ) -> None:
         check_threshold(fail_threshold, "fail_threshold")
         if not (cooldown_s >= 0.0 and math.isfinite(cooldown_s)):
@@ -112,8 +115,12 @@ class RedisGate:
         self._cooldown_s = float(cooldown_s)
         self._probe_ttl_s = probe_ttl_s
         self._cooldown_ms = round(cooldown_s * 1000.0)
+        self._max_cooldown_s = check_max_cooldown(cooldown_s, max_cooldown_s)
+        self._max_cooldown_ms = round(self._max_cooldown_s * 1000.0)
         self._probe_ttl_ms = max(1, round(probe_ttl_s * 1000.0))
-        self._key_ttl_ms = round(max(_MIN_KEY_TTL_S, 2.0 * (cooldown_s + probe_ttl_s)) * 1000.0)
+        self._key_ttl_ms = round(
+            max(_MIN_KEY_TTL_S, 2.0 * (self._max_cooldown_s + probe_ttl_s)) * 1000.0
+        )
         self._elide = elide_clean_success
         self._owns_client = owns_client
         self._keys: dict[str, str] = {}
@@ -216,6 +223,7 @@ class RedisGate:
                 1 if force_open else 0,
                 self._cooldown_ms,
                 self._key_ttl_ms,
+                self._max_cooldown_ms,
             ),
         )
         return self._update(decision.source, await self._run(call, "record_failure"))
@@ -243,7 +251,7 @@ class RedisGate:
         call = ScriptCall(
             GATE_FORCE_OPEN,
             (self._key(source),),
-            (self._fail_threshold, self._cooldown_ms, self._key_ttl_ms),
+            (self._fail_threshold, self._cooldown_ms, self._key_ttl_ms, self._max_cooldown_ms),
         )
         return self._update(source, await self._run(call, "force_open"))
 

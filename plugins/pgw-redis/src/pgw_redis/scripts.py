@@ -268,12 +268,18 @@ end
 """
 
 _GATE_OPEN = """
-local function open(n, cooldown_ms, key_ttl_ms)
+-- The cooldown doubles with every failed probe in a row ('streak'), capped at max_ms.
+local function cooldown_for(cooldown_ms, max_ms)
+  local streak = tonumber(redis.call('HGET', KEYS[1], 'streak')) or 0
+  return math.min(tonumber(cooldown_ms) * 2 ^ math.min(streak, 64), tonumber(max_ms))
+end
+
+local function open(n, cooldown_ms, key_ttl_ms, max_ms)
   epoch = epoch + 1
   failures = n
   state = 'open'
   redis.call('HSET', KEYS[1], 'state', 'open', 'epoch', epoch, 'failures', n,
-             'open_until', int(now_ms() + tonumber(cooldown_ms)), 'probe_owner', '',
+             'open_until', int(now_ms() + cooldown_for(cooldown_ms, max_ms)), 'probe_owner', '',
              'probe_until', 0)
   redis.call('PEXPIRE', KEYS[1], key_ttl_ms)
 end
@@ -320,7 +326,7 @@ GATE_RECORD_SUCCESS = LuaScript(
 if not holds(ARGV[1], ARGV[2]) then return {0, state, epoch, failures} end
 if ARGV[2] ~= '' then
   redis.call('HSET', KEYS[1], 'state', 'closed', 'failures', 0, 'probe_owner', '',
-             'probe_until', 0)
+             'probe_until', 0, 'streak', 0)
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
 elseif failures ~= 0 then
   redis.call('HSET', KEYS[1], 'failures', 0)
@@ -337,17 +343,18 @@ GATE_RECORD_FAILURE = LuaScript(
     + _GATE_OPEN
     + """
 -- KEYS: 1 gate; ARGV: 1 epoch, 2 probe owner, 3 threshold, 4 force open (1/0),
---       5 cooldown ms, 6 key ttl ms
+--       5 cooldown ms, 6 key ttl ms, 7 max cooldown ms
 -- Reply: {applied, state, epoch, failures}
 if not holds(ARGV[1], ARGV[2]) then return {0, state, epoch, failures} end
 local threshold = tonumber(ARGV[3])
 if ARGV[4] == '1' or ARGV[2] ~= '' then
-  -- A dead source, or a failed probe: straight back to open.
-  open(math.max(failures, threshold), ARGV[5], ARGV[6])
+  -- A dead source, or a failed probe: straight back to open, for longer each time.
+  if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[1], 'streak', 1) end
+  open(math.max(failures, threshold), ARGV[5], ARGV[6], ARGV[7])
 else
   failures = failures + 1
   if failures >= threshold then
-    open(failures, ARGV[5], ARGV[6])
+    open(failures, ARGV[5], ARGV[6], ARGV[7])
   else
     redis.call('HSET', KEYS[1], 'failures', failures)
     redis.call('PEXPIRE', KEYS[1], ARGV[6])
@@ -385,17 +392,17 @@ GATE_FORCE_OPEN = LuaScript(
     _GATE_PRELUDE
     + _GATE_OPEN
     + """
--- KEYS: 1 gate; ARGV: 1 threshold, 2 cooldown ms, 3 key ttl ms
+-- KEYS: 1 gate; ARGV: 1 threshold, 2 cooldown ms, 3 key ttl ms, 4 max cooldown ms
 -- Already open: the cooldown restarts (never shortens), same epoch.
 -- Reply: {1, state, epoch, failures}
 local n = math.max(failures, tonumber(ARGV[1]))
 if state == 'open' then
-  local open_until = math.max(tonumber(F[4]) or 0, now_ms() + tonumber(ARGV[2]))
+  local open_until = math.max(tonumber(F[4]) or 0, now_ms() + cooldown_for(ARGV[2], ARGV[4]))
   redis.call('HSET', KEYS[1], 'failures', n, 'open_until', int(open_until))
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {1, 'open', epoch, n}
 end
-open(n, ARGV[2], ARGV[3])
+open(n, ARGV[2], ARGV[3], ARGV[4])
 return {1, state, epoch, failures}
 """,
 )

@@ -98,7 +98,12 @@ class RedisGovernanceBackend:
         return limiter
 
     def make_breaker(
-        self, *, fail_threshold: int, cooldown_s: float, probe_ttl_s: float
+        self,
+        *,
+        fail_threshold: int,
+        cooldown_s: float,
+        probe_ttl_s: float,
+        max_cooldown_s: float | None = None,
     ) -> RedisGate:
         gate = RedisGate(
             connect(self.redis_url),
@@ -107,6 +112,7 @@ class RedisGovernanceBackend:
             cooldown_s=cooldown_s,
             probe_ttl_s=probe_ttl_s,
             owns_client=True,
+            max_cooldown_s=max_cooldown_s,
         )
         self._made.append(gate)
         return gate

@@ -9,6 +9,7 @@ the order the pipeline file gives; the dispatcher itself is not a layer and is a
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Mapping, Sequence
 
@@ -28,6 +29,10 @@ from polygateway.settings import BackpressureSettings, BreakerSettings, RetrySet
 from polygateway.types import ChatRequest, LLMResponse
 
 __all__ = ["ChatDispatcher"]
+
+
+_DEADLINE_FLOOR_S = 1e-3
+"""A re-ask past the call's deadline still gets a (vanishing) deadline, so it ends at once."""
 
 
 class ChatDispatcher:
@@ -101,8 +106,15 @@ class ChatDispatcher:
                 if len(observers) == 1
                 else _RequestObservers(observers, request)
             )
+        deadline_s = request.deadline_s
+        if deadline_s is not None and context is not None and 0 < deadline_s < math.inf:
+            # One deadline per call: a structured re-ask dispatches again within what is left.
+            now = self._clock.monotonic()
+            if context.deadline_at is None:
+                context.deadline_at = now + deadline_s
+            deadline_s = max(context.deadline_at - now, _DEADLINE_FLOOR_S)
         outcome = await self._governor.run(
-            functools.partial(self._send, request), observer=attempt_observer
+            functools.partial(self._send, request), observer=attempt_observer, deadline_s=deadline_s
         )
         return outcome.value
 

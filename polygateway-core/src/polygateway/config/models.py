@@ -32,9 +32,11 @@ from pydantic import (
 from polygateway.config.suggest import did_you_mean
 from polygateway.options import (
     BOOL_WORDS,
+    MAX_DURATION_S,
     Bool,
     NonNegativeDuration,
     NonNegativeInt,
+    Number,
     PositiveDuration,
     PositiveInt,
     env_keys,
@@ -121,18 +123,28 @@ class SourceLayer(SourceDefaultsLayer):
     model: Name | None = None
     api_key: str | None = None
     api_key_env: Name | None = None
+    priority: NonNegativeInt | None = None
+    # A share, not a duration; bounded like one so that every number has a range.
+    weight: Annotated[Number, Field(gt=0, le=MAX_DURATION_S)] | None = None
+    context_window: PositiveInt | None = None
 
 
 class RetryLayer(LayerModel):
     max_attempts: PositiveInt | None = None
     base_delay_s: NonNegativeFloat | None = None
     max_delay_s: NonNegativeFloat | None = None
+    same_source_attempts: NonNegativeInt | None = None
+    wait_retry_after_up_to_s: NonNegativeFloat | None = None
+    max_retry_after_s: PositiveFloat | None = None
+    call_deadline_s: PositiveFloat | None = None
+    switch_on_content_filter: Bool | None = None
 
 
 class BreakerLayer(LayerModel):
     fail_threshold: PositiveInt | None = None
     cooldown_s: PositiveFloat | None = None
     probe_ttl_s: PositiveFloat | None = None
+    max_cooldown_s: PositiveFloat | None = None
     backend: Name | None = None
     options: Options | None = None
 

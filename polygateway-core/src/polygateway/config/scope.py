@@ -177,7 +177,7 @@ def _build_scope_settings(
     breaker = BreakerSettings(
         **{
             k: breaker_table[k]
-            for k in ("fail_threshold", "cooldown_s", "probe_ttl_s")
+            for k in ("fail_threshold", "cooldown_s", "probe_ttl_s", "max_cooldown_s")
             if k in breaker_table
         }
     )

@@ -30,6 +30,9 @@ _SOURCE_ARGS = (
     "missing_done",
     "max_response_bytes",
     "transport",
+    "priority",
+    "weight",
+    "context_window",
 )
 _LIMIT_ARGS = ("max_concurrency", "rpm", "tpm")
 _PARAM_ARGS = (

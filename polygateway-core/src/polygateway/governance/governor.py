@@ -24,14 +24,20 @@ embedding or OCR client is another::
 
 from __future__ import annotations
 
+import asyncio
+import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from polygateway.errors import (
+    AllSourcesExhausted,
     ConfigError,
+    ContentFilterError,
+    ContextWindowExceededError,
     ScopeUnavailableError,
     SourceDeadError,
+    StreamLivenessTimeout,
     TransientError,
 )
 from polygateway.governance.admission import Admission
@@ -41,7 +47,9 @@ from polygateway.governance.decisions import (
     Backoff,
     exhausted_error,
     noted,
+    reasons_report,
     retry_after_hint,
+    scope_retry_after,
 )
 from polygateway.governance.stall import Blocked, backpressure_problems
 from polygateway.ports import Clock, Denial, ProviderGate, RateLimiter, SourceSelector
@@ -69,8 +77,46 @@ def governor_problems(
         problems.append(f"retry.max_attempts must be an integer >= 1, got {retry.max_attempts!r}")
     if not (retry.base_delay_s >= 0 and retry.max_delay_s >= 0):
         problems.append("retry.base_delay_s and retry.max_delay_s must be >= 0")
+    if type(retry.same_source_attempts) is not int or retry.same_source_attempts < 0:
+        problems.append(
+            f"retry.same_source_attempts must be an integer >= 0, got "
+            f"{retry.same_source_attempts!r}"
+        )
+    if not retry.wait_retry_after_up_to_s >= 0:
+        problems.append("retry.wait_retry_after_up_to_s must be >= 0")
+    if not retry.max_retry_after_s > 0:
+        problems.append("retry.max_retry_after_s must be > 0")
+    if retry.call_deadline_s is not None and not 0 < retry.call_deadline_s < math.inf:
+        problems.append(
+            f"retry.call_deadline_s must be a positive number of seconds, got "
+            f"{retry.call_deadline_s!r}"
+        )
     problems.extend(backpressure_problems(backpressure))
     return problems
+
+
+def _same_source_eligible(exc: TransientError) -> bool:
+    """5xx, 408, resets and timeouts before any token: worth one more try on the same source.
+    429 never (a short Retry-After is waited instead); a stream watchdog verdict never."""
+    if exc.reason == "rate_limited" or isinstance(exc, StreamLivenessTimeout):
+        return False
+    status = exc.status
+    return status is None or status >= 500 or status == 408
+
+
+class _Progress:
+    """What a call with a deadline has done so far, for the error that ends it at the deadline."""
+
+    __slots__ = ("attempts", "last_error", "reasons")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.reasons: dict[str, str] | None = None
+        self.last_error: BaseException | None = None
+
+
+class _DeadlineReached(Exception):
+    """Internal: the next wait would end past the call's deadline."""
 
 
 class Governor:
@@ -89,13 +135,18 @@ class Governor:
         "_backoff",
         "_blocked",
         "_breaker",
+        "_call_deadline_s",
         "_clock",
         "_cooldown_s",
         "_max_attempts",
+        "_max_retry_after_s",
         "_memo",
         "_names",
+        "_same_source_attempts",
         "_selector",
         "_sources",
+        "_switch_on_content_filter",
+        "_wait_retry_after_up_to_s",
     )
 
     def __init__(
@@ -120,6 +171,11 @@ class Governor:
         self._breaker = breaker
         self._selector = selector
         self._max_attempts = retry.max_attempts
+        self._same_source_attempts = retry.same_source_attempts
+        self._wait_retry_after_up_to_s = float(retry.wait_retry_after_up_to_s)
+        self._max_retry_after_s = float(retry.max_retry_after_s)
+        self._call_deadline_s = retry.call_deadline_s
+        self._switch_on_content_filter = retry.switch_on_content_filter
         self._cooldown_s = float(breaker_settings.cooldown_s)
         self._clock = clock
         self._memo = CooldownMemo(clock)
@@ -173,6 +229,7 @@ class Governor:
         *,
         est_tokens: int | None = None,
         observer: AttemptObserver[T] | None = None,
+        deadline_s: float | None = None,
     ) -> Outcome[T]:
         """Run one governed call: attempts until one succeeds or the call must fail.
 
@@ -180,14 +237,58 @@ class Governor:
         :param est_tokens: the TPM pre-charge of each attempt; ``None`` charges each source's
             configured ``est_tokens``. Settled on ``Attempted.tokens`` when it is given.
         :param observer: told about every attempt that reached ``attempt``.
-        :raises RequestRejectedError: from ``attempt``, at once (no retry, not counted).
+        :param deadline_s: end-to-end deadline of the call across attempts, backoff and
+            admission waits (``None``: the scope's ``retry.call_deadline_s``, if any).
+        :raises RequestRejectedError: from ``attempt``, at once (no retry, not counted);
+            ``ContextWindowExceededError`` only when no source declares a larger window,
+            ``ContentFilterError`` unless the scope switches on it.
         :raises ResultInvalidError: from ``attempt``, at once (the breaker counts a success).
-        :raises AllSourcesExhausted: the attempt budget is spent, every source died during the
-            call, no source has quota (``fail_fast``), the call stalled, or there are no
-            sources; ``reason``, ``retry_after_s`` and ``per_source_reasons`` say which.
+        :raises AllSourcesExhausted: the attempt budget is spent, the deadline passed, every
+            source died during the call, no source has quota (``fail_fast``), the call stalled,
+            or there are no sources; ``reason``, ``retry_after_s`` and
+            ``per_source_reasons`` say which.
         :raises CircuitOpenError: ``fail_fast`` and only breakers keep the sources shut.
         :raises GovernanceBackendError: the limiter or breaker could not be asked (fail closed).
+        :raises ValueError: ``deadline_s`` is not a positive number of seconds.
         """
+        if deadline_s is None:
+            deadline_s = self._call_deadline_s
+            if deadline_s is None:
+                return await self._run(attempt, est_tokens, observer, None, None)
+        elif not 0 < deadline_s < math.inf:
+            raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
+        progress = _Progress()
+        deadline = self._clock.monotonic() + deadline_s
+        try:
+            async with asyncio.timeout(deadline_s) as scope:
+                return await self._run(attempt, est_tokens, observer, deadline, progress)
+        except _DeadlineReached:
+            raise await self._deadline_error(deadline_s, progress) from progress.last_error
+        except TimeoutError as exc:
+            if not scope.expired():
+                raise
+            raise await self._deadline_error(deadline_s, progress) from exc
+
+    async def _deadline_error(self, deadline_s: float, progress: _Progress) -> AllSourcesExhausted:
+        last = progress.last_error
+        detail = f"; last error: {type(last).__name__}: {last}" if last is not None else ""
+        return AllSourcesExhausted(
+            f"call deadline of {deadline_s:g}s reached after {progress.attempts} attempt(s)"
+            + detail,
+            retry_after_s=await scope_retry_after(self._names, self._memo, self._breaker),
+            reason="retry_exhausted",
+            per_source_reasons=reasons_report(self._names, self._memo, progress.reasons),
+            last_error=last,
+        )
+
+    async def _run(
+        self,
+        attempt: Attempt[T],
+        est_tokens: int | None,
+        observer: AttemptObserver[T] | None,
+        deadline: float | None,
+        progress: _Progress | None,
+    ) -> Outcome[T]:
         clock = self._clock
         entered_at = clock.monotonic()
         selector = self._selector
@@ -202,14 +303,19 @@ class Governor:
         refused: set[str] | None = None
         denial_wait: float | None = None
         avoid: str | None = None
+        prefer: str | None = None
+        same_tries: dict[str, int] | None = None
+        min_window: int | None = None
         last_error: BaseException | None = None
 
         while True:
             if attempts or refused is not None or memo:
-                candidates = self._runnable(dead, refused, avoid)
+                candidates = self._runnable(dead, refused, avoid, min_window)
             else:
                 candidates = self._sources  # first try, nothing cooling: every source
             if not candidates:
+                if min_window is not None and isinstance(last_error, ContextWindowExceededError):
+                    raise last_error  # nothing larger can take it (any more)
                 # Nothing admitted in this round: raise, or wait and start a new round.
                 await self._blocked.wait_or_raise(
                     entered_at, dead, denial_wait, reasons, last_error
@@ -217,7 +323,16 @@ class Governor:
                 refused = None
                 denial_wait = None
                 continue
-            source = selector.choose(candidates, inflight)
+            source = None
+            if prefer is not None:
+                # A same-source retry: the failed source again, when it is still runnable.
+                for candidate in candidates:
+                    if candidate.name == prefer:
+                        source = candidate
+                        break
+                prefer = None
+            if source is None:
+                source = selector.choose(candidates, inflight)
             name = source.name
             est = source.est_tokens if est_tokens is None else est_tokens
             try:
@@ -226,27 +341,63 @@ class Governor:
                 attempts += 1
                 last_error = exc
                 reasons = noted(reasons, name, exc.reason)
+                if progress is not None:
+                    progress.attempts, progress.reasons, progress.last_error = (
+                        attempts,
+                        reasons,
+                        exc,
+                    )
                 hint = retry_after_hint(exc.retry_after_s)
                 if hint is not None:
-                    memo.cool(name, hint, exc.reason)
-                else:
-                    hint = 0.0
+                    hint = min(hint, self._max_retry_after_s)  # an absurd hint is a cap
                 if attempts >= max_attempts:
+                    if hint is not None:
+                        memo.cool(name, hint, exc.reason)
                     raise await self._exhausted(attempts, reasons, last_error) from exc
+                now = clock.monotonic()
+                tries = same_tries.get(name, 0) if same_tries is not None else 0
                 delay = self._backoff.delay(attempts - 1)
-                if hint > delay and not self._runnable(dead, None, None):
-                    # Retry-After speaks for the failed source only: wait it out when no
-                    # other source can take the retry, otherwise switch after the backoff.
-                    delay = hint
-                avoid = name
+                if (
+                    hint is not None
+                    and hint <= self._wait_retry_after_up_to_s
+                    and (deadline is None or now + hint < deadline)
+                ):
+                    # A short Retry-After: the source is usually the cheapest and the user's
+                    # first choice, so wait it out there instead of switching.
+                    prefer, avoid, delay = name, None, hint
+                elif (
+                    hint is None
+                    and tries < self._same_source_attempts
+                    and _same_source_eligible(exc)
+                ):
+                    # A one-off 5xx or reset: one more try where the call was going.
+                    prefer, avoid = name, None
+                    same_tries = {} if same_tries is None else same_tries
+                    same_tries[name] = tries + 1
+                else:
+                    if hint is not None:
+                        memo.cool(name, hint, exc.reason)
+                        if hint > delay and not self._runnable(dead, None, None, min_window):
+                            # Retry-After speaks for the failed source only: wait it out when
+                            # no other source can take the retry, else switch after backoff.
+                            delay = hint
+                    avoid = name
                 refused = None
                 denial_wait = None
+                if deadline is not None and now + delay >= deadline:
+                    raise _DeadlineReached from exc  # never sleep past the deadline
                 await clock.sleep(delay)
                 continue
             except SourceDeadError as exc:
                 attempts += 1
                 last_error = exc
                 reasons = noted(reasons, name, "source_dead")
+                if progress is not None:
+                    progress.attempts, progress.reasons, progress.last_error = (
+                        attempts,
+                        reasons,
+                        exc,
+                    )
                 memo.cool(name, self._cooldown_s, "source_dead")
                 if dead is None:
                     dead = set()
@@ -254,6 +405,27 @@ class Governor:
                 if attempts >= max_attempts:
                     raise await self._exhausted(attempts, reasons, last_error) from exc
                 continue  # switch at once, no backoff
+            except ContextWindowExceededError as exc:
+                # Never re-sent here; only a source declaring a larger window may take it.
+                attempts += 1
+                window = source.context_window
+                if window is None or attempts >= max_attempts:
+                    raise
+                min_window = window
+                last_error = exc
+                reasons = noted(reasons, name, "context_window_exceeded")
+                dead = {name} if dead is None else dead | {name}
+                continue
+            except ContentFilterError as exc:
+                attempts += 1
+                if not self._switch_on_content_filter or attempts >= max_attempts:
+                    raise
+                last_error = exc
+                reasons = noted(reasons, name, exc.reason)
+                dead = {name} if dead is None else dead | {name}
+                if len(dead) >= len(self._names):
+                    raise
+                continue
             if isinstance(admitted, Outcome):
                 return admitted
             # Refused before the attempt: no attempt spent; try another source this round.
@@ -281,16 +453,27 @@ class Governor:
     # ------------------------------------------------------------------ selection state
 
     def _runnable(
-        self, dead: set[str] | None, refused: set[str] | None, avoid: str | None
+        self,
+        dead: set[str] | None,
+        refused: set[str] | None,
+        avoid: str | None,
+        min_window: int | None = None,
     ) -> Sequence[SourceConfig]:
         """Configured sources minus cooling, dead-for-this-call and refused-this-round ones.
 
         ``avoid`` (the source that just failed) is left out when another one is runnable: a
-        retry switches source.
+        retry switches source. ``min_window``: after a context overflow, only sources
+        declaring a larger context window.
         """
         memo = self._memo
         cooling = bool(memo)
-        if not cooling and dead is None and refused is None and avoid is None:
+        if (
+            not cooling
+            and dead is None
+            and refused is None
+            and avoid is None
+            and min_window is None
+        ):
             return self._sources
         now = self._clock.monotonic() if cooling else 0.0
         runnable: list[SourceConfig] = []
@@ -299,6 +482,10 @@ class Governor:
             if (dead is not None and name in dead) or (refused is not None and name in refused):
                 continue
             if cooling and memo.blocks(name, now):
+                continue
+            if min_window is not None and (
+                source.context_window is None or source.context_window <= min_window
+            ):
                 continue
             runnable.append(source)
         if avoid is not None and len(runnable) > 1:

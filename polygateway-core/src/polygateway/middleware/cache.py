@@ -7,9 +7,10 @@ body parameters mean another answer; and ``args``, the per-call generation param
 ``polygateway.params``, when any is set). Canonical JSON makes delimiters in tenant ids harmless.
 
 Value: the ``LLMResponse`` as JSON, without ``structured_data``. Only what passed the
-structured ladder is stored (the structured layer is inside this one), never an empty or a
-truncated (``finish_reason == "length"``) completion. A hit is returned with
-``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit is a call of
+structured ladder is stored (the structured layer is inside this one), never an empty, a
+truncated (``finish_reason == "length"``) or a filtered (``"content_filter"``) completion. A hit
+is returned with ``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit
+is a call of
 its own in telemetry) and ``structured_data`` rebuilt by the strategy, without network.
 
 The cache is an optimisation: a failing backend or an unreadable entry is a miss plus a
@@ -137,13 +138,19 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
     return LLMResponse(**fields)
 
 
+_UNCACHEABLE_FINISH = frozenset(("length", "content_filter"))
+"""Finish reasons of an answer that must not be replayed: cut by the token limit, or by the
+content filter (another sampling may pass; the filter's verdict is not the answer)."""
+
+
 def is_cacheable(response: LLMResponse) -> bool:
-    """A real, complete answer: not a hit already, not empty, not cut off by the token limit,
-    not salvaged from a stream that ended without ``[DONE]`` (tool calls alone are an answer)."""
+    """A real, complete answer: not a hit already, not empty, not cut off by the token limit or
+    the content filter, not salvaged from a stream that ended without ``[DONE]`` (tool calls
+    alone are an answer)."""
     return (
         not response.cache_hit
         and not response.salvaged
-        and response.finish_reason != "length"
+        and response.finish_reason not in _UNCACHEABLE_FINISH
         and (bool(response.content.strip()) or bool(response.tool_calls))
     )
 

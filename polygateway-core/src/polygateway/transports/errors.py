@@ -8,6 +8,8 @@
 | 401, 403, 402 (payment required: out of credit)             | SourceDeadError               |
 | 404 (model not found / wrong base_url)                      | SourceDeadError               |
 | 3xx (redirects are not followed: base_url is wrong)         | SourceDeadError               |
+| 400 context overflow (``context_length_exceeded``, wordings) | ContextWindowExceededError    |
+| 400 content policy (``content_filter``, ``content_policy...``)| ContentFilterError            |
 | 400 and any other 4xx                                       | RequestRejectedError          |
 | connection errors / read errors / engine timeouts           | TransientError                |
 
@@ -34,13 +36,17 @@ and truncated.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import math
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from polygateway.errors import (
+    ContentFilterError,
+    ContextWindowExceededError,
     PolyGatewayError,
     RequestRejectedError,
     SourceDeadError,
@@ -56,6 +62,32 @@ QUOTA_CODES: frozenset[str] = frozenset(
         "organization_spend_limit_exceeded",
         "project_spend_limit_exceeded",
         "organization_usage_limit_exceeded",
+    }
+)
+
+CONTEXT_OVERFLOW_CODES: frozenset[str] = frozenset(
+    {"context_length_exceeded", "exceed_context_size_error", "model_context_window_exceeded"}
+)
+CONTEXT_OVERFLOW_WORDINGS: tuple[str, ...] = (
+    "maximum context length",  # OpenAI, vLLM, Mistral, DeepSeek
+    "context length exceeded",
+    "context_length_exceeded",
+    "exceeds the context window",
+    "exceeds the available context size",  # llama.cpp
+    "prompt is too long",  # Anthropic
+    "exceed context limit",  # Anthropic: input length and max_tokens exceed context limit
+    "input token count",  # Gemini: the input token count ... exceeds the maximum
+    "range of input length should be",  # Qwen / DashScope
+    "input length exceeds",
+)
+"""Lower-case wordings of a context overflow by provider (bodies without the OpenAI code)."""
+
+CONTENT_FILTER_CODES: frozenset[str] = frozenset(
+    {
+        "content_filter",
+        "content_policy_violation",
+        "data_inspection_failed",  # Qwen / DashScope
+        "responsibleaipolicyviolation",  # Azure OpenAI
     }
 )
 
@@ -176,20 +208,32 @@ def rule_verdict(
     return None
 
 
-def _seconds(value: str | None) -> float | None:
+def _seconds(value: str | None, now: float | None = None) -> float | None:
     if not value:
         return None
     try:
         seconds = float(value.strip())
     except ValueError:
-        return None  # the HTTP-date form is not supported (ARCHITECTURE §6.2: seconds only)
+        if now is None:
+            return None
+        try:  # the HTTP-date form: seconds from now (a date in the past is "retry now")
+            when = email.utils.parsedate_to_datetime(value.strip())
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None  # not an HTTP-date (those are always GMT)
+        return max(when.timestamp() - now, 0.0)
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         return None
     return seconds
 
 
-def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds from ``retry-after-ms`` (preferred, as the OpenAI SDK does) or ``Retry-After``.
+def parse_retry_after(
+    headers: Mapping[str, str] | None, *, now: float | None = None
+) -> float | None:
+    """Seconds from ``retry-after-ms`` (preferred, as the OpenAI SDK does), ``Retry-After``
+    (seconds, or an HTTP-date read against ``now``, default the wall clock) or the LiteLLM
+    relay's ``llm_provider-retry-after``. Bounding the value is the governor's job.
 
     ``headers`` is a case-insensitive mapping (what both engines return) or has lower-case keys.
     """
@@ -198,7 +242,32 @@ def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
     millis = _seconds(headers.get("retry-after-ms"))
     if millis is not None:
         return millis / 1000.0
-    return _seconds(headers.get("retry-after"))
+    wall = time.time() if now is None else now
+    for name in ("retry-after", "llm_provider-retry-after"):
+        seconds = _seconds(headers.get(name), wall)
+        if seconds is not None:
+            return seconds
+    return None
+
+
+def rejection(
+    code: str | None,
+    kind: str | None,
+    message: str,
+    text: str,
+    *,
+    status: int | None,
+    source_name: str | None,
+) -> RequestRejectedError:
+    """A rejected request, as the subclass the governor acts on when the body says why."""
+    labels = {str(x).lower() for x in (code, kind) if x}
+    lowered = message.lower()
+    if labels & CONTEXT_OVERFLOW_CODES or any(w in lowered for w in CONTEXT_OVERFLOW_WORDINGS):
+        return ContextWindowExceededError(text, status=status, source_name=source_name)
+    if labels & CONTENT_FILTER_CODES:
+        reason = next(iter(sorted(labels & CONTENT_FILTER_CODES)))
+        return ContentFilterError(text, status=status, source_name=source_name, reason=reason)
+    return RequestRejectedError(text, status=status, source_name=source_name)
 
 
 def _status_verdict(status: int) -> ErrorVerdict:
@@ -231,11 +300,13 @@ def _classified(
     status: int | None,
     source_name: str | None,
     retry_after_s: float | None,
+    described: tuple[str | None, str | None, str] = (None, None, ""),
 ) -> PolyGatewayError:
     if verdict == "source_dead":
         return SourceDeadError(text, status=status, source_name=source_name)
     if verdict == "rejected":
-        return RequestRejectedError(text, status=status, source_name=source_name)
+        code, kind, message = described
+        return rejection(code, kind, message, text, status=status, source_name=source_name)
     return TransientError(
         text,
         retry_after_s=retry_after_s,
@@ -271,7 +342,9 @@ def error_for_status(
     text = sanitize_message(
         f"{where}HTTP {status}{' ' + label if label else ''}{note}: {message}", secret
     )
-    return _classified(verdict, text, status, source_name, parse_retry_after(headers))
+    return _classified(
+        verdict, text, status, source_name, parse_retry_after(headers), (code, kind, message)
+    )
 
 
 def _event_status(code: str | None) -> int | None:
@@ -300,7 +373,7 @@ def error_for_stream_event(
     status = _event_status(code)
     if verdict is None:
         verdict = _status_verdict(status) if status is not None else "transient"
-    return _classified(verdict, text, status, source_name, None)
+    return _classified(verdict, text, status, source_name, None, (code, kind, message))
 
 
 def wire_error(
@@ -320,6 +393,9 @@ def wire_error(
 
 __all__ = [
     "COMMON_ERROR_RULES",
+    "CONTENT_FILTER_CODES",
+    "CONTEXT_OVERFLOW_CODES",
+    "CONTEXT_OVERFLOW_WORDINGS",
     "MAX_MESSAGE_CHARS",
     "QUOTA_CODES",
     "Secrets",
@@ -328,6 +404,7 @@ __all__ = [
     "error_for_stream_event",
     "is_quota_error",
     "parse_retry_after",
+    "rejection",
     "rule_verdict",
     "sanitize_message",
     "wire_error",

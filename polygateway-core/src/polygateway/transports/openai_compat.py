@@ -16,10 +16,15 @@ wire and decoded: the engines never decode on their own, ``BodyReader`` does, st
 
 Stream outcome rules:
 - ``[DONE]`` seen, content empty and no tool calls -> ``TransientError`` (empty completion:
-  never cached, another attempt usually answers);
+  never cached, another attempt usually answers), or ``ContentFilterError`` when the
+  ``finish_reason`` is ``content_filter`` (a filtered answer with content is returned as is,
+  its ``finish_reason`` telling the caller, and never cached);
+- no ``[DONE]`` but ``finish_reason`` arrived and the body ended cleanly -> the answer is
+  complete: accepted as is (usage as reported, not salvaged), whatever ``missing_done`` says;
 - no ``[DONE]`` and no content -> ``TransientError`` (early EOF), whatever ``missing_done`` says;
-- no ``[DONE]`` with content -> ``TransientError`` when ``missing_done == "retry"`` (default), or
-  the partial answer with ``usage_source="estimated"`` when ``"salvage"``;
+- no ``[DONE]`` nor ``finish_reason``, with content (a cut stream) -> ``TransientError`` when
+  ``missing_done == "retry"`` (default), or the partial answer with ``usage_source="estimated"``
+  when ``"salvage"``;
 - no usage reported -> tokens estimated from the text (about 4 characters per token).
 """
 
@@ -34,7 +39,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from polygateway.digest import canonical_messages_json
-from polygateway.errors import ConfigError, RequestRejectedError, TransientError
+from polygateway.errors import (
+    ConfigError,
+    ContentFilterError,
+    RequestRejectedError,
+    TransientError,
+)
 from polygateway.options import parse_bool, parse_number
 from polygateway.params import body_fields
 from polygateway.ports import ProviderProfile
@@ -333,6 +343,10 @@ def transport_result(
     content = completion.content
     estimated = False
     salvaged = False
+    if not complete and completion.finish_reason is not None:
+        # Callers get here only on a clean end of body (a reset raises on the way): with the
+        # finish_reason in hand only the end marker is missing, and the answer is whole.
+        complete = True
     if not complete:
         if not content:
             raise TransientError(
@@ -349,6 +363,13 @@ def transport_result(
         # cover the answer.
         salvaged = estimated = True
     elif not content and not completion.has_tool_calls:
+        if completion.finish_reason == "content_filter":
+            # The filter's verdict, not a fault: another attempt here gets the same one.
+            raise ContentFilterError(
+                f"source {source.name!r}: the answer was withheld by the content filter "
+                "(finish_reason=content_filter)",
+                source_name=source.name,
+            )
         raise TransientError(
             f"source {source.name!r}: empty completion (finish_reason={completion.finish_reason})",
             source_name=source.name,

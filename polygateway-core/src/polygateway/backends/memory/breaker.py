@@ -4,6 +4,9 @@ Same algorithm as the Redis backend, field for field: ``state``, ``epoch``, ``fa
 ``open_until``, ``probe_until``, ``probe_owner``. No method awaits anything, so every
 operation is atomic with respect to other tasks on the event loop.
 
+- Cooldown: ``cooldown_s`` after the threshold opens the gate, doubling on every failed probe
+  in a row up to ``max_cooldown_s`` (default: no growth); a successful probe resets it, so a
+  source that recovers comes back after a short cooldown and a dead one is not probed often.
 - closed: every caller passes; consecutive failures count; ``threshold`` failures -> open.
 - open: refused until ``open_until`` (cooldown); the first caller after it becomes the probe.
 - half_open: exactly one probe, leased until ``probe_until``; when the lease runs out without
@@ -20,7 +23,7 @@ import uuid
 from collections.abc import Sequence
 
 from polygateway.ports import Clock, GateDecision, GateState, GateUpdate
-from polygateway.validation import check_threshold
+from polygateway.validation import check_max_cooldown, check_threshold, grown_cooldown
 
 
 class _GateRecord:
@@ -33,6 +36,7 @@ class _GateRecord:
         "probe_owner",
         "probe_until",
         "state",
+        "streak",
     )
 
     def __init__(self, source: str) -> None:
@@ -42,6 +46,7 @@ class _GateRecord:
         self.open_until = 0.0
         self.probe_until = 0.0
         self.probe_owner: str | None = None
+        self.streak = 0  # failed probes in a row: the cooldown's doublings
         # Immutable answers shared by every caller of the epoch: the closed path, taken by
         # nearly every call, then allocates nothing.
         self.closed_decision = GateDecision(source, True, "closed", 0)
@@ -50,6 +55,7 @@ class _GateRecord:
     def close(self, source: str) -> None:
         self.state = "closed"
         self.failures = 0
+        self.streak = 0
         self.probe_owner = None
         self.probe_until = 0.0
         self.closed_decision = GateDecision(source, True, "closed", self.epoch)
@@ -59,14 +65,28 @@ class _GateRecord:
 class InMemoryGate:
     """``ports.ProviderGate`` for one process. Time comes from ``clock.monotonic()``."""
 
-    __slots__ = ("_clock", "_cooldown_s", "_fail_threshold", "_probe_ttl_s", "_records")
+    __slots__ = (
+        "_clock",
+        "_cooldown_s",
+        "_fail_threshold",
+        "_max_cooldown_s",
+        "_probe_ttl_s",
+        "_records",
+    )
 
     def __init__(
-        self, *, fail_threshold: int, cooldown_s: float, probe_ttl_s: float, clock: Clock
+        self,
+        *,
+        fail_threshold: int,
+        cooldown_s: float,
+        probe_ttl_s: float,
+        clock: Clock,
+        max_cooldown_s: float | None = None,
     ) -> None:
         check_threshold(fail_threshold, "fail_threshold")
         if not (cooldown_s >= 0.0 and math.isfinite(cooldown_s)):
             raise ValueError(f"cooldown_s must be a finite number >= 0, got {cooldown_s!r}")
+        self._max_cooldown_s = check_max_cooldown(cooldown_s, max_cooldown_s)
         if not (probe_ttl_s > 0.0 and math.isfinite(probe_ttl_s)):
             raise ValueError(f"probe_ttl_s must be a finite number > 0, got {probe_ttl_s!r}")
         self._fail_threshold = fail_threshold
@@ -159,7 +179,9 @@ class InMemoryGate:
         if not _holds(record, decision):
             return _snapshot(decision.source, record, applied=False)
         if force_open or decision.probe_owner is not None:
-            # A dead source, or a failed probe: straight back to open.
+            # A dead source, or a failed probe: straight back to open, for longer each time.
+            if decision.probe_owner is not None:
+                record.streak += 1
             self._open(record, max(record.failures, threshold))
         else:
             record.failures += 1
@@ -187,7 +209,9 @@ class InMemoryGate:
         failures = max(record.failures, self._fail_threshold)
         if record.state == "open":
             record.failures = failures
-            record.open_until = max(record.open_until, self._clock.monotonic() + self._cooldown_s)
+            record.open_until = max(
+                record.open_until, self._clock.monotonic() + self._cooldown_for(record)
+            )
         else:
             self._open(record, failures)
         return _snapshot(source, record, applied=True)
@@ -212,9 +236,12 @@ class InMemoryGate:
         record.state = "open"
         record.epoch += 1
         record.failures = failures
-        record.open_until = self._clock.monotonic() + self._cooldown_s
+        record.open_until = self._clock.monotonic() + self._cooldown_for(record)
         record.probe_owner = None
         record.probe_until = 0.0
+
+    def _cooldown_for(self, record: _GateRecord) -> float:
+        return grown_cooldown(self._cooldown_s, self._max_cooldown_s, record.streak)
 
     def __repr__(self) -> str:
         return (

@@ -65,7 +65,12 @@ class GovernanceBackend(Protocol):
     def make_limiter(self, *, global_limits: Limits, lease_ttl_s: float) -> RateLimiter: ...
 
     def make_breaker(
-        self, *, fail_threshold: int, cooldown_s: float, probe_ttl_s: float
+        self,
+        *,
+        fail_threshold: int,
+        cooldown_s: float,
+        probe_ttl_s: float,
+        max_cooldown_s: float | None = None,
     ) -> ProviderGate: ...
 
     async def cleanup(self) -> None: ...
@@ -110,7 +115,12 @@ class MemoryGovernanceBackend:
         )
 
     def make_breaker(
-        self, *, fail_threshold: int, cooldown_s: float, probe_ttl_s: float
+        self,
+        *,
+        fail_threshold: int,
+        cooldown_s: float,
+        probe_ttl_s: float,
+        max_cooldown_s: float | None = None,
     ) -> ProviderGate:
         from polygateway.backends.memory.breaker import InMemoryGate
 
@@ -119,6 +129,7 @@ class MemoryGovernanceBackend:
             cooldown_s=cooldown_s,
             probe_ttl_s=probe_ttl_s,
             clock=self.clock,
+            max_cooldown_s=max_cooldown_s,
         )
 
     async def cleanup(self) -> None:

@@ -68,6 +68,22 @@ async def _open_and_probe(gate: ProviderGate, source: str) -> GateDecision:
     return await _probe(gate, source)
 
 
+async def _probe_after_cooldown(
+    backend: GovernanceBackend, gate: ProviderGate, source: str
+) -> GateDecision:
+    """Let the cooldown of ``source`` pass (the fake clock, or real time), then take the probe."""
+    for _ in range(100):
+        decision = await gate.try_enter(source)
+        if decision.allowed:
+            assert decision.is_probe, decision
+            return decision
+        if backend.supports_fake_time:
+            backend.clock.advance(decision.retry_after_s)
+        else:
+            await asyncio.sleep(decision.retry_after_s)  # server time: the cooldown itself
+    raise AssertionError(f"{source!r} never handed out its probe")
+
+
 def _fenced(update: GateUpdate, state: str, epoch: int) -> None:
     assert not update.applied, f"expected a fenced write-back, got {update!r}"
     assert (update.state, update.epoch) == (state, epoch), update
@@ -284,6 +300,28 @@ class BreakerContract:
         assert probe.epoch == update.epoch
         update = await gate.record_failure(probe, threshold=7)
         assert (update.state, update.epoch, update.failures) == ("open", probe.epoch + 1, 7)
+
+    async def test_failed_probes_in_a_row_grow_the_cooldown_to_its_cap(
+        self, governance_backend: GovernanceBackend
+    ) -> None:
+        # Short real cooldowns, so that a backend on server time runs it too.
+        gate = governance_backend.make_breaker(
+            fail_threshold=THRESHOLD, cooldown_s=0.05, probe_ttl_s=PROBE_TTL_S, max_cooldown_s=0.2
+        )
+        await gate.force_open("a")
+        waits = []
+        for _ in range(3):
+            probe = await _probe_after_cooldown(governance_backend, gate, "a")
+            await gate.record_failure(probe)
+            waits.append((await _refused(gate, "a")).retry_after_s)
+        assert 0.05 < waits[0] <= 0.1 + 1e-3  # doubled once
+        assert 0.1 < waits[1] <= 0.2 + 1e-3  # doubled again, at the cap
+        assert 0.1 < waits[2] <= 0.2 + 1e-3  # capped
+        # A successful probe closes the gate and forgets the streak: the next opening is short.
+        probe = await _probe_after_cooldown(governance_backend, gate, "a")
+        await gate.record_success(probe)
+        await gate.force_open("a")
+        assert (await _refused(gate, "a")).retry_after_s <= 0.05 + 1e-3
 
     async def test_probe_owners_are_unique(self, governance_backend: GovernanceBackend) -> None:
         gate = _gate(governance_backend, cooldown_s=0.0)

@@ -12,6 +12,7 @@ from polygateway.ports import Clock
 from polygateway.testing.fake_upstream.embeddings import INVALID_INPUT_MESSAGE, embeddings_answer
 from polygateway.testing.fake_upstream.replies import Reply, estimate_tokens, split
 from polygateway.testing.fake_upstream.wire import (
+    BLACK_HOLE,
     CHUNKED_END,
     DONE_FRAME,
     Ask,
@@ -455,7 +456,7 @@ class OpenAIAnswers:
         tails = self._token_event_tails(content, reply, reasoning, include_usage)
         if reply.tool_calls:
             tails = tails + _tool_call_tails(reply, include_usage)
-        faulty = kind in ("cut", "malformed", "mid_stream_error")
+        faulty = kind in ("cut", "malformed", "mid_stream_error", "stall")
         sent = tails[: reply.after_chunks] if faulty else tails
         if reply.first_token_delay or reply.inter_token_delay:
             for index, tail in enumerate(sent):
@@ -469,6 +470,9 @@ class OpenAIAnswers:
         if kind == "cut":
             pending += CHUNKED_END
             steps.append(bytes(pending))
+            return steps
+        if kind == "stall":
+            steps += [bytes(pending), BLACK_HOLE]
             return steps
         if kind == "mid_stream_error":
             error = reply.event_error if reply.event_error is not None else _MID_STREAM_ERROR
@@ -495,7 +499,7 @@ class OpenAIAnswers:
         if include_usage:
             usage = dumps(self._usage(reply, request_json, content, reasoning))
             pending += frame(f'data: {base}"choices":[],"usage":{usage}}}\n\n'.encode())
-        pending += DONE_FRAME
+        pending += CHUNKED_END if kind == "no_done" else DONE_FRAME
         steps.append(bytes(pending))
         return steps
 

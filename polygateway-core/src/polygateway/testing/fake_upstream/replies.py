@@ -15,6 +15,7 @@ __all__ = [
     "ReceivedRequest",
     "Reply",
     "ReplyKind",
+    "check_delay",
     "estimate_tokens",
     "split",
 ]
@@ -23,6 +24,8 @@ DEFAULT_CONTENT: Final = "Hello from the fake upstream."
 
 ReplyKind = Literal[
     "ok",
+    "stall",
+    "no_done",
     "empty",
     "error",
     "cut",
@@ -50,7 +53,7 @@ def estimate_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def _check_delay(name: str, value: float) -> None:
+def check_delay(name: str, value: float) -> None:
     if not (value >= 0.0 and math.isfinite(value)):
         raise ValueError(f"Reply.{name} must be a finite number of seconds >= 0, got {value!r}")
 
@@ -91,6 +94,7 @@ class Reply:
     dialect: Dialect = "openai"
     headers: tuple[tuple[str, str], ...] = ()
     event_error: Mapping[str, Any] | None = None
+    reject_prefill: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.content, str) or callable(self.content)):
@@ -101,7 +105,7 @@ class Reply:
             raise ValueError(f"Reply.chunks must be >= 1 or None, got {self.chunks!r}")
         for name in ("headers_delay", "first_token_delay", "inter_token_delay"):
             value = getattr(self, name)
-            _check_delay(name, value)
+            check_delay(name, value)
             # Plans tell delays from bytes by type: store ints as floats.
             object.__setattr__(self, name, float(value))
         if self.kind == "error" and not 400 <= self.status <= 599:
@@ -143,12 +147,16 @@ class Reply:
         cached_tokens: int | None = None,
         dialect: Dialect = "openai",
         tool_calls: Sequence[tuple[str, str, str]] = (),
+        reject_prefill: bool = False,
     ) -> Reply:
         """A normal completion (JSON or SSE, as the request asks).
 
         ``tool_calls``: ``(id, name, arguments JSON)`` each, answered as ``message.tool_calls``
         or, streamed, as OpenAI's fragments (the id and name first, then the arguments in
         pieces, by ``index``) after the content; pass ``finish_reason="tool_calls"`` with them.
+
+        ``reject_prefill``: a request whose last message is the assistant's (a prefill) gets a
+        400 instead, like providers that do not continue a partial answer.
 
         ``content`` may be a callable receiving the request JSON. Streaming splits content into
         ``chunks`` pieces (default: one per 4 characters, at most 20); ``reasoning`` streams first
@@ -187,6 +195,7 @@ class Reply:
             cached_tokens=cached_tokens,
             dialect=dialect,
             tool_calls=tuple(tuple(call) for call in tool_calls),  # type: ignore[misc]
+            reject_prefill=reject_prefill,
         )
 
     @classmethod
@@ -230,6 +239,40 @@ class Reply:
         chunk, the usage chunk and ``[DONE]``. A JSON answer is truncated mid-body instead (the
         connection closes before ``Content-Length`` bytes were sent)."""
         return cls(kind="cut", after_chunks=after_chunks)
+
+    @classmethod
+    def no_done(cls, content: str = DEFAULT_CONTENT) -> Reply:
+        """A complete stream (content, finish chunk, usage when asked) whose body then ends
+        cleanly without ``[DONE]``. A JSON answer is a normal one."""
+        return cls(kind="no_done", content=content)
+
+    @classmethod
+    def stall(cls, after_chunks: int = 3) -> Reply:
+        """Stream ``after_chunks`` content chunks, then send nothing more (the connection stays
+        open until the client leaves). A JSON answer never sends its body."""
+        return cls(kind="stall", after_chunks=after_chunks)
+
+    @classmethod
+    def context_length_exceeded(cls, limit: int = 8192) -> Reply:
+        """OpenAI's 400 for a prompt over the model's context window."""
+        return cls.error(
+            400,
+            code="context_length_exceeded",
+            type="invalid_request_error",
+            message=f"This model's maximum context length is {limit} tokens. However, your "
+            "messages resulted in more tokens. Please reduce the length of the messages.",
+        )
+
+    @classmethod
+    def content_filter(cls) -> Reply:
+        """A 400 content-policy rejection (Azure/OpenAI ``content_filter``)."""
+        return cls.error(
+            400,
+            code="content_filter",
+            type="invalid_request_error",
+            message="The response was filtered due to the prompt triggering the content "
+            "management policy.",
+        )
 
     @classmethod
     def early_eof(cls) -> Reply:
@@ -299,6 +342,8 @@ class ReceivedRequest:
     headers: dict[str, str]
     body: Any
     raw_body: bytes = field(repr=False)
+    at: float = 0.0
+    """When it arrived (the server clock's ``monotonic()``): gaps between attempts."""
 
 
 def split(text: str, pieces: int | None) -> list[str]:

@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -19,7 +19,7 @@ from polygateway.testing.fake_upstream import anthropic, openai
 from polygateway.testing.fake_upstream.connection import Connection
 from polygateway.testing.fake_upstream.embeddings import DEFAULT_EMBEDDING_DIM
 from polygateway.testing.fake_upstream.openai import DEFAULT_MODEL
-from polygateway.testing.fake_upstream.replies import ReceivedRequest, Reply
+from polygateway.testing.fake_upstream.replies import ReceivedRequest, Reply, check_delay
 from polygateway.testing.fake_upstream.wire import (
     BLACK_HOLE,
     CLOSE,
@@ -48,6 +48,19 @@ _ROUTES: Final[frozenset[str]] = _SCRIPTABLE_ROUTES | {"other"}
 class _Waiter:
     ready: Callable[[], bool]
     notify: Callable[[], object]
+
+
+@dataclass(frozen=True, slots=True)
+class _Flap:
+    since: float
+    down: Reply
+    up: Reply
+    down_s: float
+    up_s: float
+
+    def reply(self, now: float) -> Reply:
+        phase = (now - self.since) % (self.down_s + self.up_s)
+        return self.down if phase < self.down_s else self.up
 
 
 class FakeUpstream:
@@ -103,6 +116,7 @@ class FakeUpstream:
         self._lock = threading.Lock()
         self._scripts: dict[tuple[str, str], deque[Reply]] = {}
         self._defaults: dict[tuple[str, str], Reply] = {}
+        self._flaps: dict[tuple[str, str], _Flap] = {}
         self._requests: dict[tuple[str | None, str], int] = {}
         self._inflight: dict[tuple[str | None, str], int] = {}
         self._max_inflight: dict[tuple[str | None, str], int] = {}
@@ -207,6 +221,32 @@ class FakeUpstream:
             raise TypeError(f"set_default() takes a Reply, got {type(reply).__name__}")
         with self._lock:
             self._defaults[(source, route)] = reply
+            self._flaps.pop((source, route), None)
+
+    def flap(
+        self,
+        source: str,
+        *,
+        down: Reply,
+        up: Reply | None = None,
+        down_s: float,
+        up_s: float,
+        route: str = "chat",
+    ) -> None:
+        """From now on (once its script is used up) ``source`` alternates: ``down`` for
+        ``down_s`` seconds, then ``up`` (default ``Reply.ok()``) for ``up_s``, and again; by the
+        server clock. ``reset`` or ``set_default`` ends it."""
+        _check_source(source)
+        _check_route(route, scriptable=True)
+        check_delay("down_s", down_s)
+        check_delay("up_s", up_s)
+        if down_s + up_s <= 0:
+            raise ValueError("flap() needs down_s + up_s > 0")
+        with self._lock:
+            self._defaults.pop((source, route), None)
+            self._flaps[(source, route)] = _Flap(
+                self._clock.monotonic(), down, up if up is not None else Reply.ok(), down_s, up_s
+            )
 
     def reset(self) -> None:
         """Clear scripts, defaults, counters and recorded requests; close connections that are
@@ -214,6 +254,7 @@ class FakeUpstream:
         with self._lock:
             self._scripts.clear()
             self._defaults.clear()
+            self._flaps.clear()
             self._requests.clear()
             self._inflight.clear()
             self._max_inflight.clear()
@@ -363,7 +404,12 @@ class FakeUpstream:
                 if script:
                     reply = script.popleft()
                 else:
-                    reply = self._defaults.get((source, route))
+                    flap = self._flaps.get((source, route))
+                    reply = (
+                        flap.reply(self._clock.monotonic())
+                        if flap is not None
+                        else self._defaults.get((source, route))
+                    )
                     if reply is None:
                         reply = (
                             self._initial_default if route in ("chat", "messages") else Reply.ok()
@@ -399,6 +445,7 @@ class FakeUpstream:
                 headers=request.headers,
                 body=body,
                 raw_body=request.body,
+                at=self._clock.monotonic(),
             )
             if self._keep_received
             else None
@@ -450,13 +497,26 @@ class FakeUpstream:
             if ask.route in ("chat", "messages") and ask.body.get("stream"):
                 return [sse_head(ask.close), RESET]
             return [json_head(1024, ask.close), RESET]
-        if reply.kind == "black_hole":
+        if reply.kind == "black_hole" or (reply.kind == "stall" and not ask.body.get("stream")):
             return [BLACK_HOLE]
+        if reply.reject_prefill and _is_prefill(ask.body):
+            message = "This model does not support assistant message prefill."
+            return self._openai.error(400, "invalid_request_error", None, message, ask.close)
         if reply.kind == "garbage":
             return [b"SPEAK FRIEND AND ENTER\r\n\r\n", CLOSE]
         if reply.kind == "redirect":
             return [json_head(0, ask.close, reply.status, f"Location: {reply.location}\r\n")]
         return self._answers[ask.route].plan(ask)
+
+
+def _is_prefill(body: Mapping[str, Any]) -> bool:
+    messages = body.get("messages")
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "assistant"
+    )
 
 
 def _check_source(source: str) -> None:

@@ -1,0 +1,297 @@
+"""The Failover Bench scenarios through the fake upstream, with a two-source priority client
+built from defaults only (``LLM__SELECTOR=priority``, a primary and a fallback).
+
+Each test asserts the answer (or the error) and the conduct from the upstream's own request
+log: how many requests each source got, the gaps between them, that a 400 is never re-sent.
+Time is a ``FakeClock`` shared by the client and the upstream, so backoff and Retry-After waits
+are measured exactly and cost no real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from polygateway import (
+    AllSourcesExhausted,
+    ContentFilterError,
+    ContextWindowExceededError,
+    GatewayClient,
+)
+from polygateway.testing import FakeClock, FakeUpstream, Reply
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+SIXTY = " ".join(f"w{i}" for i in range(60))
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_config_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def fake(clock: FakeClock) -> AsyncIterator[FakeUpstream]:
+    async with FakeUpstream(clock=clock) as server:
+        yield server
+
+
+def _client(fake: FakeUpstream, clock: FakeClock | None, **extra: str) -> GatewayClient:
+    env = {
+        "LLM__SELECTOR": "priority",
+        "LLM__OPENAI__1__BASE_URL": fake.base_url("primary"),
+        "LLM__OPENAI__1__MODEL": "primary-model",
+        "LLM__OPENAI__1__API_KEY": "sk-primary",
+        "LLM__OPENAI__2__BASE_URL": fake.base_url("fallback"),
+        "LLM__OPENAI__2__MODEL": "fallback-model",
+        "LLM__OPENAI__2__API_KEY": "sk-fallback",
+        "PGW_TELEMETRY_BACKEND": "none",
+        "PGW_CACHE_BACKEND": "none",
+        "PGW_PLUGINS": "",
+        **extra,
+    }
+    if clock is None:
+        return GatewayClient.from_env(env=env, pipeline_path=None)
+    return GatewayClient.from_env(env=env, pipeline_path=None, clock=clock)
+
+
+PRIMARY, FALLBACK = "openai-1", "openai-2"
+
+
+def _gaps(fake: FakeUpstream, source: str | None = None) -> list[float]:
+    times = [r.at for r in fake.received(source)]
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+async def test_s01_429_with_short_retry_after_waits_on_the_primary(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.script("primary", Reply.error(429, retry_after=2))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert response.source_name == PRIMARY
+    assert (fake.requests("primary"), fake.requests("fallback")) == (2, 0)
+    assert _gaps(fake, "primary") == [pytest.approx(2.0)]  # exactly the hint, no hammering
+
+
+async def test_s02_429_persistent_switches_at_once_to_the_fallback(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.error(429))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert response.source_name == FALLBACK and response.model == "fallback-model"
+    assert (fake.requests("primary"), fake.requests("fallback")) == (1, 1)  # 429: no re-try
+
+
+async def test_s03_500_once_is_retried_on_the_primary(fake: FakeUpstream, clock: FakeClock) -> None:
+    fake.script("primary", Reply.error(500))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert response.source_name == PRIMARY
+    assert (fake.requests("primary"), fake.requests("fallback")) == (2, 0)
+    assert 0.5 <= _gaps(fake, "primary")[0] <= 1.5  # one backoff step
+
+
+async def test_s04_503_persistent_moves_to_the_fallback_after_one_retry(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.error(503))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+        assert response.source_name == FALLBACK
+        assert (fake.requests("primary"), fake.requests("fallback")) == (2, 1)
+
+
+async def test_s05_tcp_reset_is_retried_on_the_primary(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.script("primary", Reply.reset())
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert response.source_name == PRIMARY
+    assert (fake.requests("primary"), fake.requests("fallback")) == (2, 0)
+
+
+async def test_s08_stream_cut_after_40_of_60_tokens_gets_the_whole_answer(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.script("primary", Reply.cut(after_chunks=40))
+    fake.set_default("primary", Reply.ok(SIXTY, chunks=60))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert response.content == SIXTY and not response.salvaged
+    assert response.usage_source == "measured"
+    assert fake.requests("primary") == 2
+
+
+async def test_s10_malformed_chunk_is_retried(fake: FakeUpstream, clock: FakeClock) -> None:
+    fake.script("primary", Reply.malformed(after_chunks=2))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert response.content and response.source_name == PRIMARY
+    assert (fake.requests("primary"), fake.requests("fallback")) == (2, 0)
+
+
+async def test_s11_complete_stream_without_done_is_accepted_once(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.script("primary", Reply.no_done("all of it"))
+    async with _client(fake, clock) as client:  # missing_done=retry, the default
+        response = await client.chat(MESSAGES)
+    assert response.content == "all of it" and not response.salvaged
+    assert response.usage_source == "measured"
+    assert fake.requests("primary") == 1
+
+
+async def test_s12_context_length_goes_only_to_a_larger_window(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.context_length_exceeded())
+    windows = {"LLM__OPENAI__1__CONTEXT_WINDOW": "8192", "LLM__OPENAI__2__CONTEXT_WINDOW": "128000"}
+    async with _client(fake, clock, **windows) as client:
+        response = await client.chat(MESSAGES)
+        assert response.source_name == FALLBACK
+        assert (fake.requests("primary"), fake.requests("fallback")) == (1, 1)  # no re-send
+        assert await client.breaker.state(PRIMARY) == "closed"  # never counted
+
+
+async def test_s12_context_length_without_a_larger_window_raises_at_once(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.context_length_exceeded())
+    async with _client(fake, clock) as client:
+        with pytest.raises(ContextWindowExceededError, match="maximum context length"):
+            await client.chat(MESSAGES)
+    assert (fake.requests("primary"), fake.requests("fallback")) == (1, 0)
+
+
+async def test_s13_content_filter_reaches_the_caller_and_is_not_retried(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.content_filter())
+    async with _client(fake, clock) as client:
+        with pytest.raises(ContentFilterError) as caught:
+            await client.chat(MESSAGES)
+    assert caught.value.reason == "content_filter"
+    assert (fake.requests("primary"), fake.requests("fallback")) == (1, 0)
+
+
+async def test_s13_content_filter_switches_when_the_scope_says_so(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.content_filter())
+    async with _client(fake, clock, LLM__RETRY__SWITCH_ON_CONTENT_FILTER="true") as client:
+        response = await client.chat(MESSAGES)
+    assert response.source_name == FALLBACK
+    assert (fake.requests("primary"), fake.requests("fallback")) == (1, 1)
+
+
+async def test_s14_cut_stream_fallback_that_rejects_prefill_gets_the_original_request(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.cut(after_chunks=3))
+    fake.set_default("fallback", Reply.ok("from the fallback", reject_prefill=True))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert response.content == "from the fallback" and response.source_name == FALLBACK
+    (sent,) = fake.received("fallback")
+    assert sent.body["messages"] == MESSAGES  # no assistant prefill
+
+
+async def test_s15_flapping_primary_serves_again_within_one_cooldown_of_recovering(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    start = clock.monotonic()
+    fake.flap("primary", down=Reply.error(503), down_s=20.0, up_s=3600.0)
+    served: list[tuple[float, str]] = []
+    async with _client(fake, clock) as client:
+        cooldown = client.settings.breaker.cooldown_s
+        for _ in range(20):  # 20 requests over about 60 s
+            served.append((clock.monotonic() - start, (await client.chat(MESSAGES)).source_name))
+            await clock.sleep(3.0)
+    assert any(name == FALLBACK for at, name in served if at < 20.0)
+    assert [name for at, name in served if at >= 20.0 + cooldown] != []
+    assert all(name == PRIMARY for at, name in served if at >= 20.0 + cooldown)
+    # No hammering: while down the primary saw few requests, never back to back.
+    down = [r.at - start for r in fake.received("primary") if r.at - start < 20.0]
+    assert len(down) <= 8
+    assert all(gap >= 0.5 for gap in _gaps(fake, "primary"))
+
+
+async def test_s16_accounting_names_the_answering_source(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.error(503))
+    fake.set_default("fallback", Reply.ok("ok", prompt_tokens=11, completion_tokens=7))
+    async with _client(fake, clock) as client:
+        response = await client.chat(MESSAGES)
+    assert (response.source_name, response.model, response.provider) == (
+        FALLBACK,
+        "fallback-model",
+        "openai",
+    )
+    assert (response.prompt_tokens, response.completion_tokens) == (11, 7)
+
+
+async def test_deadline_ends_the_call_with_the_exhausted_fields(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.error(503))
+    fake.set_default("fallback", Reply.error(503))
+    async with _client(fake, clock, LLM__RETRY__MAX_ATTEMPTS="10") as client:
+        started = clock.monotonic()
+        with pytest.raises(AllSourcesExhausted) as caught:
+            await client.chat(MESSAGES, deadline_s=2.0)
+    assert caught.value.reason == "retry_exhausted" and "deadline" in str(caught.value)
+    assert clock.monotonic() - started <= 2.0
+    assert caught.value.per_source_reasons[PRIMARY] == "network_error"
+    assert isinstance(caught.value.last_error, Exception)
+
+
+# Liveness scenarios run on real time: the stream watchdog's timers are the point. Without a
+# declared TTFT / inter-token timeout a silent upstream holds the call for TIMEOUT_S (120 s
+# by default), so these declare short ones on the primary.
+LIVENESS = {
+    "LLM__OPENAI__1__TTFT_TIMEOUT_S": "0.5",
+    "LLM__OPENAI__1__INTER_TOKEN_TIMEOUT_S": "0.3",
+    "LLM__OPENAI__1__TIMEOUT_S": "3",
+    "LLM__OPENAI__1__CONNECT_TIMEOUT_S": "1",
+}
+
+
+@pytest.fixture
+async def live() -> AsyncIterator[FakeUpstream]:
+    async with FakeUpstream() as server:
+        yield server
+
+
+def _live_client(fake: FakeUpstream) -> GatewayClient:
+    return _client(fake, None, **LIVENESS)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(Reply.black_hole(), id="s06-no-response"),
+        pytest.param(Reply.ok("late", first_token_delay=5.0), id="s07-slow-first-token"),
+        pytest.param(Reply.stall(after_chunks=3), id="s09-stream-stall"),
+    ],
+)
+async def test_silent_primary_is_left_for_the_fallback(live: FakeUpstream, fault: Reply) -> None:
+    live.set_default("primary", fault)
+    async with _live_client(live) as client:
+        started = asyncio.get_running_loop().time()
+        response = await client.chat(MESSAGES)
+        elapsed = asyncio.get_running_loop().time() - started
+    assert response.source_name == FALLBACK
+    assert live.requests("fallback") == 1
+    assert live.requests("primary") == 1  # a watchdog verdict is not retried on the same source
+    assert elapsed < 3.0  # the watchdog, not the 3 s total timeout, ended the primary's attempt
