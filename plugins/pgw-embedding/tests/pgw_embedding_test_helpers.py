@@ -99,6 +99,7 @@ def embed_settings(
     batch_size: int = 3,
     batch_concurrency: int = 1,
     max_attempts: int = 3,
+    same_source_attempts: int = 1,
     quota_full: Literal["wait", "fail_fast"] = "wait",
     stall_window_s: float = 300.0,
     global_limits: Limits | None = None,
@@ -111,7 +112,12 @@ def embed_settings(
         sources=tuple(
             embed_source(fake, name, base_url=base_url, **source_overrides) for name in names
         ),
-        retry=RetrySettings(max_attempts=max_attempts, base_delay_s=0.0, max_delay_s=0.0),
+        retry=RetrySettings(
+            max_attempts=max_attempts,
+            base_delay_s=0.0,
+            max_delay_s=0.0,
+            same_source_attempts=same_source_attempts,
+        ),
         backpressure=BackpressureSettings(
             quota_full=quota_full, stall_window_s=stall_window_s, poll_interval_s=0.5
         ),

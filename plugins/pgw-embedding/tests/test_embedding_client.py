@@ -289,7 +289,8 @@ async def test_one_row_per_batch_attempt_sharing_parent_call_id(
     fake_upstream.script("a", Reply.ok(), Reply.error(500), route="embeddings")
     db = tmp_path / "t.db"
     recorder = SQLiteRecorder(str(db))
-    settings = embed_settings(fake_upstream, ("a", "b"))
+    # The point is the switch: no second try of the 500 on the same source.
+    settings = embed_settings(fake_upstream, ("a", "b"), same_source_attempts=0)
     async with client_for(settings, telemetry=recorder, selector=FirstSelector()) as client:
         response = await client.embed(TEXTS[:7], session_id="s-1", parent_call_id="p-1")
     await recorder.aclose()
