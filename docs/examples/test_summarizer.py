@@ -40,7 +40,9 @@ async def test_summarize_returns_the_answer(fake_upstream: FakeUpstream) -> None
 
 
 async def test_a_rate_limited_source_is_retried_elsewhere(fake_upstream: FakeUpstream) -> None:
-    fake_upstream.script("busy", Reply.error(429, retry_after=0.1))
+    # A Retry-After longer than the scope's WAIT_RETRY_AFTER_UP_TO_S (3 s) cools the source
+    # and the call switches; a shorter one would be waited out on the same source.
+    fake_upstream.script("busy", Reply.error(429, retry_after=30))
     fake_upstream.set_default("spare", Reply.ok(content="From the spare."))
     env = {**env_for(fake_upstream, "busy", "spare"), "LLM__SELECTOR": "round_robin"}
     async with GatewayClient.from_env(env=env) as client:
