@@ -29,6 +29,7 @@ from polygateway.errors import (
     RequestRejectedError,
     StructuredSpecError,
 )
+from polygateway.lifecycle import close_client_parts
 from polygateway.params import ChatParams, check_params
 from polygateway.ports import (
     CacheBackend,
@@ -421,16 +422,14 @@ class GatewayClient:
         if self._closed:
             return
         self._closed = True
-        for what, part in self._owned:
-            await _close_quietly(what, part.aclose)
-        for drain in self._drains:
-            await _close_quietly("telemetry rows in flight", drain)
-        # Last, once nothing can produce rows any more; an injected recorder is flushed only.
-        telemetry = self._components.telemetry
-        if telemetry is not None:
-            await _close_quietly("telemetry flush", telemetry.flush)
-            if self._owns_telemetry:
-                await _close_quietly("telemetry", telemetry.aclose)
+        # The recorder last, once nothing can produce rows any more; an injected one is
+        # flushed only.
+        await close_client_parts(
+            owned=self._owned,
+            drains=self._drains,
+            telemetry=self._components.telemetry,
+            owns_telemetry=self._owns_telemetry,
+        )
 
     async def __aenter__(self) -> GatewayClient:
         return self
@@ -447,13 +446,6 @@ class GatewayClient:
         names = [s.name for s in self._settings.sources]
         state = "closed" if self._closed else "open"
         return f"<GatewayClient scope={self._settings.scope!r} sources={names} {state}>"
-
-
-async def _close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> None:
-    try:
-        await close()
-    except Exception as exc:  # noqa: BLE001 - one part failing to close must not stop the rest
-        logger.warning("closing %s failed: %s: %s", what, type(exc).__name__, exc)
 
 
 # --------------------------------------------------------------------------- gather_bounded

@@ -24,7 +24,7 @@ texts (count, characters, sha256, the start of the first few), ``response``
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from os import PathLike
@@ -37,6 +37,7 @@ from polygateway.clock import SystemClock
 from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, Governor, Outcome
+from polygateway.lifecycle import close_client_parts
 from polygateway.ports import (
     Clock,
     EmbeddingTransport,
@@ -107,13 +108,6 @@ def _summary(batch: _Batch) -> AttemptSummary:
         usage_source=result.usage_source,
         latency_ms=batch.latency_ms,
     )
-
-
-async def _close_quietly(what: str, close: Callable[[], Awaitable[None]]) -> None:
-    try:
-        await close()
-    except Exception as exc:  # noqa: BLE001 - one part failing to close must not stop the rest
-        logger.warning("closing %s failed: %s: %s", what, type(exc).__name__, exc)
 
 
 class EmbeddingClient:
@@ -430,15 +424,12 @@ class EmbeddingClient:
         if self._closed:
             return
         self._closed = True
-        for what, part in self._owned:
-            await _close_quietly(what, part.aclose)
-        if self._rows is not None:
-            await _close_quietly("telemetry rows in flight", self._rows.drain)
-        telemetry = self._telemetry
-        if telemetry is not None:
-            await _close_quietly("telemetry flush", telemetry.flush)
-            if self._owns_telemetry:
-                await _close_quietly("telemetry", telemetry.aclose)
+        await close_client_parts(
+            owned=self._owned,
+            drains=() if self._rows is None else (self._rows.drain,),
+            telemetry=self._telemetry,
+            owns_telemetry=self._owns_telemetry,
+        )
 
     async def __aenter__(self) -> EmbeddingClient:
         return self

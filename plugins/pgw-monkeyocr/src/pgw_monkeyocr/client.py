@@ -38,6 +38,7 @@ from polygateway.clock import SystemClock
 from polygateway.errors import ConfigError, PluginError
 from polygateway.governance import Attempted, AttemptObserver, Governor
 from polygateway.ids import elapsed_ms, new_call_id
+from polygateway.lifecycle import close_client_parts
 from polygateway.plugins import Registry
 from polygateway.ports import (
     Clock,
@@ -450,18 +451,12 @@ class OcrClient:
         if self._closed:
             return
         self._closed = True
-        for what, part in self._owned:
-            try:
-                await part.aclose()
-            except Exception:  # closing one part never stops closing the others
-                logger.warning("closing %s failed", what, exc_info=True)
-        if self._rows is not None:
-            await self._rows.drain()
-        telemetry = self._telemetry
-        if telemetry is not None:
-            await telemetry.flush()
-            if self._owns_telemetry:
-                await telemetry.aclose()
+        await close_client_parts(
+            owned=self._owned,
+            drains=() if self._rows is None else (self._rows.drain,),
+            telemetry=self._telemetry,
+            owns_telemetry=self._owns_telemetry,
+        )
 
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_SCOPE", "DEFAULT_TRANSPORT", "ENV_OPTIONS", "OcrClient"]
