@@ -25,7 +25,6 @@ from polygateway.clock import SystemClock
 from polygateway.context import CallContext, with_context
 from polygateway.errors import (
     ClientClosedError,
-    ConfigError,
     RequestRejectedError,
     StructuredSpecError,
 )
@@ -210,9 +209,6 @@ class GatewayClient:
     ) -> GatewayClient:
         """Build the client of ``scope`` from already resolved settings."""
         if isinstance(settings, GatewaySettings):
-            if scope not in settings.scopes:
-                known = ", ".join(sorted(settings.scopes)) or "none"
-                raise ConfigError(f"unknown scope {scope!r}; configured scopes: {known}")
             settings = settings.scope(scope)
         return cls(settings, **injected)
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
+from polygateway.errors import ConfigError
 from polygateway.params import ChatParams
 
 
@@ -286,7 +287,12 @@ class GatewaySettings:
     scopes: Mapping[str, ScopeSettings]
 
     def scope(self, name: str) -> ScopeSettings:
-        return self.scopes[name]
+        """The settings of scope ``name``; ``ConfigError`` naming the configured ones if absent."""
+        found = self.scopes.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.scopes)) or "none"
+            raise ConfigError(f"unknown scope {name!r}; configured scopes: {known}")
+        return found
 
 
 def effective_fail_threshold(configured: int, source: SourceConfig) -> int:

@@ -274,9 +274,6 @@ class EmbeddingClient:
     ) -> EmbeddingClient:
         """Build the client of ``scope`` from already resolved settings."""
         if isinstance(settings, GatewaySettings):
-            if scope not in settings.scopes:
-                known = ", ".join(sorted(settings.scopes)) or "none"
-                raise ConfigError(f"unknown scope {scope!r}; configured scopes: {known}")
             settings = settings.scope(scope)
         return cls(settings, **parts)
 
