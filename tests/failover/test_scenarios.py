@@ -212,14 +212,25 @@ async def test_s15_flapping_primary_serves_again_within_one_cooldown_of_recoveri
     start = clock.monotonic()
     fake.flap("primary", down=Reply.error(503), down_s=20.0, up_s=3600.0)
     served: list[tuple[float, str]] = []
+    back_by = 20.0  # when the open period in force at the recovery ends
     async with _client(fake, clock) as client:
-        cooldown = client.settings.breaker.cooldown_s
+        breaker = client.settings.breaker
+        assert (breaker.cooldown_s, breaker.cooldown_cap_s) == (5.0, 60.0)  # the defaults
         for _ in range(20):  # 20 requests over about 60 s
-            served.append((clock.monotonic() - start, (await client.chat(MESSAGES)).source_name))
+            at = clock.monotonic() - start
+            served.append((at, (await client.chat(MESSAGES)).source_name))
+            if fake.received("primary")[-1].at - start < 20.0:  # its last word was a failure
+                wait = await client.breaker.retry_after_s([PRIMARY])
+                assert wait <= breaker.cooldown_cap_s
+                back_by = max(back_by, clock.monotonic() - start + wait)
             await clock.sleep(3.0)
     assert any(name == FALLBACK for at, name in served if at < 20.0)
-    assert [name for at, name in served if at >= 20.0 + cooldown] != []
-    assert all(name == PRIMARY for at, name in served if at >= 20.0 + cooldown)
+    # Back on the primary at the first call after the cooldown in force at its recovery (calls
+    # come every 3 s), and there for good.
+    recovered = [at for at, name in served if at >= 20.0 and name == PRIMARY]
+    assert recovered and recovered[0] <= back_by + 3.0 + 1.0
+    assert back_by - 20.0 <= 2 * breaker.cooldown_s  # it had doubled once at most
+    assert all(name == PRIMARY for at, name in served if at >= recovered[0])
     # No hammering: while down the primary saw few requests, never back to back.
     down = [r.at - start for r in fake.received("primary") if r.at - start < 20.0]
     assert len(down) <= 8

@@ -159,14 +159,33 @@ class RetrySettings:
     """A content-policy refusal tries another source instead of raising at once."""
 
 
+DEFAULT_COOLDOWN_S = 5.0
+"""First cooldown of an opened breaker: a blip costs seconds, not a minute."""
+DEFAULT_MAX_COOLDOWN_S = 60.0
+"""Cap of the doubling cooldown (5, 10, 20, 40, 60, 60 s...): a dead source costs about one
+probe a minute, fewer than a fixed 30 s cooldown would send."""
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:
     fail_threshold: int = 5
-    cooldown_s: float = 30.0
+    cooldown_s: float = DEFAULT_COOLDOWN_S
+    """The first cooldown after the breaker opens."""
     probe_ttl_s: float | None = None
-    max_cooldown_s: float | None = None
-    """Cap of the cooldown, which doubles on every failed probe in a row (``None``: fixed)."""
     """``None`` derives ``max(2 x max timeout, cooldown, max timeout + 5)`` at assembly."""
+    max_cooldown_s: float | None = None
+    """Cap of the cooldown, which doubles on every failed probe in a row; ``None`` derives
+    ``max(60, cooldown_s)``; equal to ``cooldown_s``: a fixed cooldown."""
+    health_probe: bool = False
+    """Probe an open source in the background (one cheap request per cooldown) instead of
+    letting the first call after the cooldown find out."""
+
+    @property
+    def cooldown_cap_s(self) -> float:
+        """The cap the cooldown grows to (``max_cooldown_s`` or its derived default)."""
+        if self.max_cooldown_s is not None:
+            return self.max_cooldown_s
+        return max(DEFAULT_MAX_COOLDOWN_S, self.cooldown_s)
 
 
 @dataclass(frozen=True, slots=True)

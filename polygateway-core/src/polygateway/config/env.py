@@ -85,6 +85,7 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
             "COOLDOWN_S": "cooldown_s",
             "PROBE_TTL_S": "probe_ttl_s",
             "MAX_COOLDOWN_S": "max_cooldown_s",
+            "HEALTH_PROBE": "health_probe",
         },
     ),
     "BACKPRESSURE": (

@@ -177,10 +177,22 @@ def _build_scope_settings(
     breaker = BreakerSettings(
         **{
             k: breaker_table[k]
-            for k in ("fail_threshold", "cooldown_s", "probe_ttl_s", "max_cooldown_s")
+            for k in (
+                "fail_threshold",
+                "cooldown_s",
+                "probe_ttl_s",
+                "max_cooldown_s",
+                "health_probe",
+            )
             if k in breaker_table
         }
     )
+    if breaker.max_cooldown_s is not None and breaker.max_cooldown_s < breaker.cooldown_s:
+        key = resolved.keys.get(("breaker", "max_cooldown_s"), f"{name}__BREAKER__MAX_COOLDOWN_S")
+        problems.append(
+            f"{key}: max_cooldown_s {breaker.max_cooldown_s:g} must be >= cooldown_s "
+            f"{breaker.cooldown_s:g}"
+        )
     limiter_table = resolved.table("limiter")
     limiter = ComponentChoice(
         str(limiter_table.get("name", DEFAULT_BACKEND)), options(("limiter", "options"))
