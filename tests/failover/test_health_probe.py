@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 from polygateway import GatewayClient
@@ -16,22 +15,6 @@ from polygateway.testing import FakeClock, FakeUpstream, Reply
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 PRIMARY, FALLBACK = "openai-1", "openai-2"
-
-
-@pytest.fixture(autouse=True)
-def _no_stray_config_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def fake(clock: FakeClock) -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream(clock=clock) as server:
-        yield server
 
 
 def _client(fake: FakeUpstream, clock: FakeClock, *, health_probe: bool = True) -> GatewayClient:

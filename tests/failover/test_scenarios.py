@@ -13,10 +13,8 @@ import asyncio
 import itertools
 import json
 import sqlite3
-from collections.abc import AsyncIterator
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import pytest
 from polygateway import (
@@ -31,22 +29,6 @@ from virtual_time import LoopClock, VirtualTimeLoop
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 SIXTY = " ".join(f"w{i}" for i in range(60))
-
-
-@pytest.fixture(autouse=True)
-def _no_stray_config_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def fake(clock: FakeClock) -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream(clock=clock) as server:
-        yield server
 
 
 def _client(fake: FakeUpstream, clock: FakeClock | None, **extra: str) -> GatewayClient:
