@@ -225,6 +225,41 @@ async def test_s15_flapping_primary_serves_again_within_one_cooldown_of_recoveri
     assert all(gap >= 0.5 for gap in _gaps(fake, "primary"))
 
 
+async def _flap_with_health_probe() -> tuple[list[tuple[float, str]], list[float], float]:
+    clock = LoopClock()
+    async with FakeUpstream(clock=clock) as live:
+        start = clock.monotonic()
+        live.flap("primary", down=Reply.error(503), down_s=20.0, up_s=3600.0)
+        served: list[tuple[float, str]] = []
+        back_by = 20.0
+        async with _client(live, clock, LLM__BREAKER__HEALTH_PROBE="true") as client:
+            for _ in range(20):
+                at = clock.monotonic() - start
+                served.append((at, (await client.chat(MESSAGES)).source_name))
+                if at < 20.0:
+                    wait = await client.breaker.retry_after_s([PRIMARY])
+                    back_by = max(back_by, clock.monotonic() - start + wait)
+                await clock.sleep(3.0)
+        answered = [
+            r.at - start
+            for r in live.received("primary")
+            if r.at - start >= 20.0 and r.body.get("max_completion_tokens") == 1
+        ]
+        return served, answered, back_by
+
+
+def test_s15_with_the_health_probe_the_primary_is_back_when_its_cooldown_ends() -> None:
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        served, probes_after_recovery, back_by = runner.run(_flap_with_health_probe())
+    assert any(name == FALLBACK for at, name in served if at < 20.0)
+    # The background probe, not a call, found the primary back: right when the cooldown in
+    # force at the recovery ended (the probes in between were at most doubled once).
+    assert probes_after_recovery, "no health probe after the recovery"
+    assert probes_after_recovery[0] <= back_by + 0.5
+    assert back_by - 20.0 <= 10.0
+    assert all(name == PRIMARY for at, name in served if at >= probes_after_recovery[0] + 0.5)
+
+
 async def test_s16_accounting_names_the_answering_source(
     fake: FakeUpstream, clock: FakeClock
 ) -> None:

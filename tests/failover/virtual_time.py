@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_REAL_POLL_S = 0.002
-"""How long a poll waits for real I/O before time may jump."""
+_REAL_POLL_S = 0.01
+"""How long a poll waits for real I/O before time may jump: loopback delivery is immediate,
+but on a busy machine the kernel may take a few milliseconds to complete a connect."""
 
 
 class _JumpingSelector(selectors.DefaultSelector):
