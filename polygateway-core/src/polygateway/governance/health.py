@@ -31,8 +31,16 @@ logger = logging.getLogger(__name__)
 class HealthProber:
     """One background probe loop per open source of one governor."""
 
-    __slots__ = ("_admission", "_breaker", "_clock", "_closed", "_poll_s", "_probe", "_sources",
-                 "_tasks")  # fmt: skip
+    __slots__ = (
+        "_admission",
+        "_breaker",
+        "_clock",
+        "_closed",
+        "_poll_s",
+        "_probe",
+        "_sources",
+        "_tasks",
+    )
 
     def __init__(
         self,
