@@ -261,7 +261,12 @@ class EmbeddingClient:
 
             registry = load_registry(allowed=plugin_filter(env))
         settings = load_scope(
-            scope, env, pipeline_path=pipeline_path, dotenv_path=dotenv_path, registry=registry
+            scope,
+            env,
+            pipeline_path=pipeline_path,
+            dotenv_path=dotenv_path,
+            registry=registry,
+            transport_kind="embedding_transport",
         )
         return cls(settings, registry=registry, **parts)
 

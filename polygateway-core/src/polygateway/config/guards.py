@@ -177,13 +177,23 @@ def check_guards(scope: ScopeSettings, written: WrittenKeys = _NOTHING_WRITTEN) 
 # --------------------------------------------------------------------------- registry
 
 
+CHAT_TRANSPORT_KIND = "transport"
+"""The registry kind of chat transports: what a scope's sources name unless the scope serves
+another call kind (``embedding_transport``, ``ocr_transport``)."""
+
+
 def scope_registry_problems(
-    scope: ScopeSettings, registry: NameRegistry, chosen_by: Mapping[str, str] | None = None
+    scope: ScopeSettings,
+    registry: NameRegistry,
+    chosen_by: Mapping[str, str] | None = None,
+    *,
+    transport_kind: str = CHAT_TRANSPORT_KIND,
 ) -> list[str]:
     """Every implementation ``scope`` names must be registered under its kind.
 
     ``chosen_by`` (kind -> key), when the loader knows it, names the key that made a choice
-    instead of every key that could have.
+    instead of every key that could have. ``transport_kind``: the registry kind the scope's
+    sources' ``transport`` names are looked up in (that of the scope's call kind).
     """
     name = scope.scope
     cached: dict[str, list[str]] = {}
@@ -225,7 +235,7 @@ def scope_registry_problems(
             )
         )
     for source in scope.sources:
-        wanted.append(("transport", source.transport, source_key(name, source, "transport")))
+        wanted.append((transport_kind, source.transport, source_key(name, source, "transport")))
         match = _NUMBERED.match(source.name)
         provider_key = (
             f"{name}__{source.provider.upper()}__{match.group(2)}__*"
@@ -239,7 +249,7 @@ def scope_registry_problems(
     hints: list[str] | None = None
     for kind, chosen, generic_key in wanted:
         key = generic_key
-        if chosen_by and kind in chosen_by and kind not in ("transport", "provider"):
+        if chosen_by and kind in chosen_by and kind not in (transport_kind, "provider"):
             key = chosen_by[kind]
         names = registered(kind)
         if chosen in names:
@@ -258,11 +268,21 @@ def scope_registry_problems(
     return problems
 
 
-def validate_against_registry(settings: GatewaySettings, registry: NameRegistry) -> list[str]:
+def validate_against_registry(
+    settings: GatewaySettings,
+    registry: NameRegistry,
+    *,
+    transport_kinds: Mapping[str, str] | None = None,
+) -> list[str]:
     """Every chosen implementation exists in ``registry.names(kind)``, and the middleware order
-    is valid; one line per problem, naming the key and the registered names."""
+    is valid; one line per problem, naming the key and the registered names.
+
+    ``transport_kinds``: scope name -> the registry kind of its sources' transports (scopes
+    not named serve chat calls)."""
+    kinds = transport_kinds or {}
     problems: list[str] = []
-    for scope in settings.scopes.values():
-        problems.extend(scope_registry_problems(scope, registry))
+    for name, scope in settings.scopes.items():
+        kind = kinds.get(name, CHAT_TRANSPORT_KIND)
+        problems.extend(scope_registry_problems(scope, registry, transport_kind=kind))
         problems.extend(middleware_problems(scope))
     return problems

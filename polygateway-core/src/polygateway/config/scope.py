@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from polygateway.config import components
 from polygateway.config.components import DEFAULT_BACKEND
 from polygateway.config.guards import (
+    CHAT_TRANSPORT_KIND,
     NO_BACKEND,
     WrittenKeys,
     check_guards,
@@ -71,9 +72,13 @@ REGISTRY_CHOICES: dict[str, Loc] = {
 
 
 def build_scope(
-    name: str, inputs: Inputs, registry: ConfigRegistry | None
+    name: str,
+    inputs: Inputs,
+    registry: ConfigRegistry | None,
+    transport_kind: str = CHAT_TRANSPORT_KIND,
 ) -> tuple[ScopeSettings | None, list[str]]:
-    """One scope's settings, or ``None`` with the problems that prevent it."""
+    """One scope's settings, or ``None`` with the problems that prevent it (its sources'
+    transports looked up under ``transport_kind``)."""
     problems: list[str] = []
     invalid = inputs.shared_invalid
 
@@ -146,7 +151,9 @@ def build_scope(
             for kind, path in REGISTRY_CHOICES.items()
             if path in resolved.keys
         }
-        problems.extend(scope_registry_problems(scope, registry, chosen_by))
+        problems.extend(
+            scope_registry_problems(scope, registry, chosen_by, transport_kind=transport_kind)
+        )
     return (None if problems else scope), problems
 
 
