@@ -33,12 +33,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from os import PathLike
 from typing import Any, Final, Generic, TypeVar
 
-from polygateway.assembly import build_governance
-from polygateway.clock import SystemClock
-from polygateway.errors import ConfigError, PluginError
+from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, AttemptObserver, Governor
+from polygateway.governed import GovernedParts
 from polygateway.ids import elapsed_ms, new_call_id
-from polygateway.lifecycle import close_client_parts
 from polygateway.plugins import Registry
 from polygateway.ports import (
     Clock,
@@ -49,7 +47,7 @@ from polygateway.ports import (
     SourceSelector,
     TelemetryRecorder,
 )
-from polygateway.records import AttemptRows, AttemptSummary, RowWriter
+from polygateway.records import AttemptRows, AttemptSummary
 from polygateway.settings import BackpressureSettings, BreakerSettings, ScopeSettings, SourceConfig
 from polygateway.types import OcrLayoutResult, OcrTextResult
 
@@ -60,8 +58,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_SCOPE: Final = "OCR"
 DEFAULT_TRANSPORT: Final = "monkeyocr"
 DEFAULT_MODEL: Final = "monkeyocr"
-_CHAT_DEFAULT_TRANSPORT: Final = "openai-compat"
-"""What ``SourceConfig.transport`` says when a source names no transport (the chat default)."""
 _DIGEST_IN_THREAD: Final = 1024 * 1024
 """Images larger than this are hashed off the event loop."""
 
@@ -200,70 +196,26 @@ class OcrClient:
                 f"{settings.scope}: no OCR sources configured; set "
                 f"{settings.scope}__MONKEY__1__BASE_URL"
             )
-        if registry is None:
-            from polygateway.plugins import load_registry
-
-            registry = load_registry()
-        self._clock: Clock = clock or SystemClock()
-        owned: list[tuple[str, Any]] = []
-        built: dict[str, Any] = {}
-        for source in settings.sources:
-            given = transports.get(source.name) if transports is not None else None
-            if given is None:
-                given = self._make_transport(registry, settings.scope, source)
-                owned.append((f"transport {source.name!r}", given))
-            built[source.name] = given
-        settings = _ocr_settings(settings, built)
-        self._settings = settings
-        parts = build_governance(
+        parts = GovernedParts(
             settings,
-            registry,
-            clock=self._clock,
+            transport_kind="ocr_transport",
+            registry=registry,
+            clock=clock,
             limiter=limiter,
             breaker=breaker,
             selector=selector,
             telemetry=telemetry,
-        )
-        owned.extend(
-            (name, getattr(parts, name)) for name in ("limiter", "breaker") if name in parts.built
-        )
-        self._transports: Mapping[str, Any] = built
-        self._limiter = parts.limiter
-        self._breaker = parts.breaker
-        self._telemetry = parts.telemetry
-        self._owns_telemetry = "telemetry" in parts.built
-        self._rows = (
-            RowWriter(parts.telemetry, clock=self._clock, pricing=parts.pricing)
-            if parts.telemetry is not None
-            else None
-        )
-        self._owned = tuple(owned)
-        self._governor = Governor(
-            sources=settings.sources,
-            limiter=parts.limiter,
-            breaker=parts.breaker,
-            selector=parts.selector,
-            retry=settings.retry,
-            breaker_settings=settings.breaker,
-            backpressure=settings.backpressure,
-            clock=self._clock,
+            transports=transports,
             rng=rng,
+            default_transport=DEFAULT_TRANSPORT,
+            adjust=_ocr_settings,
         )
-        self._closed = False
-
-    @staticmethod
-    def _make_transport(registry: Registry, scope: str, source: SourceConfig) -> Any:
-        name = source.transport
-        if name == _CHAT_DEFAULT_TRANSPORT:
-            name = DEFAULT_TRANSPORT
-        try:
-            return registry.build_source_port("ocr_transport", name, source)
-        except PluginError as exc:
-            number = source.name.rpartition("-")[2]
-            key = f"{scope}__{source.provider.upper()}__{number}__TRANSPORT"
-            raise PluginError(
-                [f"{key} (source {source.name}): {p}" for p in exc.problems]
-            ) from None
+        self._parts = parts
+        self._clock = parts.clock
+        self._settings = parts.settings
+        self._transports: Mapping[str, Any] = parts.transports
+        self._rows = parts.rows
+        self._governor = parts.governor
 
     # ------------------------------------------------------------------ construction
 
@@ -354,7 +306,7 @@ class OcrClient:
         session_id: str | None,
         parent_call_id: str | None,
     ) -> R:
-        if self._closed:
+        if self._parts.closed:
             raise RuntimeError("this OcrClient is closed")
         upload = describe_upload(image)  # bad input is refused before any attempt
         digest = (
@@ -434,11 +386,11 @@ class OcrClient:
 
     @property
     def limiter(self) -> RateLimiter:
-        return self._limiter
+        return self._parts.limiter
 
     @property
     def breaker(self) -> ProviderGate:
-        return self._breaker
+        return self._parts.breaker
 
     async def __aenter__(self) -> OcrClient:
         return self
@@ -448,15 +400,7 @@ class OcrClient:
 
     async def aclose(self) -> None:
         """Close what this client built and flush telemetry. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        await close_client_parts(
-            owned=self._owned,
-            drains=() if self._rows is None else (self._rows.drain,),
-            telemetry=self._telemetry,
-            owns_telemetry=self._owns_telemetry,
-        )
+        await self._parts.aclose()
 
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_SCOPE", "DEFAULT_TRANSPORT", "ENV_OPTIONS", "OcrClient"]
