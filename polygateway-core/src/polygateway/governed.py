@@ -18,6 +18,7 @@ from typing import Any
 
 from polygateway.assembly import build_governance
 from polygateway.clock import SystemClock
+from polygateway.config.kinds import CallKind
 from polygateway.errors import PluginError
 from polygateway.governance import Governor
 from polygateway.lifecycle import close_client_parts
@@ -46,10 +47,9 @@ class GovernedParts:
     ``pricing``, ``transports`` by source name) are used as they are and stay the caller's;
     ``aclose()`` closes only what was built here and flushes the recorder.
 
-    :param transport_kind: the registry kind of the call kind's transports
-        (``embedding_transport``, ``ocr_transport``).
-    :param default_transport: the transport of a source that names none (its ``transport``
-        is the chat default); ``None`` keeps the name.
+    :param call_kind: the call kind served: its transports' registry kind
+        (``embedding_transport``, ``ocr_transport``) and the transport of a source that names
+        none (settings built by hand say the chat default then).
     :param adjust: settings that depend on the transports (e.g. lease TTLs sized on their
         longest deadline), applied before the governance parts are built.
     :raises PluginError: a transport name the registry does not know, naming the source's key.
@@ -74,7 +74,7 @@ class GovernedParts:
         self,
         settings: ScopeSettings,
         *,
-        transport_kind: str,
+        call_kind: CallKind,
         registry: Registry | None = None,
         clock: Clock | None = None,
         limiter: RateLimiter | None = None,
@@ -84,7 +84,6 @@ class GovernedParts:
         pricing: Pricing | None = None,
         transports: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
-        default_transport: str | None = None,
         adjust: Callable[[ScopeSettings, Mapping[str, Any]], ScopeSettings] | None = None,
     ) -> None:
         if registry is None:
@@ -98,9 +97,7 @@ class GovernedParts:
         for source in settings.sources:
             given = transports.get(source.name) if transports is not None else None
             if given is None:
-                given = _build_transport(
-                    registry, transport_kind, settings.scope, source, default_transport
-                )
+                given = _build_transport(registry, call_kind, settings.scope, source)
                 owned.append((f"transport {source.name!r}", given))
             built[source.name] = given
         if adjust is not None:
@@ -163,17 +160,14 @@ class GovernedParts:
 
 
 def _build_transport(
-    registry: Registry,
-    kind: str,
-    scope: str,
-    source: SourceConfig,
-    default: str | None,
+    registry: Registry, call_kind: CallKind, scope: str, source: SourceConfig
 ) -> Any:
     name = source.transport
+    default = call_kind.default_transport
     if default is not None and name == _CHAT_DEFAULT_TRANSPORT:
         name = default
     try:
-        return registry.build_source_port(kind, name, source)  # type: ignore[arg-type]
+        return registry.build_source_port(call_kind.transport_kind, name, source)  # type: ignore[arg-type]
     except PluginError as exc:
         from polygateway.config.guards import source_key
 
@@ -184,14 +178,14 @@ def _build_transport(
 def load_kind_scope(
     scope: str,
     *,
-    transport_kind: str,
+    call_kind: CallKind,
     env: Mapping[str, str] | None = None,
     pipeline_path: str | PathLike[str] | None = None,
     dotenv_path: str | PathLike[str] | None = None,
     registry: Registry | None = None,
 ) -> tuple[ScopeSettings, Registry]:
     """The settings of ``scope`` from the environment, ``.env`` and the pipeline file (its
-    sources' transports looked up under ``transport_kind``), and the registry: the one given,
+    sources read as ``call_kind`` says), and the registry: the one given,
     else the installed plugins ``PGW_PLUGINS`` lets in."""
     from polygateway.config import load_scope, plugin_filter
 
@@ -205,6 +199,6 @@ def load_kind_scope(
         pipeline_path=pipeline_path,
         dotenv_path=dotenv_path,
         registry=registry,
-        transport_kind=transport_kind,
+        call_kind=call_kind,
     )
     return settings, registry

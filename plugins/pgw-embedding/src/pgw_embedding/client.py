@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from polygateway.client import gather_bounded
+from polygateway.config import CallKind
 from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, Outcome
@@ -57,6 +58,8 @@ __all__ = ["EmbeddingClient", "texts_summary"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_SCOPE = "EMBED"
+EMBEDDING_CALLS = CallKind(transport_kind="embedding_transport")
+"""How the loader reads an embedding scope: its sources name embedding transports."""
 SUMMARY_TEXTS = 3
 """How many texts the ``messages`` summary of a row shows the start of."""
 SUMMARY_CHARS = 80
@@ -168,7 +171,7 @@ class EmbeddingClient:
             raise ConfigError(problems)
         parts = GovernedParts(
             settings,
-            transport_kind="embedding_transport",
+            call_kind=EMBEDDING_CALLS,
             registry=registry,
             clock=clock,
             limiter=limiter,
@@ -215,7 +218,7 @@ class EmbeddingClient:
         """
         settings, registry = load_kind_scope(
             scope,
-            transport_kind="embedding_transport",
+            call_kind=EMBEDDING_CALLS,
             env=env,
             pipeline_path=pipeline_path,
             dotenv_path=dotenv_path,

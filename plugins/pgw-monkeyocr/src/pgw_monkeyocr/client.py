@@ -33,9 +33,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from os import PathLike
 from typing import Any, Final, Generic, TypeVar
 
+from polygateway.config import CallKind
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, AttemptObserver, Governor
-from polygateway.governed import GovernedParts
+from polygateway.governed import GovernedParts, load_kind_scope
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.plugins import Registry
 from polygateway.ports import (
@@ -75,41 +76,17 @@ ENV_OPTIONS: Final[dict[str, str]] = {
 }
 """``{SCOPE}__{P}__{N}__{FIELD}`` source keys that set a transport option (``FIELD`` -> option)."""
 
+OCR_CALLS: Final = CallKind(
+    transport_kind="ocr_transport",
+    default_transport=DEFAULT_TRANSPORT,
+    default_model=DEFAULT_MODEL,
+    source_options=ENV_OPTIONS,
+    provider_profiles=False,
+)
+"""How the loader reads an OCR scope: OCR transports (``monkeyocr`` when a source names none),
+``MODEL`` optional, the transport's options as source keys, the provider only a family name."""
+
 R = TypeVar("R", OcrTextResult, OcrLayoutResult)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _OcrEnv:
-    """The env split for the core loader: ``plain`` (transport options taken out, ``MODEL``
-    defaulted), the transport options per source name and the keys that set them."""
-
-    plain: dict[str, str]
-    options: dict[str, dict[str, str]]
-    keys: dict[str, list[str]]
-
-
-def _split_env(scope: str, values: Mapping[str, str]) -> _OcrEnv:
-    prefix = f"{scope}__"
-    split = _OcrEnv({}, {}, {})
-    sources: set[tuple[str, str]] = set()
-    models: set[tuple[str, str]] = set()
-    for key, value in values.items():
-        parts = key.split("__")
-        if key.startswith(prefix) and len(parts) == 4 and parts[2].isdigit():
-            provider, number, field = parts[1], parts[2], parts[3]
-            if field in ENV_OPTIONS:
-                if value.strip():
-                    name = f"{provider.lower()}-{number}"
-                    split.options.setdefault(name, {})[ENV_OPTIONS[field]] = value.strip()
-                    split.keys.setdefault(name, []).append(key)
-                continue
-            sources.add((provider, number))
-            if field == "MODEL":
-                models.add((provider, number))
-        split.plain[key] = value
-    for provider, number in sources - models:
-        split.plain[f"{prefix}{provider}__{number}__MODEL"] = DEFAULT_MODEL
-    return split
 
 
 def _ocr_settings(settings: ScopeSettings, transports: Mapping[str, Any]) -> ScopeSettings:
@@ -198,7 +175,7 @@ class OcrClient:
             )
         parts = GovernedParts(
             settings,
-            transport_kind="ocr_transport",
+            call_kind=OCR_CALLS,
             registry=registry,
             clock=clock,
             limiter=limiter,
@@ -207,7 +184,6 @@ class OcrClient:
             telemetry=telemetry,
             transports=transports,
             rng=rng,
-            default_transport=DEFAULT_TRANSPORT,
             adjust=_ocr_settings,
         )
         self._parts = parts
@@ -231,33 +207,14 @@ class OcrClient:
     ) -> OcrClient:
         """The client of ``scope`` from the environment, ``.env`` and the pipeline file (``env``
         replaces ``os.environ``; ``parts`` as for the constructor)."""
-        from polygateway.config import load_scope, plugin_filter, read_env
-
-        name = scope.upper()
-        values = read_env(env, dotenv_path=dotenv_path)
-        split = _split_env(name, values)
-        settings = load_scope(name, split.plain, pipeline_path=pipeline_path)
-        known = {s.name for s in settings.sources}
-        orphans = [
-            f"{key}: sets an option of source {source}, which has no "
-            f"{key.rpartition('__')[0]}__BASE_URL"
-            for source in sorted(set(split.options) - known)
-            for key in sorted(split.keys[source])
-        ]
-        if orphans:
-            raise ConfigError(orphans)
-        options = split.options
-        settings = dataclasses.replace(
-            settings,
-            sources=tuple(
-                dataclasses.replace(s, options={**s.options, **options.get(s.name, {})})
-                for s in settings.sources
-            ),
+        settings, parts["registry"] = load_kind_scope(
+            scope.upper(),
+            call_kind=OCR_CALLS,
+            env=env,
+            pipeline_path=pipeline_path,
+            dotenv_path=dotenv_path,
+            registry=parts.get("registry"),
         )
-        if parts.get("registry") is None:
-            from polygateway.plugins import load_registry
-
-            parts["registry"] = load_registry(allowed=plugin_filter(values))
         return cls(settings, **parts)
 
     @classmethod

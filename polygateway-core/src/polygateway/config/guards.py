@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 
 NO_BACKEND = "none"
@@ -177,25 +178,21 @@ def check_guards(scope: ScopeSettings, written: WrittenKeys = _NOTHING_WRITTEN) 
 # --------------------------------------------------------------------------- registry
 
 
-CHAT_TRANSPORT_KIND = "transport"
-"""The registry kind of chat transports: what a scope's sources name unless the scope serves
-another call kind (``embedding_transport``, ``ocr_transport``)."""
-
-
 def scope_registry_problems(
     scope: ScopeSettings,
     registry: NameRegistry,
     chosen_by: Mapping[str, str] | None = None,
     *,
-    transport_kind: str = CHAT_TRANSPORT_KIND,
+    call_kind: CallKind = CHAT_CALLS,
 ) -> list[str]:
     """Every implementation ``scope`` names must be registered under its kind.
 
     ``chosen_by`` (kind -> key), when the loader knows it, names the key that made a choice
-    instead of every key that could have. ``transport_kind``: the registry kind the scope's
-    sources' ``transport`` names are looked up in (that of the scope's call kind).
+    instead of every key that could have. ``call_kind``: the call kind the scope serves (where
+    its sources' ``transport`` names are looked up, whether their providers are profiles).
     """
     name = scope.scope
+    transport_kind = call_kind.transport_kind
     cached: dict[str, list[str]] = {}
 
     def registered(kind: str) -> list[str]:
@@ -236,6 +233,8 @@ def scope_registry_problems(
         )
     for source in scope.sources:
         wanted.append((transport_kind, source.transport, source_key(name, source, "transport")))
+        if not call_kind.provider_profiles:
+            continue
         match = _NUMBERED.match(source.name)
         provider_key = (
             f"{name}__{source.provider.upper()}__{match.group(2)}__*"
@@ -272,17 +271,16 @@ def validate_against_registry(
     settings: GatewaySettings,
     registry: NameRegistry,
     *,
-    transport_kinds: Mapping[str, str] | None = None,
+    call_kinds: Mapping[str, CallKind] | None = None,
 ) -> list[str]:
     """Every chosen implementation exists in ``registry.names(kind)``, and the middleware order
     is valid; one line per problem, naming the key and the registered names.
 
-    ``transport_kinds``: scope name -> the registry kind of its sources' transports (scopes
-    not named serve chat calls)."""
-    kinds = transport_kinds or {}
+    ``call_kinds``: scope name -> the call kind it serves (scopes not named serve chat)."""
+    kinds = call_kinds or {}
     problems: list[str] = []
     for name, scope in settings.scopes.items():
-        kind = kinds.get(name, CHAT_TRANSPORT_KIND)
-        problems.extend(scope_registry_problems(scope, registry, transport_kind=kind))
+        kind = kinds.get(name, CHAT_CALLS)
+        problems.extend(scope_registry_problems(scope, registry, call_kind=kind))
         problems.extend(middleware_problems(scope))
     return problems
