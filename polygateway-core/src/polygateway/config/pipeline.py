@@ -26,7 +26,7 @@ from polygateway.config.models import Loc
 from polygateway.config.suggest import did_you_mean
 
 DEFAULT_FILE = "pgw.toml"
-TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "plugins", "scopes")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "ignore_keys", "plugins", "scopes")
 _SCOPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -53,6 +53,9 @@ class PipelineFile:
     scopes: dict[str, FileScope] = field(default_factory=dict)
     plugins: list[str] | None = None
     """Top-level ``plugins = [...]``: the plugin filter when ``PGW_PLUGINS`` is not set."""
+    ignore_keys: list[str] | None = None
+    """Top-level ``ignore_keys = [...]``: other tools' env keys (``PGW_CONFIG_IGNORE_KEYS``
+    when that is not set)."""
 
     def key(self, loc: Loc) -> str:
         """``path:[table.path].key`` for a path from the file's root."""
@@ -153,6 +156,16 @@ def read(path: Path) -> tuple[PipelineFile | None, list[str]]:
             problems.append(
                 f"{pipeline.key(('plugins',))}: must be a list of distribution or entry-point "
                 'names, e.g. plugins = ["my-plugin"]'
+            )
+
+    ignore_keys = root.get("ignore_keys")
+    if ignore_keys is not None:
+        if isinstance(ignore_keys, list) and all(isinstance(item, str) for item in ignore_keys):
+            pipeline.ignore_keys = [item.strip() for item in ignore_keys if item.strip()]
+        else:
+            problems.append(
+                f"{pipeline.key(('ignore_keys',))}: must be a list of env key names or "
+                'patterns, e.g. ignore_keys = ["LLM_USER_PATH", "LLM_LOG_*"]'
             )
 
     defaults = root.get("defaults")
