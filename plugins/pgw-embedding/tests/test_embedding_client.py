@@ -300,6 +300,8 @@ async def test_one_row_per_batch_attempt_sharing_parent_call_id(
     assert {row["session_id"] for row in rows} == {"s-1"}
     assert len({row["call_id"] for row in rows}) == 4
     assert rows[0]["call_id"] == response.call_id
+    # One embed() is one call however many batches and attempts: its rows name one root.
+    assert {row["root_call_id"] for row in rows} == {rows[0]["call_id"]}
     failed = [row for row in rows if row["error"]]
     assert [(r["error"], r["source_name"], r["response"]) for r in failed] == [
         ("TransientError", "a", "")

@@ -47,7 +47,7 @@ from polygateway.ports import (
     SourceSelector,
     TelemetryRecorder,
 )
-from polygateway.records import AttemptRows, AttemptSummary, RowWriter
+from polygateway.records import AttemptRows, AttemptSummary, CallRoot, RowWriter
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 from polygateway.types import EmbeddingResponse, EmbeddingTransportResult
 
@@ -311,9 +311,11 @@ class EmbeddingClient:
             )
         call_dim = _CallDim(self._expected_dim)
         batches = split_batches(texts, self._batch_size)
+        # The rows of every batch name one call: counted as one, however many batches.
+        root = CallRoot()
         outcomes = await gather_bounded(
             [
-                partial(self._embed_batch, batch, call_dim, session_id, parent_call_id)
+                partial(self._embed_batch, batch, call_dim, session_id, parent_call_id, root)
                 for batch in batches
             ],
             self._batch_concurrency,
@@ -326,6 +328,7 @@ class EmbeddingClient:
         call_dim: _CallDim,
         session_id: str | None,
         parent_call_id: str | None,
+        root: CallRoot,
     ) -> Outcome[_Batch]:
         transports = self._transports
         clock = self._clock
@@ -354,6 +357,7 @@ class EmbeddingClient:
                 summarise=_summary,
                 parent_call_id=parent_call_id,
                 session_id=session_id,
+                root=root,
             )
             if rows is not None
             else None
