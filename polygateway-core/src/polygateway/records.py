@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from polygateway.ids import new_call_id
 from polygateway.ports import Clock, Pricing, SupportsRecordNowait, TelemetryRecorder
 from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import TelemetryRecord, UsageSource
@@ -134,8 +135,8 @@ class AttemptSummary:
 class CallRoot:
     """The ``root_call_id`` of one call's rows: the ``call_id`` of its first row.
 
-    Make one per call and hand it to every row builder of that call (one ``AttemptRows`` per
-    governed run; an embedding call shares one between its batches).
+    Make one per call and hand it to every row builder of that call (``AttemptRows`` makes its
+    own: one governed run is one call).
     """
 
     __slots__ = ("call_id",)
@@ -440,11 +441,20 @@ class AttemptRows(Generic[T]):
     ``summarise`` turns the call kind's value into what the row says of it (an
     ``AttemptSummary``); ``messages`` is the request's summary, the same on every row of the
     call. Make one per call: ``governor.run(attempt, observer=AttemptRows(writer, ...))``.
-    ``root`` is the call's ``CallRoot`` (its own by default: the first attempt's ``call_id``);
-    pass one ``CallRoot`` to the ``AttemptRows`` of every governed run of one call.
+    ``root`` is the call's ``CallRoot`` (its own by default: the first attempt's ``call_id``).
+    A call that ends before any attempt (no quota, every breaker open, cancelled while waiting)
+    still leaves its row: ``no_attempt(exc, latency_ms=...)`` when ``attempts`` is 0.
     """
 
-    __slots__ = ("_messages", "_parent_call_id", "_session_id", "_summarise", "_writer", "root")
+    __slots__ = (
+        "_messages",
+        "_parent_call_id",
+        "_session_id",
+        "_summarise",
+        "_writer",
+        "attempts",
+        "root",
+    )
 
     def __init__(
         self,
@@ -462,10 +472,13 @@ class AttemptRows(Generic[T]):
         self._parent_call_id = parent_call_id
         self._session_id = session_id
         self.root = CallRoot() if root is None else root
+        self.attempts = 0
+        """Attempts observed so far."""
 
     def on_attempt(
         self, source: SourceConfig, call_id: str, outcome: T | BaseException, latency_ms: int
     ) -> None:
+        self.attempts += 1
         if isinstance(outcome, BaseException):
             summary: RowSummary | BaseException = outcome
         else:
@@ -482,5 +495,18 @@ class AttemptRows(Generic[T]):
             messages=self._messages,
             latency_ms=latency_ms,
             source=source,
+            root_call_id=self.root.of(call_id),
+        )
+
+    def no_attempt(self, error: BaseException, *, latency_ms: int) -> None:
+        """The row of a call that ended before any attempt (no source named on it)."""
+        call_id = new_call_id()
+        self._writer.write(
+            error,
+            call_id=call_id,
+            parent_call_id=self._parent_call_id,
+            session_id=self._session_id,
+            messages=self._messages,
+            latency_ms=latency_ms,
             root_call_id=self.root.of(call_id),
         )

@@ -23,6 +23,7 @@ texts (count, characters, sha256, the start of the first few), ``response``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ from polygateway.clock import SystemClock
 from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, Governor, Outcome
+from polygateway.ids import elapsed_ms
 from polygateway.lifecycle import close_client_parts
 from polygateway.ports import (
     Clock,
@@ -47,7 +49,7 @@ from polygateway.ports import (
     SourceSelector,
     TelemetryRecorder,
 )
-from polygateway.records import AttemptRows, AttemptSummary, CallRoot, RowWriter
+from polygateway.records import AttemptRows, AttemptSummary, RowWriter
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 from polygateway.types import EmbeddingResponse, EmbeddingTransportResult
 
@@ -311,11 +313,9 @@ class EmbeddingClient:
             )
         call_dim = _CallDim(self._expected_dim)
         batches = split_batches(texts, self._batch_size)
-        # The rows of every batch name one call: counted as one, however many batches.
-        root = CallRoot()
         outcomes = await gather_bounded(
             [
-                partial(self._embed_batch, batch, call_dim, session_id, parent_call_id, root)
+                partial(self._embed_batch, batch, call_dim, session_id, parent_call_id)
                 for batch in batches
             ],
             self._batch_concurrency,
@@ -328,8 +328,9 @@ class EmbeddingClient:
         call_dim: _CallDim,
         session_id: str | None,
         parent_call_id: str | None,
-        root: CallRoot,
     ) -> Outcome[_Batch]:
+        """One batch, one governed call: its rows share a root_call_id of their own (a batch
+        is answered or fails by itself)."""
         transports = self._transports
         clock = self._clock
         normalize = self._normalize
@@ -357,14 +358,21 @@ class EmbeddingClient:
                 summarise=_summary,
                 parent_call_id=parent_call_id,
                 session_id=session_id,
-                root=root,
             )
             if rows is not None
             else None
         )
-        return await self._governor.run(
-            attempt, est_tokens=estimate_tokens(texts), observer=observer
-        )
+        started = clock.monotonic()
+        try:
+            return await self._governor.run(
+                attempt, est_tokens=estimate_tokens(texts), observer=observer
+            )
+        except (Exception, asyncio.CancelledError) as exc:
+            # A batch that never reached an attempt (no quota, breakers open, cancelled while
+            # waiting) still leaves its row.
+            if observer is not None and observer.attempts == 0:
+                observer.no_attempt(exc, latency_ms=elapsed_ms(started, clock.monotonic()))
+            raise
 
     def _merge(self, outcomes: Sequence[Outcome[_Batch]]) -> EmbeddingResponse:
         first = outcomes[0]

@@ -128,6 +128,19 @@ def locate(
     return (default, None) if default.is_file() else (None, None)
 
 
+def _string_list(
+    pipeline: PipelineFile, key: str, problems: list[str], what: str
+) -> list[str] | None:
+    """A top-level list of strings (blank items dropped); ``None`` when absent or refused."""
+    value = pipeline.root.get(key)
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [item.strip() for item in value if item.strip()]
+    problems.append(f"{pipeline.key((key,))}: must be a list of {what}")
+    return None
+
+
 def read(path: Path) -> tuple[PipelineFile | None, list[str]]:
     """Parse the file and split it into defaults and scopes; problems name the file's keys."""
     label = str(path)
@@ -148,25 +161,18 @@ def read(path: Path) -> tuple[PipelineFile | None, list[str]]:
                 f"allowed: {', '.join(TOP_LEVEL_KEYS)}"
             )
 
-    plugins = root.get("plugins")
-    if plugins is not None:
-        if isinstance(plugins, list) and all(isinstance(item, str) for item in plugins):
-            pipeline.plugins = [item.strip() for item in plugins if item.strip()]
-        else:
-            problems.append(
-                f"{pipeline.key(('plugins',))}: must be a list of distribution or entry-point "
-                'names, e.g. plugins = ["my-plugin"]'
-            )
-
-    ignore_keys = root.get("ignore_keys")
-    if ignore_keys is not None:
-        if isinstance(ignore_keys, list) and all(isinstance(item, str) for item in ignore_keys):
-            pipeline.ignore_keys = [item.strip() for item in ignore_keys if item.strip()]
-        else:
-            problems.append(
-                f"{pipeline.key(('ignore_keys',))}: must be a list of env key names or "
-                'patterns, e.g. ignore_keys = ["LLM_USER_PATH", "LLM_LOG_*"]'
-            )
+    pipeline.plugins = _string_list(
+        pipeline,
+        "plugins",
+        problems,
+        'distribution or entry-point names, e.g. plugins = ["my-plugin"]',
+    )
+    pipeline.ignore_keys = _string_list(
+        pipeline,
+        "ignore_keys",
+        problems,
+        'env key names or patterns, e.g. ignore_keys = ["LLM_USER_PATH", "LLM_LOG_*"]',
+    )
 
     defaults = root.get("defaults")
     if defaults is not None:

@@ -558,7 +558,7 @@ def render_html(report: Report, *, title: str = "PolyGateway telemetry", source:
     style = (
         "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
         "table{border-collapse:collapse;font-size:14px}td,th{border:1px solid #ccc;"
-        "padding:4px 8px;text-align:right;white-space:nowrap}"
+        "padding:4px 8px;text-align:right}td{white-space:nowrap}th{vertical-align:bottom}"
         "td:first-child,th:first-child{text-align:left}"
         "ul.totals{line-height:1.5}svg line{shape-rendering:crispEdges}"
     )
