@@ -114,7 +114,7 @@ def test_counts_units_and_currency(tmp_path: Path, small_db: Path) -> None:
     assert "attempts 32 (31 ok, 1 failed; 0 after a call's first)" in out
     assert "cache hits 1\n" in out and "refused before any attempt 1\n" in out
     assert "tokens 38,400 prompt + 25,600 completion" in out  # integers, never 8.0000
-    assert "cost 0.084000 USD (1 attempts without a price)" in out
+    assert "cost 0.084000 USD (1 attempt without a price)" in out
     total = next(line for line in out.splitlines() if line.startswith("total"))
     assert re.search(r"\b2 ms\b", total) and "0.084000 USD" in total
     assert not re.search(r"\d\.0000\b", out)
@@ -135,6 +135,7 @@ def test_the_html_page_names_the_db_and_range_and_never_draws_unpriced_as_zero(
     assert "Cost over time (per 15 min, UTC)" in page
     assert "no price" in page
     assert "latency (ms)" in page and "cost (price-table units)" in page and "time (UTC)" in page
+    assert "(none: refused)" in page  # the refused call's error, not a source named "-"
 
 
 def test_the_report_finds_the_database_the_configuration_names(

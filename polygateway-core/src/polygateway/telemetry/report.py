@@ -282,7 +282,8 @@ def summary_lines(report: Report) -> list[str]:
         f"tokens {fmt_count(t.prompt_tokens)} prompt + {fmt_count(t.completion_tokens)} completion",
     ]
     cost = fmt_cost(t.cost if t.priced else None, report.currency)
-    unpriced = f" ({fmt_count(t.unpriced)} attempts without a price)" if t.unpriced else ""
+    noun = "attempt" if t.unpriced == 1 else "attempts"
+    unpriced = f" ({fmt_count(t.unpriced)} {noun} without a price)" if t.unpriced else ""
     lines.append(f"cost {cost}{unpriced}")
     return lines
 
@@ -515,6 +516,10 @@ def _bucket_name(bucket_s: int) -> str:
     return f"{bucket_s} s"
 
 
+_NO_SOURCE = "(none: refused)"
+"""How the errors chart names calls refused before any attempt."""
+
+
 def render_html(report: Report, *, title: str = "PolyGateway telemetry", source: str = "") -> str:
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _COLUMNS)
     body_rows = []
@@ -525,7 +530,10 @@ def render_html(report: Report, *, title: str = "PolyGateway telemetry", source:
         )
         body_rows.append(f"<tr>{cells}</tr>")
     by_source = sorted(
-        ((src, float(sum(c.values()))) for src, c in report.errors_by_source.items()),
+        (
+            (_NO_SOURCE if src == "-" else src, float(sum(c.values())))
+            for src, c in report.errors_by_source.items()
+        ),
         key=lambda kv: -(kv[1] or 0.0),
     )
     errors: list[Bar] = [(name, float(n)) for name, n in report.errors_by_class.most_common()]
