@@ -15,6 +15,10 @@ them; other call kinds pass an ``AttemptSummary``. A failed one is the exception
 has it, a task per row otherwise, ``drain()`` to wait for those) and never raises into a call;
 ``AttemptRows`` is the governor observer that writes one row per attempt of one call. The
 chat telemetry layer writes through them too.
+
+Every row of one call carries the same ``root_call_id`` (``CallRoot``: the ``call_id`` of the
+call's first row), so a reader counts calls, and calls whose every attempt failed, apart from
+attempts.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from polygateway.ids import new_call_id
 from polygateway.ports import Clock, Pricing, SupportsRecordNowait, TelemetryRecorder
 from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import TelemetryRecord, UsageSource
@@ -35,6 +40,7 @@ __all__ = [
     "CANCELLED",
     "AttemptRows",
     "AttemptSummary",
+    "CallRoot",
     "RowSummary",
     "RowWriter",
     "build_record",
@@ -126,6 +132,28 @@ class AttemptSummary:
     cache_write_tokens: int = 0
 
 
+class CallRoot:
+    """The ``root_call_id`` of one call's rows: the ``call_id`` of its first row.
+
+    Make one per call and hand it to every row builder of that call (``AttemptRows`` makes its
+    own: one governed run is one call).
+    """
+
+    __slots__ = ("call_id",)
+
+    def __init__(self) -> None:
+        self.call_id = ""
+
+    def of(self, call_id: str) -> str:
+        """The root for a row ``call_id``: the first id asked about becomes the root."""
+        if not self.call_id:
+            self.call_id = call_id
+        return self.call_id
+
+    def __repr__(self) -> str:
+        return f"CallRoot({self.call_id!r})"
+
+
 def error_name(outcome: BaseException) -> str:
     """The ``error`` column: the exception class name, or ``"cancelled"``."""
     if isinstance(outcome, asyncio.CancelledError):
@@ -167,11 +195,13 @@ def build_record(
     scope: str = "",
     cache_namespace: str = "",
     params: str = "",
+    root_call_id: str = "",
 ) -> TelemetryRecord:
     """One row from what became of one attempt (or cache hit, or refused call).
 
     ``scope`` defaults to the source's; ``cache_namespace`` and ``params`` (the request's
-    generation parameters as canonical JSON) are the call's.
+    generation parameters as canonical JSON) are the call's; ``root_call_id`` (default: this
+    row's ``call_id``, a call of one row) names the call the attempt belongs to.
 
     ``source`` is the source the attempt went to (``None`` for cache hits and for errors
     raised before any attempt); ``messages`` is the request's summary. Cost: ``0.0`` for a
@@ -210,6 +240,7 @@ def build_record(
             scope or (source.scope if source is not None else ""),
             cache_namespace,
             params,
+            root_call_id or call_id,
         )
     # A failed attempt: the upstream's usage is unknown, so tokens are 0 and marked estimated.
     return TelemetryRecord(
@@ -235,6 +266,7 @@ def build_record(
         scope=scope or (source.scope if source is not None else ""),
         cache_namespace=cache_namespace,
         params=params,
+        root_call_id=root_call_id or call_id,
     )
 
 
@@ -311,6 +343,7 @@ class RowWriter:
         scope: str = "",
         cache_namespace: str = "",
         params: str = "",
+        root_call_id: str = "",
     ) -> TelemetryRecord | None:
         """``build_record`` stamped with this writer's clock and pricing; ``None`` (and a
         warning) when the row cannot be built."""
@@ -328,6 +361,7 @@ class RowWriter:
                 scope=scope,
                 cache_namespace=cache_namespace,
                 params=params,
+                root_call_id=root_call_id,
             )
             return record if self._content == "full" else with_content(record, self._content)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
@@ -354,6 +388,7 @@ class RowWriter:
         scope: str = "",
         cache_namespace: str = "",
         params: str = "",
+        root_call_id: str = "",
     ) -> TelemetryRecord | None:
         """``build`` then ``submit``; the row written, or ``None``."""
         record = self.build(
@@ -367,6 +402,7 @@ class RowWriter:
             scope=scope,
             cache_namespace=cache_namespace,
             params=params,
+            root_call_id=root_call_id,
         )
         if record is not None:
             self.submit(record)
@@ -405,9 +441,20 @@ class AttemptRows(Generic[T]):
     ``summarise`` turns the call kind's value into what the row says of it (an
     ``AttemptSummary``); ``messages`` is the request's summary, the same on every row of the
     call. Make one per call: ``governor.run(attempt, observer=AttemptRows(writer, ...))``.
+    ``root`` is the call's ``CallRoot`` (its own by default: the first attempt's ``call_id``).
+    A call that ends before any attempt (no quota, every breaker open, cancelled while waiting)
+    still leaves its row: ``no_attempt(exc, latency_ms=...)`` when ``attempts`` is 0.
     """
 
-    __slots__ = ("_messages", "_parent_call_id", "_session_id", "_summarise", "_writer")
+    __slots__ = (
+        "_messages",
+        "_parent_call_id",
+        "_session_id",
+        "_summarise",
+        "_writer",
+        "attempts",
+        "root",
+    )
 
     def __init__(
         self,
@@ -417,16 +464,21 @@ class AttemptRows(Generic[T]):
         summarise: Callable[[T], RowSummary],
         parent_call_id: str | None = None,
         session_id: str | None = None,
+        root: CallRoot | None = None,
     ) -> None:
         self._writer = writer
         self._messages = messages
         self._summarise = summarise
         self._parent_call_id = parent_call_id
         self._session_id = session_id
+        self.root = CallRoot() if root is None else root
+        self.attempts = 0
+        """Attempts observed so far."""
 
     def on_attempt(
         self, source: SourceConfig, call_id: str, outcome: T | BaseException, latency_ms: int
     ) -> None:
+        self.attempts += 1
         if isinstance(outcome, BaseException):
             summary: RowSummary | BaseException = outcome
         else:
@@ -443,4 +495,18 @@ class AttemptRows(Generic[T]):
             messages=self._messages,
             latency_ms=latency_ms,
             source=source,
+            root_call_id=self.root.of(call_id),
+        )
+
+    def no_attempt(self, error: BaseException, *, latency_ms: int) -> None:
+        """The row of a call that ended before any attempt (no source named on it)."""
+        call_id = new_call_id()
+        self._writer.write(
+            error,
+            call_id=call_id,
+            parent_call_id=self._parent_call_id,
+            session_id=self._session_id,
+            messages=self._messages,
+            latency_ms=latency_ms,
+            root_call_id=self.root.of(call_id),
         )

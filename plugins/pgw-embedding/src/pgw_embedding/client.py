@@ -23,6 +23,7 @@ texts (count, characters, sha256, the start of the first few), ``response``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, Outcome
 from polygateway.governed import GovernedParts, load_kind_scope
+from polygateway.ids import elapsed_ms
 from polygateway.ports import (
     Clock,
     EmbeddingTransport,
@@ -288,6 +290,8 @@ class EmbeddingClient:
         session_id: str | None,
         parent_call_id: str | None,
     ) -> Outcome[_Batch]:
+        """One batch, one governed call: its rows share a root_call_id of their own (a batch
+        is answered or fails by itself)."""
         transports = self._transports
         clock = self._clock
         normalize = self._normalize
@@ -319,9 +323,17 @@ class EmbeddingClient:
             if rows is not None
             else None
         )
-        return await self._governor.run(
-            attempt, est_tokens=estimate_tokens(texts), observer=observer
-        )
+        started = clock.monotonic()
+        try:
+            return await self._governor.run(
+                attempt, est_tokens=estimate_tokens(texts), observer=observer
+            )
+        except (Exception, asyncio.CancelledError) as exc:
+            # A batch that never reached an attempt (no quota, breakers open, cancelled while
+            # waiting) still leaves its row.
+            if observer is not None and observer.attempts == 0:
+                observer.no_attempt(exc, latency_ms=elapsed_ms(started, clock.monotonic()))
+            raise
 
     def _merge(self, outcomes: Sequence[Outcome[_Batch]]) -> EmbeddingResponse:
         first = outcomes[0]

@@ -31,13 +31,13 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from os import PathLike
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, TypeVar
 
 from polygateway.config import CallKind
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, AttemptObserver, Governor
 from polygateway.governed import GovernedParts, load_kind_scope
-from polygateway.ids import elapsed_ms, new_call_id
+from polygateway.ids import elapsed_ms
 from polygateway.plugins import Registry
 from polygateway.ports import (
     Clock,
@@ -114,23 +114,6 @@ def _summarise(result: OcrTextResult | OcrLayoutResult) -> AttemptSummary:
         source_name=result.source_name,
         latency_ms=result.usage.elapsed_ms,
     )
-
-
-class _Counted(Generic[R]):
-    """``AttemptRows`` that also counts the attempts it saw (a call with none still gets its
-    row, written by the client)."""
-
-    __slots__ = ("_rows", "attempts")
-
-    def __init__(self, rows: AttemptRows[R]) -> None:
-        self._rows: AttemptRows[R] = rows
-        self.attempts = 0
-
-    def on_attempt(
-        self, source: SourceConfig, call_id: str, outcome: R | BaseException, latency_ms: int
-    ) -> None:
-        self.attempts += 1
-        self._rows.on_attempt(source, call_id, outcome, latency_ms)
 
 
 def _describe(result: OcrTextResult | OcrLayoutResult) -> str:
@@ -282,16 +265,14 @@ class OcrClient:
             separators=(",", ":"),
         )
         writer = self._rows
-        observer: _Counted[R] | None = None
+        observer: AttemptRows[R] | None = None
         if writer is not None:
-            observer = _Counted(
-                AttemptRows(
-                    writer,
-                    messages=messages,
-                    summarise=_summarise,
-                    parent_call_id=parent_call_id,
-                    session_id=session_id,
-                )
+            observer = AttemptRows(
+                writer,
+                messages=messages,
+                summarise=_summarise,
+                parent_call_id=parent_call_id,
+                session_id=session_id,
             )
         watcher: AttemptObserver[R] | None = observer
         transports = self._transports
@@ -305,15 +286,8 @@ class OcrClient:
         except (Exception, asyncio.CancelledError) as exc:
             # A call that never reached an attempt (no quota, breakers open, cancelled while
             # waiting) still leaves its row.
-            if writer is not None and observer is not None and observer.attempts == 0:
-                writer.write(
-                    exc,
-                    call_id=new_call_id(),
-                    parent_call_id=parent_call_id,
-                    session_id=session_id,
-                    messages=messages,
-                    latency_ms=elapsed_ms(started, self._clock.monotonic()),
-                )
+            if observer is not None and observer.attempts == 0:
+                observer.no_attempt(exc, latency_ms=elapsed_ms(started, self._clock.monotonic()))
             raise
         return outcome.value
 
