@@ -2,7 +2,10 @@
 
 For benchmarks and soak runs: prints its base URL, serves until SIGINT/SIGTERM. ``--chunks``,
 ``--content-bytes`` and ``--inter-token-delay`` set the default reply of every source;
-``--embedding-dim`` the size of its ``/v1/embeddings`` vectors.
+``--embedding-dim`` the size of its ``/v1/embeddings`` vectors. ``--sources FILE`` gives
+sources their own behaviour (a fault mix, see ``polygateway.testing.fake_upstream.faultmix``);
+``--arrivals-log PATH`` writes one JSON line per request. ``GET /_fake/counters`` answers the
+counters (requests, in flight, max in flight per source and route).
 """
 
 from __future__ import annotations
@@ -29,6 +32,21 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
         "--embedding-dim",
         type=_positive_int,
         help="vector size of /v1/embeddings (default: the fake upstream's own)",
+    )
+    parser.add_argument(
+        "--sources",
+        metavar="FILE",
+        help="JSON file: per source, its reply or a weighted mix of replies (a fault mix)",
+    )
+    parser.add_argument(
+        "--arrivals-log",
+        metavar="PATH",
+        help="append one JSON line per request (time, source, route, tag, reply, usage)",
+    )
+    parser.add_argument(
+        "--tag-pattern",
+        help="regex whose first group, found in a request's text, is logged as its tag "
+        r"(default \[tag:...\])",
     )
     return run
 
@@ -62,8 +80,22 @@ async def _serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
+    import contextlib
+    import json
+    from contextlib import ExitStack
+
     from polygateway.testing.fake_upstream import DEFAULT_CONTENT, FakeUpstream, Reply
     from polygateway.testing.fake_upstream.embeddings import DEFAULT_EMBEDDING_DIM
+    from polygateway.testing.fake_upstream.faultmix import (
+        DEFAULT_TAG_PATTERN,
+        ArrivalLog,
+        apply_sources,
+    )
+
+    sources = None
+    if args.sources:
+        with open(args.sources, encoding="utf-8") as f:
+            sources = json.load(f)
 
     content = _content(args.content_bytes) if args.content_bytes else DEFAULT_CONTENT
     default_reply = Reply.ok(content, chunks=args.chunks, inter_token_delay=args.inter_token_delay)
@@ -71,14 +103,27 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    # Benchmarks run for long: do not keep every request body.
-    async with FakeUpstream(
-        host=args.host,
-        port=args.port,
-        default_reply=default_reply,
-        embedding_dim=args.embedding_dim or DEFAULT_EMBEDDING_DIM,
-        keep_received=False,
-    ) as fake:
-        print(fake.base_url(), flush=True)
-        await stop.wait()
+    with ExitStack() as files:
+        log = None
+        if args.arrivals_log:
+            out = files.enter_context(open(args.arrivals_log, "a", encoding="utf-8"))  # noqa: ASYNC230
+            log = ArrivalLog(out, args.tag_pattern or DEFAULT_TAG_PATTERN)
+        # Benchmarks run for long: do not keep every request body.
+        async with FakeUpstream(
+            host=args.host,
+            port=args.port,
+            default_reply=default_reply,
+            embedding_dim=args.embedding_dim or DEFAULT_EMBEDDING_DIM,
+            keep_received=False,
+            on_arrival=log,
+        ) as fake:
+            if sources is not None:
+                apply_sources(fake, sources)
+            print(fake.base_url(), flush=True)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await stop.wait()
+                if log is not None:
+                    log.flush()
     return 0
