@@ -4,13 +4,13 @@ what each source was meant to do and which limits it had).
 
 | fake source | scope | client source | fault | limits |
 |---|---|---|---|---|
-| llm-healthy-1, -2 | LLM | generic-1, -2 | none | concurrency 32 |
-| llm-bad-key | LLM | generic-3 | 401 invalid_api_key (dead) | |
-| llm-black-hole | LLM | generic-4 | reads the request, never answers | |
-| llm-slow | LLM | generic-5 | a token every 0.6 s (inter-token watchdog 0.4 s) | |
-| llm-tight | LLM | generic-6 | none | concurrency 2, RPM 30, TPM 12000 |
-| llm-flaky | LLM | generic-7 | 429 Retry-After 1 / 503 / reset among answers | |
-| llm-truncated | LLM | generic-8 | streams cut before the end (2 in 3) | |
+| llm-healthy-1, -2 | LLM | openai-1, -2 | none | concurrency 32 |
+| llm-bad-key | LLM | openai-3 | 401 invalid_api_key (dead) | |
+| llm-black-hole | LLM | openai-4 | reads the request, never answers | |
+| llm-slow | LLM | openai-5 | a token every 0.6 s (inter-token watchdog 0.4 s) | |
+| llm-tight | LLM | openai-6 | none | concurrency 2, RPM 30, TPM 12000 |
+| llm-flaky | LLM | openai-7 | 429 Retry-After 1 / 503 / reset among answers | |
+| llm-truncated | LLM | openai-8 | streams cut before the end (2 in 3) | |
 | emb-healthy | EMBED | generic-1 | none | |
 | emb-flaky | EMBED | generic-2 | 429 Retry-After 1 / 503 | |
 | emb-bad-key | EMBED | generic-3 | 401 (dead) | |
@@ -31,6 +31,7 @@ PRICES = {
     "currency": "USD",
     CHAT_MODEL: {"input_per_1m": 1.0, "output_per_1m": 2.0},
     EMBED_MODEL: {"input_per_1m": 0.1, "output_per_1m": 0.0},
+    "monkeyocr": {"input_per_1m": 0.0, "output_per_1m": 0.0},
 }
 
 COOLDOWN_S = 10.0
@@ -59,22 +60,22 @@ class Source:
 
 
 FLEET: tuple[Source, ...] = (
-    Source("llm-healthy-1", "LLM", "generic-1", "healthy", {"reply": _HEALTHY}, 32),
-    Source("llm-healthy-2", "LLM", "generic-2", "healthy", {"reply": _HEALTHY}, 32),
-    Source("llm-bad-key", "LLM", "generic-3", "dead", {"reply": {"error": {"status": 401}}}),
-    Source("llm-black-hole", "LLM", "generic-4", "black_hole", {"reply": {"black_hole": {}}}),
+    Source("llm-healthy-1", "LLM", "openai-1", "healthy", {"reply": _HEALTHY}, 32),
+    Source("llm-healthy-2", "LLM", "openai-2", "healthy", {"reply": _HEALTHY}, 32),
+    Source("llm-bad-key", "LLM", "openai-3", "dead", {"reply": {"error": {"status": 401}}}),
+    Source("llm-black-hole", "LLM", "openai-4", "black_hole", {"reply": {"black_hole": {}}}),
     Source(
         "llm-slow",
         "LLM",
-        "generic-5",
+        "openai-5",
         "slow",
         {"reply": {"ok": {"structured": True, "chunks": 6, "inter_token_delay": 0.6}}},
     ),
-    Source("llm-tight", "LLM", "generic-6", "tight", {"reply": _HEALTHY}, 2, 30, 12000),
+    Source("llm-tight", "LLM", "openai-6", "tight", {"reply": _HEALTHY}, 2, 30, 12000),
     Source(
         "llm-flaky",
         "LLM",
-        "generic-7",
+        "openai-7",
         "flaky",
         {
             "mix": [
@@ -89,7 +90,7 @@ FLEET: tuple[Source, ...] = (
     Source(
         "llm-truncated",
         "LLM",
-        "generic-8",
+        "openai-8",
         "truncated",
         {"mix": [[1, _HEALTHY], [2, {"cut": {"after_chunks": 2}}]], "seed": 11},
     ),
@@ -155,8 +156,10 @@ def client_env(
     global_rpm: int = GLOBAL_RPM,
     global_concurrency: int = GLOBAL_CONCURRENCY,
     cache: bool = True,
+    healthy_only: bool = False,
 ) -> dict[str, str]:
-    """The environment of every worker's clients (scopes LLM, EMBED, OCR)."""
+    """The environment of every worker's clients (scopes LLM, EMBED, OCR); ``healthy_only``
+    configures only the healthy sources (throughput runs)."""
     env: dict[str, str] = {
         "PGW_PLUGINS": "redis,postgres,embedding,monkeyocr",
         "PGW_LIMITER_BACKEND": "redis",
@@ -181,9 +184,14 @@ def client_env(
             f"{scope}__RETRY__MAX_DELAY_S": "1",
         }
     env["EMBED__BATCH_SIZE"] = "16"
+    env["LLM__STRUCTURED__STRATEGY"] = "auto"  # native JSON-schema output where supported
     for s in FLEET:
+        if healthy_only and s.fault != "healthy":
+            continue
         n = s.client.rsplit("-", 1)[1]
-        prefix = f"{s.scope}__GENERIC__{n}__"
+        # The openai profile asks for native JSON-schema output (the structured scenarios).
+        provider = "OPENAI" if s.scope == "LLM" else "GENERIC"
+        prefix = f"{s.scope}__{provider}__{n}__"
         env |= {
             prefix + "BASE_URL": f"{upstream}/{s.fake}/v1",
             prefix + "API_KEY": f"sk-soak-{s.fake}",
