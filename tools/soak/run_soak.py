@@ -225,7 +225,7 @@ class Harness:
             self.event("stop", reason=reason)
             self.stopping.set()
 
-    async def run(self) -> int:
+    async def run(self) -> None:
         args = self.args
         own_redis: OwnRedis | None = None
         if args.redis_url:
@@ -292,9 +292,6 @@ class Harness:
             if proxy is not None:
                 await proxy.stop()
             self._write_run_json(snapshot, stats_before, stats_after, redis_ok, dsn)
-        import scoreboard
-
-        return scoreboard.main([self.run_dir])
 
     async def _run_workers(
         self,
@@ -549,7 +546,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    return asyncio.run(Harness(args).run())
+    harness = Harness(args)
+    asyncio.run(harness.run())
+    import scoreboard
+
+    return scoreboard.main([harness.run_dir])
 
 
 if __name__ == "__main__":
