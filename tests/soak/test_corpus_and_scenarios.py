@@ -137,7 +137,9 @@ def test_p6_follows_the_mix_and_the_ocr_share() -> None:
     assert abs(counts["P5"] / others - share["P5"]) < 0.02
     # 3 in 10 structured calls are the repeated (P4) share.
     assert abs(counts["P4"] / (counts["P3"] + counts["P4"]) - 0.3) < 0.03
-    assert not any(s.kind == "ocr" for s in itertools.islice(calls("P6", "w0", 3, ocr_every=0), 500))
+    assert not any(
+        s.kind == "ocr" for s in itertools.islice(calls("P6", "w0", 3, ocr_every=0), 500)
+    )
 
 
 def test_p4_repeats_a_small_pool_across_two_tenants() -> None:

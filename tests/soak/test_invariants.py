@@ -9,24 +9,90 @@ from typing import Any
 import invariants as inv
 
 SOURCES: list[dict[str, Any]] = [
-    {"fake": "ok", "scope": "LLM", "client": "openai-1", "fault": "healthy", "max_concurrency": 4, "rpm": 0, "tpm": 0},
-    {"fake": "tight", "scope": "LLM", "client": "openai-2", "fault": "tight", "max_concurrency": 2, "rpm": 5, "tpm": 100},
-    {"fake": "dead", "scope": "LLM", "client": "openai-3", "fault": "dead", "max_concurrency": 0, "rpm": 0, "tpm": 0},
-    {"fake": "vec", "scope": "EMBED", "client": "generic-1", "fault": "healthy", "max_concurrency": 0, "rpm": 0, "tpm": 0},
-    {"fake": "ocr-b", "scope": "OCR", "client": "monkey-1", "fault": "healthy", "max_concurrency": 1, "rpm": 0, "tpm": 0},
+    {
+        "fake": "ok",
+        "scope": "LLM",
+        "client": "openai-1",
+        "fault": "healthy",
+        "max_concurrency": 4,
+        "rpm": 0,
+        "tpm": 0,
+    },
+    {
+        "fake": "tight",
+        "scope": "LLM",
+        "client": "openai-2",
+        "fault": "tight",
+        "max_concurrency": 2,
+        "rpm": 5,
+        "tpm": 100,
+    },
+    {
+        "fake": "dead",
+        "scope": "LLM",
+        "client": "openai-3",
+        "fault": "dead",
+        "max_concurrency": 0,
+        "rpm": 0,
+        "tpm": 0,
+    },
+    {
+        "fake": "vec",
+        "scope": "EMBED",
+        "client": "generic-1",
+        "fault": "healthy",
+        "max_concurrency": 0,
+        "rpm": 0,
+        "tpm": 0,
+    },
+    {
+        "fake": "ocr-b",
+        "scope": "OCR",
+        "client": "monkey-1",
+        "fault": "healthy",
+        "max_concurrency": 1,
+        "rpm": 0,
+        "tpm": 0,
+    },
 ]
 T0 = 600.0 * 1000  # the start of a minute window
 
 
-def arrival(t: float, source: str, tag: str | None, tokens: int = 10, route: str = "chat") -> dict[str, Any]:
-    return {"t": t, "source": source, "route": route, "tag": tag, "kind": "ok", "prompt_tokens": tokens, "completion_tokens": 0}
+def arrival(
+    t: float, source: str, tag: str | None, tokens: int = 10, route: str = "chat"
+) -> dict[str, Any]:
+    return {
+        "t": t,
+        "source": source,
+        "route": route,
+        "tag": tag,
+        "kind": "ok",
+        "prompt_tokens": tokens,
+        "completion_tokens": 0,
+    }
 
 
-def row(source: str, tag: str | None, *, scope: str = "LLM", hit: bool = False, cost: float | None = 0.0, **extra: Any) -> dict[str, Any]:
+def row(
+    source: str,
+    tag: str | None,
+    *,
+    scope: str = "LLM",
+    hit: bool = False,
+    cost: float | None = 0.0,
+    **extra: Any,
+) -> dict[str, Any]:
     messages = json.dumps([{"role": "user", "content": f"[tag:{tag}] x" if tag else "x"}])
     base = {
-        "scope": scope, "source_name": source, "messages": messages, "cache_hit": hit, "error": None,
-        "prompt_tokens": 0, "completion_tokens": 0, "cost": cost, "model": "m", "cache_namespace": "run",
+        "scope": scope,
+        "source_name": source,
+        "messages": messages,
+        "cache_hit": hit,
+        "error": None,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cost": cost,
+        "model": "m",
+        "cache_namespace": "run",
     }
     return base | extra
 
@@ -40,15 +106,20 @@ def phase(peaks: dict[str, int], star: int, checked: bool = True) -> dict[str, A
 
 def test_limits_pass_at_the_limit_and_fail_above_it() -> None:
     arrivals = [arrival(T0 + 2 + i, "tight", f"w0-{i}", tokens=20) for i in range(5)]
-    ok = inv.check_limits(arrivals, SOURCES, [phase({"tight": 2, "ok": 4}, 6)], {"ocr-b": {"max_inflight": 1}}, 10, 0)
+    ok = inv.check_limits(
+        arrivals, SOURCES, [phase({"tight": 2, "ok": 4}, 6)], {"ocr-b": {"max_inflight": 1}}, 10, 0
+    )
     assert ok.ok, ok.details
-    over = arrivals + [arrival(T0 + 30, "tight", "w0-9")]
+    over = [*arrivals, arrival(T0 + 30, "tight", "w0-9")]
     bad = inv.check_limits(over, SOURCES, [], {}, 10, 0)
     assert not bad.ok and "6 requests in minute window" in bad.details[0]
 
 
 def test_limits_check_tokens_concurrency_and_the_global_gates() -> None:
-    heavy = [arrival(T0 + 2, "tight", "w0-1", tokens=60), arrival(T0 + 3, "tight", "w0-2", tokens=60)]
+    heavy = [
+        arrival(T0 + 2, "tight", "w0-1", tokens=60),
+        arrival(T0 + 3, "tight", "w0-2", tokens=60),
+    ]
     assert "tokens" in inv.check_limits(heavy, SOURCES, [], {}, 10, 0).details[0]
     peak = inv.check_limits([], SOURCES, [phase({"tight": 3}, 3)], {}, 10, 0)
     assert not peak.ok and "tight: 3 in flight > 2" in peak.details[0]
@@ -73,7 +144,10 @@ def test_limit_windows_leave_out_the_admission_lag_and_allow_twice_after_a_reset
 
 
 def test_window_helpers() -> None:
-    assert inv.window_counts([(T0 + 0.5, 1.0), (T0 + 2, 1.0), (T0 + 61.5, 2.0)]) == {10000: 1.0, 10001: 2.0}
+    assert inv.window_counts([(T0 + 0.5, 1.0), (T0 + 2, 1.0), (T0 + 61.5, 2.0)]) == {
+        10000: 1.0,
+        10001: 2.0,
+    }
     assert inv.max_sliding([0, 10, 59.9, 60, 61, 200]) == 4
 
 
@@ -81,8 +155,16 @@ def test_window_helpers() -> None:
 
 
 def test_rows_match_arrivals_one_to_one() -> None:
-    arrivals = [arrival(1, "ok", "w0-1"), arrival(2, "ok", "w0-1"), arrival(3, "vec", "w0-2", route="embeddings")]
-    rows = [row("openai-1", "w0-1"), row("openai-1", "w0-1"), row("generic-1", "w0-2", scope="EMBED")]
+    arrivals = [
+        arrival(1, "ok", "w0-1"),
+        arrival(2, "ok", "w0-1"),
+        arrival(3, "vec", "w0-2", route="embeddings"),
+    ]
+    rows = [
+        row("openai-1", "w0-1"),
+        row("openai-1", "w0-1"),
+        row("generic-1", "w0-2", scope="EMBED"),
+    ]
     rows += [row("openai-1", "w0-1", hit=True), row("", "w0-9", error="AllSourcesExhausted")]
     ok = inv.check_rows(arrivals, rows, SOURCES, {})
     assert ok.ok, ok.details
@@ -93,7 +175,9 @@ def test_rows_catch_a_lost_a_duplicated_and_a_foreign_row() -> None:
     arrivals = [arrival(1, "ok", "w0-1"), arrival(2, "ok", "w0-2")]
     lost = inv.check_rows(arrivals, [row("openai-1", "w0-1")], SOURCES, {})
     assert not lost.ok and "without a row" in lost.details[0]
-    dup = inv.check_rows(arrivals, [row("openai-1", "w0-1")] * 2 + [row("openai-1", "w0-2")], SOURCES, {})
+    dup = inv.check_rows(
+        arrivals, [row("openai-1", "w0-1")] * 2 + [row("openai-1", "w0-2")], SOURCES, {}
+    )
     assert not dup.ok and "without an arrival" in dup.details[0]
     wrong_source = inv.check_rows(arrivals[:1], [row("openai-2", "w0-1")], SOURCES, {})
     assert not wrong_source.ok
@@ -122,16 +206,49 @@ def test_redis_leftovers() -> None:
     clean = {
         "now_ms": 1000,
         "keys": [
-            {"key": "pgw:limit:{LLM}:global:lease", "type": "zset", "pttl": 5000, "members": [["a", 900]]},
-            {"key": "pgw:gate:{LLM}:x", "type": "hash", "pttl": 9000, "hash": {"probe_owner": "p", "probe_until": "500"}},
+            {
+                "key": "pgw:limit:{LLM}:global:lease",
+                "type": "zset",
+                "pttl": 5000,
+                "members": [["a", 900]],
+            },
+            {
+                "key": "pgw:gate:{LLM}:x",
+                "type": "hash",
+                "pttl": 9000,
+                "hash": {"probe_owner": "p", "probe_until": "500"},
+            },
         ],
     }
     assert inv.check_redis(clean).ok
-    live = {"now_ms": 1000, "keys": [{"key": "pgw:limit:{LLM}:source:x:lease", "type": "zset", "pttl": 5000, "members": [["a", 1500]]}]}
+    live = {
+        "now_ms": 1000,
+        "keys": [
+            {
+                "key": "pgw:limit:{LLM}:source:x:lease",
+                "type": "zset",
+                "pttl": 5000,
+                "members": [["a", 1500]],
+            }
+        ],
+    }
     assert not inv.check_redis(live).ok
-    no_ttl = {"now_ms": 1000, "keys": [{"key": "pgw:limit:{LLM}:global:rpm:1", "type": "string", "pttl": -1}]}
+    no_ttl = {
+        "now_ms": 1000,
+        "keys": [{"key": "pgw:limit:{LLM}:global:rpm:1", "type": "string", "pttl": -1}],
+    }
     assert "no TTL" in inv.check_redis(no_ttl).details[0]
-    probe = {"now_ms": 1000, "keys": [{"key": "pgw:gate:{LLM}:x", "type": "hash", "pttl": 9000, "hash": {"probe_owner": "p", "probe_until": "2000"}}]}
+    probe = {
+        "now_ms": 1000,
+        "keys": [
+            {
+                "key": "pgw:gate:{LLM}:x",
+                "type": "hash",
+                "pttl": 9000,
+                "hash": {"probe_owner": "p", "probe_until": "2000"},
+            }
+        ],
+    }
     assert not inv.check_redis(probe).ok
     assert not inv.check_redis({"error": "down", "keys": []}).ok
 
@@ -170,9 +287,13 @@ def call(tag: str, outcome: str = "ok", **extra: Any) -> dict[str, Any]:
 def test_outcomes() -> None:
     good = [call("w0-1"), call("w0-2", "error", error="AllSourcesExhausted", classified=True)]
     assert inv.check_outcomes(good, 20).ok
-    assert not inv.check_outcomes([call("w0-1", "error", error="KeyError", classified=False)], 20).ok
+    assert not inv.check_outcomes(
+        [call("w0-1", "error", error="KeyError", classified=False)], 20
+    ).ok
     assert not inv.check_outcomes([call("w0-1", dur=23.0)], 20).ok
-    assert not inv.check_outcomes([call("w0-1", "error", error="hang", classified=False, hang=True)], 20).ok
+    assert not inv.check_outcomes(
+        [call("w0-1", "error", error="hang", classified=False, hang=True)], 20
+    ).ok
     killed = [call("w1-1", "error", error="KeyError", classified=False)]
     assert inv.check_outcomes(killed, 20, excluded_workers=["w1"]).ok
 
@@ -193,10 +314,14 @@ def test_cache_hits_within_a_tenant_only() -> None:
     assert ok.ok, ok.details
     foreign = inv.check_cache([rep(0, "A", False), rep(5, "B", True)], [], PRICES)
     assert not foreign.ok and "never stored" in foreign.details[0]
-    missed = inv.check_cache([rep(0, "A", False), rep(5, "A", False), rep(9, "A", True)], [], PRICES)
+    missed = inv.check_cache(
+        [rep(0, "A", False), rep(5, "A", False), rep(9, "A", True)], [], PRICES
+    )
     assert not missed.ok and missed.numbers["missed"] == 1
     # After a reset (Redis restart clears the cache) a miss is expected.
-    reset = inv.check_cache([rep(0, "A", False), rep(5, "A", False), rep(9, "A", True)], [], PRICES, resets=[(2, 3)])
+    reset = inv.check_cache(
+        [rep(0, "A", False), rep(5, "A", False), rep(9, "A", True)], [], PRICES, resets=[(2, 3)]
+    )
     assert reset.ok, reset.details
     assert not inv.check_cache([rep(0, "A", False)], [], PRICES).ok  # no hit at all
 

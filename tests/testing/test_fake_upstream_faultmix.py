@@ -25,7 +25,9 @@ MESSAGES = [{"role": "user", "content": "[tag:w1-7] hello there"}]
 
 
 def chat(client: httpx.AsyncClient, url: str, **extra: Any) -> Any:
-    return client.post(url + "/chat/completions", json={"model": "m", "messages": MESSAGES, **extra})
+    return client.post(
+        url + "/chat/completions", json={"model": "m", "messages": MESSAGES, **extra}
+    )
 
 
 async def test_mix_draws_every_reply_in_proportion_and_is_reproducible() -> None:
@@ -62,9 +64,7 @@ async def test_counters_endpoint_reports_requests_and_high_water_marks() -> None
         assert counters["inflight"]["chat"]["*"] == 0
         # The endpoint is not counted as a request of any route.
         assert fake.requests() == 4
-        restarted = await client.get(
-            f"http://127.0.0.1:{fake.port}/_fake/counters?restart_max=1"
-        )
+        restarted = await client.get(f"http://127.0.0.1:{fake.port}/_fake/counters?restart_max=1")
         assert restarted.json()["max_inflight"]["chat"]["a"] == 1
         assert fake.counters()["max_inflight"]["chat"]["a"] == 0
 
@@ -105,7 +105,7 @@ def test_minimal_instance_satisfies_required_properties() -> None:
 
 
 def test_parse_reply_names_the_source_of_a_bad_entry() -> None:
-    with pytest.raises(ValueError, match="flaky.mix\\[1\\]: unknown reply 'teapot'"):
+    with pytest.raises(ValueError, match=r"flaky\.mix\[1\]: unknown reply 'teapot'"):
         apply_sources(FakeUpstream(), {"flaky": {"mix": [[1, {"ok": {}}], [1, {"teapot": {}}]]}})
     with pytest.raises(ValueError, match="exactly one of 'reply' and 'mix'"):
         apply_sources(FakeUpstream(), {"a": {}})
@@ -122,7 +122,10 @@ async def test_structured_ok_answers_the_requested_schema() -> None:
             await chat(
                 client,
                 fake.base_url("s"),
-                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema},
+                },
             )
         ).json()
         assert json.loads(body["choices"][0]["message"]["content"]) == {"id": 1}

@@ -28,10 +28,30 @@ Message = dict[str, Any]
 
 TAG_RE = re.compile(r"\[tag:([A-Za-z0-9_.:-]+)\]")
 _ROLES = ("system", "user", "assistant", "tool")
-_WORDS = (
-    "invoice total amount customer order shipping region quarter report table figure "
-    "revenue margin forecast contract clause party date signature page section summary"
-).split()
+_WORDS = [
+    "invoice",
+    "total",
+    "amount",
+    "customer",
+    "order",
+    "shipping",
+    "region",
+    "quarter",
+    "report",
+    "table",
+    "figure",
+    "revenue",
+    "margin",
+    "forecast",
+    "contract",
+    "clause",
+    "party",
+    "date",
+    "signature",
+    "page",
+    "section",
+    "summary",
+]
 
 
 def tagged(tag: str, text: str) -> str:

@@ -17,7 +17,7 @@ from fleet import OCR_SOURCES
 from pgw_monkeyocr.testing import FakeMonkeyOcr
 
 
-async def serve(port: int, counters: str) -> None:
+async def serve(port: int) -> dict[str, dict[str, int]]:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -34,8 +34,7 @@ async def serve(port: int, counters: str) -> None:
             }
             for s in OCR_SOURCES
         }
-    with open(counters, "w", encoding="utf-8") as f:
-        json.dump(out, f)
+    return out
 
 
 def main() -> None:
@@ -43,7 +42,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--counters", required=True)
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.counters))
+    counters = asyncio.run(serve(args.port))
+    with open(args.counters, "w", encoding="utf-8") as f:
+        json.dump(counters, f)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ what each source was meant to do and which limits it had).
 | emb-healthy | EMBED | generic-1 | none | |
 | emb-flaky | EMBED | generic-2 | 429 Retry-After 1 / 503 | |
 | emb-bad-key | EMBED | generic-3 | 401 (dead) | |
-| ocr-a, ocr-b (fake MonkeyOCR) | OCR | monkey-1, -2 | ocr-b serialises (one at a time) | ocr-b concurrency 1 |
+| ocr-a, ocr-b (fake MonkeyOCR) | OCR | monkey-1, -2 | ocr-b serialises | ocr-b concurrency 1 |
 
 Global gates per scope (M2 §8.1): concurrency 100, RPM 600 (``--global-rpm`` changes it; 0
 turns it off for throughput runs).
@@ -94,7 +94,9 @@ FLEET: tuple[Source, ...] = (
         "truncated",
         {"mix": [[1, _HEALTHY], [2, {"cut": {"after_chunks": 2}}]], "seed": 11},
     ),
-    Source("emb-healthy", "EMBED", "generic-1", "healthy", {"route": "embeddings", "reply": {"ok": {}}}),
+    Source(
+        "emb-healthy", "EMBED", "generic-1", "healthy", {"route": "embeddings", "reply": {"ok": {}}}
+    ),
     Source(
         "emb-flaky",
         "EMBED",

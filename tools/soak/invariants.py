@@ -120,7 +120,10 @@ def check_limits(
             worst[f"{scope} in flight"] = max(worst.get(f"{scope} in flight", 0), peak)
             if global_concurrency and peak > global_concurrency:
                 v.ok = False
-                v.add(f"{scope}: {peak} in flight at the upstream > global {global_concurrency} ({phase['phase']})")
+                v.add(
+                    f"{scope}: {peak} in flight at the upstream > global "
+                    f"{global_concurrency} ({phase['phase']})"
+                )
         for s in sources:
             route = ROUTE_OF_SCOPE.get(s["scope"])
             if route is None or not s["max_concurrency"]:
@@ -164,7 +167,9 @@ def check_limits(
             worst[f"{name} requests/any 60 s"] = f"{sliding} (bound {2 * limit})"
             if sliding > 2 * limit * (2 if reset_windows else 1):
                 v.ok = False
-                v.add(f"{name}: {sliding} requests within 60 s > the fixed-window bound {2 * limit}")
+                v.add(
+                    f"{name}: {sliding} requests within 60 s > the fixed-window bound {2 * limit}"
+                )
 
     for s in sources:
         items = by_source.get(s["fake"], [])
@@ -289,8 +294,16 @@ def check_redis(snapshot: Mapping[str, Any]) -> Verdict:
                 probes += 1
                 v.add(f"probe still held: {entry['key']}")
     v.ok = not (no_ttl or leases or probes)
-    v.numbers = {"keys": len(snapshot["keys"]), "no TTL": no_ttl, "live leases": leases, "held probes": probes}
-    v.summary = f"{len(snapshot['keys'])} keys: {no_ttl} without TTL, {leases} live leases, {probes} held probes"
+    v.numbers = {
+        "keys": len(snapshot["keys"]),
+        "no TTL": no_ttl,
+        "live leases": leases,
+        "held probes": probes,
+    }
+    v.summary = (
+        f"{len(snapshot['keys'])} keys: {no_ttl} without TTL, {leases} live leases, "
+        f"{probes} held probes"
+    )
     return v
 
 
@@ -309,7 +322,7 @@ def probe_spacing(
     in_burst = True
     close: list[tuple[float, float]] = []
     for i, t in enumerate(ordered):
-        if i and any(ordered[i - 1] < b and a <= t for a, b in resets):
+        if i and any(ordered[i - 1] < a <= t for a, _ in resets):
             in_burst = True  # the restart forgot the breaker state: a new burst starts here
             burst += 1
             continue
@@ -345,7 +358,9 @@ def check_breakers(
             continue
         ts = times.get(s["fake"], [])
         burst, close, opened = probe_spacing(ts, cooldown_s, resets)
-        v.numbers[s["fake"]] = f"{len(ts)} arrivals, opening burst {burst}, probes {len(ts) - burst}"
+        v.numbers[s["fake"]] = (
+            f"{len(ts)} arrivals, opening burst {burst}, probes {len(ts) - burst}"
+        )
         if close:
             v.ok = False
             for a, b in close[:5]:
@@ -380,8 +395,14 @@ def check_outcomes(
         if c.get("hang") or c["dur"] > deadline_s + DEADLINE_SLACK_S:
             v.ok = False
             v.add(f"{c['tag']} ran {c['dur']:.1f}s > deadline {deadline_s}s")
-    v.numbers = {"calls": sum(outcomes.values()), **dict(outcomes.most_common()), "longest s": round(longest, 2)}
-    v.summary = ", ".join(f"{k} {n}" for k, n in outcomes.most_common()) + f"; longest {longest:.1f}s"
+    v.numbers = {
+        "calls": sum(outcomes.values()),
+        **dict(outcomes.most_common()),
+        "longest s": round(longest, 2),
+    }
+    v.summary = (
+        ", ".join(f"{k} {n}" for k, n in outcomes.most_common()) + f"; longest {longest:.1f}s"
+    )
     return v
 
 
@@ -390,10 +411,13 @@ def check_cache(
     rows: Sequence[Mapping[str, Any]],
     prices: Mapping[str, Any],
     resets: Sequence[tuple[float, float]] = (),
+    *,
+    expect_repeats: bool = True,
 ) -> Verdict:
     """6. Repeated requests hit (every repeat that started a second after a stored answer of
     its tenant, with no governance reset between, is a hit), a tenant only hits what it
-    stored itself, and every row's cost is the pricing table's."""
+    stored itself, and every row's cost is the pricing table's. ``expect_repeats=False``
+    (scenarios without a repeated share, runs without a cache) checks the cost only."""
     v = Verdict("6 cache and cost", True, "")
     repeats = [c for c in calls if c.get("tenant") and c["outcome"] == "ok"]
     misses: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
@@ -412,7 +436,8 @@ def check_cache(
                 v.add(f"tenant {c['tenant']} hit {c['tag']} it never stored")
             continue
         stored = [
-            e for s_, e in misses[key]
+            e
+            for s_, e in misses[key]
             if e + 1.0 <= c["t"] and not any(e <= b and a <= c["t"] for a, b in resets)
         ]
         if stored:
@@ -437,10 +462,13 @@ def check_cache(
         recorded_total += cost or 0.0
         if cost is None or abs(cost - expected) > COST_TOLERANCE + 1e-9 * expected:
             bad_cost += 1
-            v.add(f"cost {cost} != {expected} ({r['model']}, {r['prompt_tokens']}+{r['completion_tokens']})")
-    if not repeats:
+            v.add(
+                f"cost {cost} != {expected} "
+                f"({r['model']}, {r['prompt_tokens']}+{r['completion_tokens']})"
+            )
+    if not repeats and expect_repeats:
         v.add("no repeated calls")
-    v.ok = bool(hits) and not missed and not foreign and not bad_cost
+    v.ok = (bool(hits) or not expect_repeats) and not missed and not foreign and not bad_cost
     v.numbers = {
         "repeated calls ok": len(repeats),
         "hits": hits,
@@ -455,4 +483,82 @@ def check_cache(
         f"{hits} hits of {should} expected, {missed} missed, {foreign} across tenants; "
         f"cost {recorded_total:.6f} = table {expected_total:.6f} ({bad_cost} rows off)"
     )
+    return v
+
+
+def check_drills(
+    timeline: Sequence[Mapping[str, Any]],
+    calls: Sequence[Mapping[str, Any]],
+    killed: Iterable[str],
+    dropped: int,
+    deadline_s: float,
+) -> Verdict:
+    """The fault drills did what they should: after ``kill -9`` the other workers kept
+    finishing calls (the victim's leases expiring is invariant 3); during a Redis restart
+    calls failed closed (``GovernanceBackendError``) and succeeded again after it; during a
+    telemetry outage calls went on as before and the recorders counted the rows they
+    dropped."""
+    v = Verdict("drills", True, "")
+    events = {e["event"]: e for e in timeline}
+    killed = set(killed)
+    if "drill kill -9" in events:
+        at = events["drill kill -9"]["t"]
+        after = sum(
+            1
+            for c in calls
+            if c["outcome"] == "ok" and c["t"] >= at and worker_of(c["tag"]) not in killed
+        )
+        v.numbers["kill: ok calls by the others after it"] = after
+        v.numbers["kill: live leases just before / after"] = (
+            f"{events['drill kill -9'].get('live_leases_before')} / "
+            f"{events['drill kill -9'].get('live_leases_after')}"
+        )
+        if not after:
+            v.ok = False
+            v.add("no worker finished a call after the kill")
+    if "drill redis down" in events and "drill redis up" in events:
+        down, up = events["drill redis down"]["t"], events["drill redis up"]["t"]
+        gap = [c for c in calls if down <= c["t"] < up]
+        closed = sum(1 for c in gap if c.get("error") == "GovernanceBackendError")
+        other = sum(
+            1 for c in gap if c["outcome"] != "ok" and c.get("error") != "GovernanceBackendError"
+        )
+        recovered = sum(1 for c in calls if c["outcome"] == "ok" and c["t"] >= up + 2.0)
+        v.numbers["redis: calls begun in the gap failing closed"] = f"{closed} of {len(gap)}"
+        v.numbers["redis: other errors begun in the gap"] = other
+        v.numbers["redis: ok calls begun 2 s after it"] = recovered
+        if not closed or not recovered:
+            v.ok = False
+            v.add(f"redis restart: {closed} failed closed, {recovered} succeeded after")
+    if "drill postgres down" in events and "drill postgres up" in events:
+        down, up = events["drill postgres down"]["t"], events["drill postgres up"]["t"]
+
+        gap = [c for c in calls if down <= c["t"] < up]
+        rest = [c for c in calls if not down <= c["t"] < up]
+        gap_errors = Counter(c.get("error") for c in gap if c["outcome"] != "ok")
+        rest_errors = {c.get("error") for c in rest if c["outcome"] != "ok"}
+        new_errors = sorted(str(e) for e in set(gap_errors) - rest_errors)
+        ok_in_gap = sum(c["outcome"] == "ok" for c in gap)
+        v.numbers["postgres: calls begun in the gap ok / all"] = f"{ok_in_gap} / {len(gap)}"
+        v.numbers["postgres: errors in the gap"] = dict(gap_errors)
+        v.numbers["postgres: longest call begun in the gap s"] = round(
+            max((c["dur"] for c in gap), default=0.0), 2
+        )
+        v.numbers["postgres: rows dropped (recorders)"] = dropped
+        # The ok share of a window depends on the quota (a saturated RPM gate fails calls by
+        # their deadline whatever the telemetry does); what the outage must not do is add a
+        # kind of failure, stretch a call past its deadline, or lose rows uncounted.
+        if not gap or not ok_in_gap or new_errors or not dropped:
+            v.ok = False
+            v.add(
+                f"telemetry outage: {ok_in_gap} ok of {len(gap)}, new errors {new_errors}, "
+                f"{dropped} drops counted"
+            )
+        if any(c["dur"] > deadline_s + DEADLINE_SLACK_S for c in gap):
+            v.ok = False
+            v.add("a call begun during the telemetry outage ran past its deadline")
+    if not v.numbers:
+        v.summary = "no drill"
+    else:
+        v.summary = "; ".join(f"{k} {val}" for k, val in v.numbers.items())
     return v

@@ -1,7 +1,10 @@
 """A TCP proxy the soak harness controls: the Postgres drill stops it (every connection
 through it is closed and new ones are refused) and starts it again, which to the telemetry
 recorder is exactly a database that went away and came back, without touching the machine's
-PostgreSQL cluster."""
+PostgreSQL cluster. It also counts what clients send (``client_reads``: one read is one
+request or one pipelined batch, i.e. one round trip), which measures Redis round trips per
+call from outside the library.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ class TcpProxy:
         self.port = listen_port
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.client_reads = 0
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -40,9 +44,13 @@ class TcpProxy:
             return
         self._writers |= {writer, up_writer}
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: bool = False
+        ) -> None:
             try:
                 while data := await src.read(65536):
+                    if count:
+                        self.client_reads += 1
                     dst.write(data)
                     await dst.drain()
             except (OSError, asyncio.IncompleteReadError):
@@ -51,7 +59,7 @@ class TcpProxy:
                 dst.transport.abort()
 
         try:
-            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer))
         finally:
             self._writers.discard(writer)
             self._writers.discard(up_writer)

@@ -2,7 +2,7 @@
 
     python tools/soak/run_soak.py --scenario P6 --workers 4 --duration 600
         [--budget-calls N] [--budget-tokens M] [--concurrency 16]
-        [--redis-url redis://127.0.0.1:6379/15 --i-own-this-db]   (default: a redis-server of its own)
+        [--redis-url redis://127.0.0.1:6379/15 --i-own-this-db]  (default: its own redis-server)
         [--telemetry-db DIR | --dsn postgresql://.../pgw_soak]  (default: SQLite per worker)
         [--drills kill,redis,postgres] [--global-rpm 600] [--healthy-only] [--no-cache]
 
@@ -63,6 +63,16 @@ DRILL_AT = {"kill": 0.3, "redis": 0.5, "postgres": 0.7}
 LEASE_TTL_S = 10.0 + 30.0  # the OCR scope's longest timeout + 30 (the library's default)
 
 
+def write_json(path: str, value: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1)
+
+
+def log_file(path: str) -> Any:
+    """An append-mode log for a child process (it outlives this call: the child owns it)."""
+    return open(path, "ab")
+
+
 def free_port() -> int:
     with closing(socket.socket()) as s:
         s.bind(("127.0.0.1", 0))
@@ -111,8 +121,19 @@ class OwnRedis:
             raise SystemExit("redis-server is not installed: pass --redis-url")
         log = open(os.path.join(self.run_dir, "redis.log"), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-            + ["--appendonly", "no", "--dir", self.run_dir],
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.run_dir,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -137,8 +158,18 @@ def start_fake_upstream(run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
         json.dump(fleet.sources_file(), f, indent=1)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "polygateway", "fake-upstream", "--port", str(port)]
-        + ["--sources", sources, "--arrivals-log", os.path.join(run_dir, "arrivals.jsonl")],
+        [
+            sys.executable,
+            "-m",
+            "polygateway",
+            "fake-upstream",
+            "--port",
+            str(port),
+            "--sources",
+            sources,
+            "--arrivals-log",
+            os.path.join(run_dir, "arrivals.jsonl"),
+        ],
         stdout=subprocess.PIPE,
         stderr=open(os.path.join(run_dir, "fake-upstream.log"), "ab"),  # noqa: SIM115
     )
@@ -151,8 +182,14 @@ def start_fake_upstream(run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
 
 def start_fake_ocr(run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "fake_ocr.py"), "--port", str(free_port())]
-        + ["--counters", os.path.join(run_dir, "ocr-counters.json")],
+        [
+            sys.executable,
+            os.path.join(HERE, "fake_ocr.py"),
+            "--port",
+            str(free_port()),
+            "--counters",
+            os.path.join(run_dir, "ocr-counters.json"),
+        ],
         stdout=subprocess.PIPE,
         stderr=open(os.path.join(run_dir, "fake-ocr.log"), "ab"),  # noqa: SIM115
     )
@@ -165,7 +202,7 @@ def start_fake_ocr(run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
 
 def fetch_counters(upstream: str, restart_max: bool = False) -> dict[str, Any]:
     url = f"{upstream}/_fake/counters" + ("?restart_max=1" if restart_max else "")
-    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (loopback)
+    with urllib.request.urlopen(url, timeout=10) as response:
         data: dict[str, Any] = json.load(response)
     data["at"] = time.time()
     return data
@@ -174,6 +211,16 @@ def fetch_counters(upstream: str, restart_max: bool = False) -> dict[str, Any]:
 def commandstats(url: str) -> dict[str, int]:
     info = redis_client(url).info("commandstats")
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+
+
+def live_leases(url: str) -> int:
+    """Lease ZSET members not yet expired (server time)."""
+    r = redis_client(url)
+    seconds, micros = r.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    return sum(
+        int(r.zcount(key, now_ms + 1, "+inf")) for key in r.scan_iter(match="*:lease", count=1000)
+    )
 
 
 def snapshot_redis(url: str) -> dict[str, Any]:
@@ -213,6 +260,7 @@ class Harness:
         self.stopping = asyncio.Event()
         self.stop_reason = ""
         self.counters_phases: list[dict[str, Any]] = []
+        self.redis_round_trips: int | None = None
 
     def event(self, what: str, **extra: Any) -> None:
         entry = {"t": time.time(), "event": what, **extra}
@@ -238,6 +286,17 @@ class Harness:
             own_redis.start()
             redis_url = own_redis.url
         redis_client(redis_url).flushdb()
+        admin_redis_url = redis_url  # the harness's own commands bypass the counting proxy
+        redis_proxy: TcpProxy | None = None
+        if args.count_redis:
+            parts_r = urllib.parse.urlsplit(redis_url)
+            redis_proxy = TcpProxy(parts_r.hostname or "127.0.0.1", parts_r.port or 6379)
+            await redis_proxy.start()
+            netloc_r = parts_r.netloc.rsplit("@", 1)
+            host_r = f"127.0.0.1:{redis_proxy.port}"
+            redis_url = urllib.parse.urlunsplit(
+                parts_r._replace(netloc=f"{netloc_r[0]}@{host_r}" if len(netloc_r) == 2 else host_r)
+            )
         proxy: TcpProxy | None = None
         telemetry: dict[str, str]
         dsn = None
@@ -255,15 +314,22 @@ class Harness:
         else:
             telemetry = {"PGW_TELEMETRY_BACKEND": "sqlite"}
         pricing = os.path.join(self.run_dir, "pricing.json")
-        with open(pricing, "w", encoding="utf-8") as f:
-            json.dump(fleet.PRICES, f)
+        write_json(pricing, fleet.PRICES)
         upstream_proc, upstream = start_fake_upstream(self.run_dir)
         ocr_proc, ocr_upstream = start_fake_ocr(self.run_dir)
-        stats_before = commandstats(redis_url)
+        stats_before = commandstats(admin_redis_url)
         self.event("started", upstream=upstream, ocr=ocr_upstream, redis=redis_url)
         try:
             await self._run_workers(
-                redis_url, upstream, ocr_upstream, telemetry, dsn, pricing, own_redis, proxy
+                redis_url,
+                admin_redis_url,
+                upstream,
+                ocr_upstream,
+                telemetry,
+                dsn,
+                pricing,
+                own_redis,
+                proxy,
             )
         finally:
             killed = [w.killed_at for w in self.workers if w.killed_at is not None]
@@ -274,8 +340,8 @@ class Harness:
                     await asyncio.sleep(wait)
             redis_ok = True
             try:
-                snapshot = snapshot_redis(redis_url)
-                stats_after = commandstats(redis_url)
+                snapshot = snapshot_redis(admin_redis_url)
+                stats_after = commandstats(admin_redis_url)
             except Exception as exc:  # reported: the scoreboard fails invariant 3 on it
                 redis_ok = False
                 snapshot = {"error": repr(exc), "keys": []}
@@ -291,11 +357,15 @@ class Harness:
                 own_redis.stop()
             if proxy is not None:
                 await proxy.stop()
+            if redis_proxy is not None:
+                self.redis_round_trips = redis_proxy.client_reads
+                await redis_proxy.stop()
             self._write_run_json(snapshot, stats_before, stats_after, redis_ok, dsn)
 
     async def _run_workers(
         self,
         redis_url: str,
+        admin_redis_url: str,
         upstream: str,
         ocr_upstream: str,
         telemetry: dict[str, str],
@@ -344,14 +414,13 @@ class Harness:
                 "telemetry_path": worker_telemetry.get("PGW_TELEMETRY_SQLITE_PATH"),
             }
             path = os.path.join(self.run_dir, f"spec-{name}.json")
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(spec, f)
+            write_json(path, spec)
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 os.path.join(HERE, "worker.py"),
                 path,
                 stdout=asyncio.subprocess.PIPE,
-                stderr=open(os.path.join(self.run_dir, f"worker-{name}.log"), "ab"),  # noqa: SIM115
+                stderr=log_file(os.path.join(self.run_dir, f"worker-{name}.log")),
                 start_new_session=True,  # Ctrl-C reaches the harness, which stops them in order
             )
             self.workers.append(WorkerProc(name, proc))
@@ -360,7 +429,7 @@ class Harness:
         tasks = [
             asyncio.create_task(self._watch()),
             asyncio.create_task(self._show()),
-            asyncio.create_task(self._drills(own_redis, proxy, upstream)),
+            asyncio.create_task(self._drills(own_redis, proxy, upstream, admin_redis_url)),
         ]
         all_done = asyncio.gather(*(w.proc.wait() for w in self.workers))
         stopping = asyncio.create_task(self.stopping.wait())
@@ -421,7 +490,7 @@ class Harness:
         return not self.stopping.is_set()
 
     async def _drills(
-        self, own_redis: OwnRedis | None, proxy: TcpProxy | None, upstream: str
+        self, own_redis: OwnRedis | None, proxy: TcpProxy | None, upstream: str, redis_url: str
     ) -> None:
         for drill in sorted(self.args.drills, key=DRILL_AT.__getitem__):
             if not await self._at(DRILL_AT[drill]):
@@ -429,12 +498,28 @@ class Harness:
             if drill == "kill":
                 victim = self.workers[-1]
                 if victim.proc.returncode is None:
+                    # Kill while leases are held (a saturated RPM gate may hold none for a while).
+                    before = 0
+                    for _ in range(60):
+                        before = await asyncio.to_thread(live_leases, redis_url)
+                        if before or self.stopping.is_set():
+                            break
+                        await asyncio.sleep(0.25)
                     victim.proc.kill()
                     victim.killed_at = time.time()
-                    self.event("drill kill -9", worker=victim.name)
+                    await victim.proc.wait()
+                    after = await asyncio.to_thread(live_leases, redis_url)
+                    self.event(
+                        "drill kill -9",
+                        worker=victim.name,
+                        live_leases_before=before,
+                        live_leases_after=after,
+                    )
             elif drill == "redis" and own_redis is not None:
                 phase = await asyncio.to_thread(fetch_counters, upstream, True)
-                self.counters_phases.append({"phase": "before redis restart", "checked": True, **phase})
+                self.counters_phases.append(
+                    {"phase": "before redis restart", "checked": True, **phase}
+                )
                 own_redis.stop()
                 self.event("drill redis down")
                 await asyncio.sleep(REDIS_GAP_S)
@@ -445,7 +530,9 @@ class Harness:
                 # transition is reported, not checked.
                 await asyncio.sleep(fleet.TIMEOUT_S + 1.0)
                 phase = await asyncio.to_thread(fetch_counters, upstream, True)
-                self.counters_phases.append({"phase": "redis restart transition", "checked": False, **phase})
+                self.counters_phases.append(
+                    {"phase": "redis restart transition", "checked": False, **phase}
+                )
             elif drill == "postgres" and proxy is not None:
                 await proxy.stop()
                 self.event("drill postgres down")
@@ -491,6 +578,7 @@ class Harness:
             "telemetry": {"kind": "postgres" if dsn else "sqlite", "dsn": bool(dsn)},
             "counters": self.counters_phases,
             "redis_ok": redis_ok,
+            "redis_round_trips": self.redis_round_trips,
             "commandstats_before": before,
             "commandstats_after": after,
             "load_average": os.getloadavg(),
@@ -526,6 +614,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--global-rpm", type=int, default=fleet.GLOBAL_RPM)
     parser.add_argument("--healthy-only", action="store_true", help="no faulty sources")
     parser.add_argument("--no-cache", action="store_true", help="cache backend none")
+    parser.add_argument(
+        "--count-redis",
+        action="store_true",
+        help="route the workers' Redis through a counting proxy (round trips per call)",
+    )
     parser.add_argument("--out", default=OUTPUTS, help="reports directory")
     args = parser.parse_args(argv)
     drills = [d for d in args.drills.split(",") if d]

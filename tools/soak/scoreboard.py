@@ -15,7 +15,6 @@ import html
 import json
 import os
 import sqlite3
-import statistics
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -27,6 +26,8 @@ sys.path.insert(0, HERE)
 
 import invariants  # noqa: E402
 
+E2E = "e2e ms p50/p99 (healthy, non-cached chat)"
+ADDED = "added ms p50/p99 (call - transport)"
 COLUMNS = (
     "scope, source_name, messages, cache_hit, error, prompt_tokens, completion_tokens, cost, "
     "model, cache_namespace, session_id, created_at, latency_ms"
@@ -98,8 +99,13 @@ def resets_of(run: dict[str, Any]) -> list[tuple[float, float]]:
     return [(a, b + run["limits"]["timeout_s"] + 1.0) for a, b in zip(down, up, strict=False)]
 
 
-def measure(run: dict[str, Any], summaries: list[dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any]:
-    wall = max(1e-9, min(run["ended"], max((c["t"] + c["dur"] for c in calls), default=run["ended"])) - run["started"])
+def measure(
+    run: dict[str, Any], summaries: list[dict[str, Any]], calls: list[dict[str, Any]]
+) -> dict[str, Any]:
+    # From the first call's start to the last call's end (the workers' start-up excluded).
+    first = min((c["t"] for c in calls), default=run["started"])
+    last = max((c["t"] + c["dur"] for c in calls), default=run["ended"])
+    wall = max(1e-9, last - first)
     per_worker = {
         s["worker"]: {
             "calls": s["calls"],
@@ -112,8 +118,11 @@ def measure(run: dict[str, Any], summaries: list[dict[str, Any]], calls: list[di
     ok_chat = [
         c
         for c in calls
-        if c["outcome"] == "ok" and c["kind"] == "chat" and not c.get("cache_hit")
-        and c.get("source") in healthy and c.get("latency_ms") is not None
+        if c["outcome"] == "ok"
+        and c["kind"] == "chat"
+        and not c.get("cache_hit")
+        and c.get("source") in healthy
+        and c.get("latency_ms") is not None
     ]
     e2e = [1000 * c["dur"] for c in ok_chat]
     added = [max(0.0, 1000 * c["dur"] - c["latency_ms"]) for c in ok_chat]
@@ -135,9 +144,11 @@ def measure(run: dict[str, Any], summaries: list[dict[str, Any]], calls: list[di
         "calls": total_calls,
         "calls/s total": round(len(calls) / wall, 1),
         "per worker": per_worker,
-        "e2e ms p50/p99 (healthy, non-cached chat)": f"{percentile(e2e, 50):.1f} / {percentile(e2e, 99):.1f} (n={len(e2e)})",
-        "added ms p50/p99 (call - transport)": f"{percentile(added, 50):.1f} / {percentile(added, 99):.1f}",
-        "CPU ms/call (all workers)": round(1000 * sum(s["cpu_s"] for s in summaries) / max(total_calls, 1), 2),
+        E2E: f"{percentile(e2e, 50):.1f} / {percentile(e2e, 99):.1f} (n={len(e2e)})",
+        ADDED: f"{percentile(added, 50):.1f} / {percentile(added, 99):.1f}",
+        "CPU ms/call (all workers)": round(
+            1000 * sum(s["cpu_s"] for s in summaries) / max(total_calls, 1), 2
+        ),
         "rss": rss,
         "redis round trips/call": round(trips / max(total_calls, 1), 2) if trips else None,
         "load average at end": run.get("load_average"),
@@ -150,7 +161,9 @@ def score(run_dir: str) -> tuple[dict[str, Any], list[invariants.Verdict], dict[
     with open(os.path.join(run_dir, "redis-snapshot.json"), encoding="utf-8") as f:
         snapshot = json.load(f)
     arrivals = read_jsonl(os.path.join(run_dir, "arrivals.jsonl"))
-    calls = [c for p in sorted(glob.glob(os.path.join(run_dir, "calls-*.jsonl"))) for c in read_jsonl(p)]
+    calls = [
+        c for p in sorted(glob.glob(os.path.join(run_dir, "calls-*.jsonl"))) for c in read_jsonl(p)
+    ]
     summaries = []
     for p in sorted(glob.glob(os.path.join(run_dir, "worker-*.json"))):
         with open(p, encoding="utf-8") as f:
@@ -170,12 +183,22 @@ def score(run_dir: str) -> tuple[dict[str, Any], list[invariants.Verdict], dict[
     resets = resets_of(run)
     dropped = sum(s.get("telemetry_dropped") or 0 for s in summaries)
     limits = run["limits"]
-    missing_summaries = {f"w{i}" for i in range(run["workers"])} - {s["worker"] for s in summaries} - set(killed)
+    missing_summaries = (
+        {f"w{i}" for i in range(run["workers"])} - {s["worker"] for s in summaries} - set(killed)
+    )
     verdicts = [
         invariants.check_limits(
-            arrivals, run["sources"], run["counters"], ocr, limits["global_concurrency"], limits["global_rpm"], resets
+            arrivals,
+            run["sources"],
+            run["counters"],
+            ocr,
+            limits["global_concurrency"],
+            limits["global_rpm"],
+            resets,
         ),
-        invariants.check_rows(arrivals, rows, run["sources"], ocr, excluded_workers=killed, dropped=dropped),
+        invariants.check_rows(
+            arrivals, rows, run["sources"], ocr, excluded_workers=killed, dropped=dropped
+        ),
         invariants.check_redis(snapshot),
         invariants.check_breakers(
             arrivals,
@@ -186,11 +209,25 @@ def score(run_dir: str) -> tuple[dict[str, Any], list[invariants.Verdict], dict[
             resets,
         ),
         invariants.check_outcomes(calls, limits["call_deadline_s"], excluded_workers=killed),
-        invariants.check_cache(calls, rows, run["prices"], resets),
+        invariants.check_cache(
+            calls,
+            rows,
+            run["prices"],
+            resets,
+            expect_repeats=run["scenario"] in ("P3", "P4", "P6") and run["cache"],
+        ),
     ]
+    if run["drills"]:
+        verdicts.append(
+            invariants.check_drills(
+                run["timeline"], calls, killed, dropped, limits["call_deadline_s"]
+            )
+        )
     if missing_summaries:
         verdicts[4].ok = False
-        verdicts[4].add(f"workers without a summary (did not stop cleanly): {sorted(missing_summaries)}")
+        verdicts[4].add(
+            f"workers without a summary (did not stop cleanly): {sorted(missing_summaries)}"
+        )
     if run.get("healthy_only"):
         verdicts[3].summary += " (healthy-only run: no faulty source)"
     metrics = measure(run, summaries, calls)
@@ -198,12 +235,15 @@ def score(run_dir: str) -> tuple[dict[str, Any], list[invariants.Verdict], dict[
     return run, verdicts, metrics
 
 
-def write_markdown(path: str, run: dict[str, Any], verdicts: list[invariants.Verdict], metrics: dict[str, Any]) -> None:
+def write_markdown(
+    path: str, run: dict[str, Any], verdicts: list[invariants.Verdict], metrics: dict[str, Any]
+) -> None:
     ok = all(v.ok for v in verdicts)
     lines = [
         f"# Soak run {run['run_id']}: {'all invariants hold' if ok else 'INVARIANT BROKEN'}",
         "",
-        f"Scenario {run['scenario']}, {run['workers']} workers x {run['concurrency']} calls in flight, "
+        f"Scenario {run['scenario']}, {run['workers']} workers x {run['concurrency']} calls in "
+        "flight, "
         f"stopped: {run['stop_reason']}; drills: {', '.join(run['drills']) or 'none'}; "
         f"telemetry {run['telemetry']['kind']}; global RPM {run['limits']['global_rpm']}; "
         f"load average at the end {', '.join(f'{x:.1f}' for x in run['load_average'])}.",
@@ -231,7 +271,9 @@ def write_markdown(path: str, run: dict[str, Any], verdicts: list[invariants.Ver
     lines.append("")
     for e in run["timeline"]:
         rest = {k: v for k, v in e.items() if k not in ("t", "event")}
-        lines.append(f"- +{e['t'] - run['started']:.1f}s {e['event']} {json.dumps(rest) if rest else ''}")
+        lines.append(
+            f"- +{e['t'] - run['started']:.1f}s {e['event']} {json.dumps(rest) if rest else ''}"
+        )
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -243,8 +285,22 @@ def _svg(title: str, series: dict[str, list[tuple[float, float]]], y_label: str)
         return f"<h3>{html.escape(title)}</h3><p>no data</p>"
     x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
     y1 = max(p[1] for p in points) or 1.0
-    colours = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-    out = [f"<h3>{html.escape(title)}</h3><svg width='{width}' height='{height}' style='background:#fafafa'>"]
+    colours = [
+        "#1f77b4",
+        "#d62728",
+        "#2ca02c",
+        "#ff7f0e",
+        "#9467bd",
+        "#8c564b",
+        "#e377c2",
+        "#7f7f7f",
+        "#bcbd22",
+        "#17becf",
+    ]
+    out = [
+        f"<h3>{html.escape(title)}</h3>"
+        f"<svg width='{width}' height='{height}' style='background:#fafafa'>"
+    ]
     for i, (name, pts) in enumerate(sorted(series.items())):
         coords = " ".join(
             f"{pad + (x - x0) / max(x1 - x0, 1e-9) * (width - 2 * pad):.1f},"
@@ -252,17 +308,28 @@ def _svg(title: str, series: dict[str, list[tuple[float, float]]], y_label: str)
             for x, y in pts
         )
         colour = colours[i % len(colours)]
-        out.append(f"<polyline fill='none' stroke='{colour}' stroke-width='1.5' points='{coords}'/>")
-        out.append(f"<text x='{width - 150}' y='{16 + 14 * i}' fill='{colour}' font-size='11'>{html.escape(name)}</text>")
+        out.append(
+            f"<polyline fill='none' stroke='{colour}' stroke-width='1.5' points='{coords}'/>"
+        )
+        out.append(
+            f"<text x='{width - 150}' y='{16 + 14 * i}' fill='{colour}' font-size='11'>"
+            f"{html.escape(name)}</text>"
+        )
     out.append(f"<text x='4' y='14' font-size='11'>{html.escape(y_label)} (max {y1:g})</text>")
     out.append(f"<text x='{pad}' y='{height - 8}' font-size='11'>0 s</text>")
-    out.append(f"<text x='{width - pad - 30}' y='{height - 8}' font-size='11'>{x1 - x0:.0f} s</text></svg>")
+    out.append(
+        f"<text x='{width - pad - 30}' y='{height - 8}' font-size='11'>{x1 - x0:.0f} s</text></svg>"
+    )
     return "\n".join(out)
 
 
-def write_html(path: str, run_dir: str, run: dict[str, Any], verdicts: list[invariants.Verdict]) -> None:
+def write_html(
+    path: str, run_dir: str, run: dict[str, Any], verdicts: list[invariants.Verdict]
+) -> None:
     t0 = run["started"]
-    calls = [c for p in sorted(glob.glob(os.path.join(run_dir, "calls-*.jsonl"))) for c in read_jsonl(p)]
+    calls = [
+        c for p in sorted(glob.glob(os.path.join(run_dir, "calls-*.jsonl"))) for c in read_jsonl(p)
+    ]
     buckets: dict[str, Counter[int]] = defaultdict(Counter)
     for c in calls:
         buckets["ok" if c["outcome"] == "ok" else "error"][int((c["t"] + c["dur"] - t0) // 10)] += 1
@@ -287,7 +354,9 @@ def write_html(path: str, run_dir: str, run: dict[str, Any], verdicts: list[inva
         f"<body style='font-family:sans-serif'><h1>Soak run {html.escape(run['run_id'])}</h1>"
         f"<table border='1' cellpadding='4' style='border-collapse:collapse'>{rows}</table>"
         + _svg("Calls finished per second (10 s buckets)", per_outcome, "calls/s")
-        + _svg("Requests reaching each upstream source per second (10 s buckets)", per_source, "req/s")
+        + _svg(
+            "Requests reaching each upstream source per second (10 s buckets)", per_source, "req/s"
+        )
         + _svg("RSS per worker", rss, "MiB")
         + "</body>"
     )
@@ -309,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scoreboard: {v.name}: {'ok' if v.ok else 'BROKEN'}: {v.summary}")
         for d in v.details[:5] if not v.ok else ():
             print(f"    {d}")
-    print(f"scoreboard: calls/s total {metrics['calls/s total']}; {metrics['e2e ms p50/p99 (healthy, non-cached chat)']}")
+    print(f"scoreboard: calls/s total {metrics['calls/s total']}; e2e ms p50/p99 {metrics[E2E]}")
     print(f"scoreboard: report {base}.md (+ .html)")
     return 0 if all(v.ok for v in verdicts) else 1
 

@@ -26,9 +26,8 @@ import sys
 import time
 from typing import Any
 
-from pydantic import BaseModel
-
 from corpus import Message
+from pydantic import BaseModel
 from scenarios import CallSpec, calls
 
 HANG_SLACK_S = 10.0

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polygateway.testing.fake_upstream.faultmix import ArrivalLog
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -72,30 +76,31 @@ def _content(size: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-
-    return asyncio.run(_serve(args))
-
-
-async def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-    import signal
-
-    import contextlib
     import json
     from contextlib import ExitStack
-
-    from polygateway.testing.fake_upstream import DEFAULT_CONTENT, FakeUpstream, Reply
-    from polygateway.testing.fake_upstream.embeddings import DEFAULT_EMBEDDING_DIM
-    from polygateway.testing.fake_upstream.faultmix import (
-        DEFAULT_TAG_PATTERN,
-        ArrivalLog,
-        apply_sources,
-    )
 
     sources = None
     if args.sources:
         with open(args.sources, encoding="utf-8") as f:
             sources = json.load(f)
+    with ExitStack() as files:
+        log = None
+        if args.arrivals_log:
+            from polygateway.testing.fake_upstream.faultmix import DEFAULT_TAG_PATTERN, ArrivalLog
+
+            out = files.enter_context(open(args.arrivals_log, "a", encoding="utf-8"))
+            log = ArrivalLog(out, args.tag_pattern or DEFAULT_TAG_PATTERN)
+        return asyncio.run(_serve(args, sources, log))
+
+
+async def _serve(args: argparse.Namespace, sources: Any, log: ArrivalLog | None) -> int:
+    import asyncio
+    import contextlib
+    import signal
+
+    from polygateway.testing.fake_upstream import DEFAULT_CONTENT, FakeUpstream, Reply
+    from polygateway.testing.fake_upstream.embeddings import DEFAULT_EMBEDDING_DIM
+    from polygateway.testing.fake_upstream.faultmix import apply_sources
 
     content = _content(args.content_bytes) if args.content_bytes else DEFAULT_CONTENT
     default_reply = Reply.ok(content, chunks=args.chunks, inter_token_delay=args.inter_token_delay)
@@ -103,27 +108,22 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    with ExitStack() as files:
-        log = None
-        if args.arrivals_log:
-            out = files.enter_context(open(args.arrivals_log, "a", encoding="utf-8"))  # noqa: ASYNC230
-            log = ArrivalLog(out, args.tag_pattern or DEFAULT_TAG_PATTERN)
-        # Benchmarks run for long: do not keep every request body.
-        async with FakeUpstream(
-            host=args.host,
-            port=args.port,
-            default_reply=default_reply,
-            embedding_dim=args.embedding_dim or DEFAULT_EMBEDDING_DIM,
-            keep_received=False,
-            on_arrival=log,
-        ) as fake:
-            if sources is not None:
-                apply_sources(fake, sources)
-            print(fake.base_url(), flush=True)
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await stop.wait()
-                if log is not None:
-                    log.flush()
+    # Benchmarks run for long: do not keep every request body.
+    async with FakeUpstream(
+        host=args.host,
+        port=args.port,
+        default_reply=default_reply,
+        embedding_dim=args.embedding_dim or DEFAULT_EMBEDDING_DIM,
+        keep_received=False,
+        on_arrival=log,
+    ) as fake:
+        if sources is not None:
+            apply_sources(fake, sources)
+        print(fake.base_url(), flush=True)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await stop.wait()
+            if log is not None:
+                log.flush()
     return 0

@@ -36,4 +36,9 @@ from polygateway.testing.fake_upstream.server import Arrival, FakeUpstream
 
 __all__ = [
     "DEFAULT_CONTENT",
-    "Arrival", "FakeUpstream", "ReceivedRequest", "Reply", "estimate_tokens"]
+    "Arrival",
+    "FakeUpstream",
+    "ReceivedRequest",
+    "Reply",
+    "estimate_tokens",
+]

@@ -56,7 +56,7 @@ def minimal_instance(schema: Any, depth: int = 0) -> Any:
     property of an object, an empty array, the first enum value...)."""
     if depth > 8 or not isinstance(schema, dict):
         return None
-    if "enum" in schema and schema["enum"]:
+    if schema.get("enum"):
         return schema["enum"][0]
     if "const" in schema:
         return schema["const"]
@@ -204,4 +204,3 @@ class ArrivalLog:
 
     def flush(self) -> None:
         self._out.flush()
-
