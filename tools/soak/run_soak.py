@@ -152,52 +152,33 @@ class OwnRedis:
         self.proc = None
 
 
-def start_fake_upstream(run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
-    sources = os.path.join(run_dir, "sources.json")
-    with open(sources, "w", encoding="utf-8") as f:
-        json.dump(fleet.sources_file(), f, indent=1)
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "polygateway",
-            "fake-upstream",
-            "--port",
-            str(port),
-            "--sources",
-            sources,
-            "--arrivals-log",
-            os.path.join(run_dir, "arrivals.jsonl"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=open(os.path.join(run_dir, "fake-upstream.log"), "ab"),  # noqa: SIM115
-    )
+def start_server(
+    command: list[str], log_path: str, what: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a server process that prints its base URL first; returns it with that URL."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file(log_path))
     assert proc.stdout is not None
     line = proc.stdout.readline().decode().strip()
     if not line.startswith("http://"):
-        raise SystemExit(f"pgw fake-upstream did not start (see {run_dir}/fake-upstream.log)")
-    return proc, line.removesuffix("/v1")
+        raise SystemExit(f"{what} did not start (see {log_path})")
+    return proc, line
+
+
+def start_fake_upstream(run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    sources = os.path.join(run_dir, "sources.json")
+    write_json(sources, fleet.sources_file())
+    command = [sys.executable, "-m", "polygateway", "fake-upstream", "--port", str(free_port())]
+    command += ["--sources", sources, "--arrivals-log", os.path.join(run_dir, "arrivals.jsonl")]
+    proc, url = start_server(
+        command, os.path.join(run_dir, "fake-upstream.log"), "pgw fake-upstream"
+    )
+    return proc, url.removesuffix("/v1")
 
 
 def start_fake_ocr(run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            os.path.join(HERE, "fake_ocr.py"),
-            "--port",
-            str(free_port()),
-            "--counters",
-            os.path.join(run_dir, "ocr-counters.json"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=open(os.path.join(run_dir, "fake-ocr.log"), "ab"),  # noqa: SIM115
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode().strip()
-    if not line.startswith("http://"):
-        raise SystemExit(f"the fake MonkeyOCR did not start (see {run_dir}/fake-ocr.log)")
-    return proc, line
+    command = [sys.executable, os.path.join(HERE, "fake_ocr.py"), "--port", str(free_port())]
+    command += ["--counters", os.path.join(run_dir, "ocr-counters.json")]
+    return start_server(command, os.path.join(run_dir, "fake-ocr.log"), "the fake MonkeyOCR")
 
 
 def fetch_counters(upstream: str, restart_max: bool = False) -> dict[str, Any]:
