@@ -82,7 +82,7 @@ def synthetic_texts(seed: int, count: int, words: int = 12) -> list[str]:
     return [f"{i}: {synthetic_prompt(seed * 1_000_003 + i, words)}" for i in range(count)]
 
 
-def messages_from_trace(steps: Iterable[Mapping[str, Any]]) -> list[Message]:
+def messages_from_trace(steps: Iterable[Any]) -> list[Message]:
     """Chat messages restored from trace steps.
 
     A step is ``{"role": r, "content": c}`` (``tool`` steps keep ``tool_call_id``), or

@@ -125,10 +125,10 @@ def check_limits(
                     f"{global_concurrency} ({phase['phase']})"
                 )
         for s in sources:
-            route = ROUTE_OF_SCOPE.get(s["scope"])
-            if route is None or not s["max_concurrency"]:
+            source_route = ROUTE_OF_SCOPE.get(s["scope"])
+            if source_route is None or not s["max_concurrency"]:
                 continue
-            peak = peaks.get(route, {}).get(s["fake"], 0)
+            peak = peaks.get(source_route, {}).get(s["fake"], 0)
             worst[f"{s['fake']} in flight"] = max(worst.get(f"{s['fake']} in flight", 0), peak)
             if peak > s["max_concurrency"]:
                 v.ok = False
@@ -363,8 +363,8 @@ def check_breakers(
         )
         if close:
             v.ok = False
-            for a, b in close[:5]:
-                v.add(f"{s['fake']}: arrivals {b - a:.2f}s apart < cooldown {cooldown_s}s")
+            for first, second in close[:5]:
+                v.add(f"{s['fake']}: arrivals {second - first:.2f}s apart < cooldown {cooldown_s}s")
         if burst > burst_bound * (1 + len(resets)):
             v.ok = False
             v.add(f"{s['fake']}: {burst} arrivals before the breaker opened > {burst_bound}")

@@ -412,8 +412,8 @@ class Harness:
             asyncio.create_task(self._show()),
             asyncio.create_task(self._drills(own_redis, proxy, upstream, admin_redis_url)),
         ]
-        all_done = asyncio.gather(*(w.proc.wait() for w in self.workers))
-        stopping = asyncio.create_task(self.stopping.wait())
+        all_done: asyncio.Future[Any] = asyncio.gather(*(w.proc.wait() for w in self.workers))
+        stopping: asyncio.Future[Any] = asyncio.create_task(self.stopping.wait())
         await asyncio.wait([all_done, stopping], return_when=asyncio.FIRST_COMPLETED)
         if not self.stopping.is_set():
             self.stop("call budget spent")

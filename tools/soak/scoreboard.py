@@ -333,12 +333,16 @@ def write_html(
     buckets: dict[str, Counter[int]] = defaultdict(Counter)
     for c in calls:
         buckets["ok" if c["outcome"] == "ok" else "error"][int((c["t"] + c["dur"] - t0) // 10)] += 1
-    per_outcome = {k: [(10 * b, n / 10) for b, n in sorted(v.items())] for k, v in buckets.items()}
+    per_outcome = {
+        k: [(10.0 * b, n / 10) for b, n in sorted(v.items())] for k, v in buckets.items()
+    }
     arrivals = read_jsonl(os.path.join(run_dir, "arrivals.jsonl"))
     by_source: dict[str, Counter[int]] = defaultdict(Counter)
     for a in arrivals:
         by_source[a["source"]][int((a["t"] - t0) // 10)] += 1
-    per_source = {k: [(10 * b, n / 10) for b, n in sorted(v.items())] for k, v in by_source.items()}
+    per_source = {
+        k: [(10.0 * b, n / 10) for b, n in sorted(v.items())] for k, v in by_source.items()
+    }
     rss: dict[str, list[tuple[float, float]]] = {}
     for p in sorted(glob.glob(os.path.join(run_dir, "worker-*.json"))):
         with open(p, encoding="utf-8") as f:

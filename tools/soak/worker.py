@@ -170,9 +170,9 @@ class Worker:
     async def _send(self, spec: CallSpec) -> dict[str, Any]:
         session = f"{self.run_id}:{self.name}"
         if spec.kind == "embed":
-            resp = await self.embed.embed(list(spec.texts), session_id=session)
-            self.tokens += resp.prompt_tokens
-            return {"tokens": resp.prompt_tokens, "source": resp.source_name}
+            vectors = await self.embed.embed(list(spec.texts), session_id=session)
+            self.tokens += vectors.prompt_tokens
+            return {"tokens": vectors.prompt_tokens, "source": vectors.source_name}
         if spec.kind == "ocr":
             assert self.ocr is not None
             await self.ocr.recognize_text(self.image, session_id=session)
