@@ -156,7 +156,9 @@ def check_limits(
         counts = window_counts(weights)
         top = max(counts.values(), default=0)
         what = "tokens" if tokens else "requests"
-        worst[f"{name} {what}/window"] = f"{top:g} / {limit}"
+        worst[f"{name} {what}/window"] = f"{top:g} / {limit}" + (
+            f" ({2 * limit} in a window a Redis restart touched)" if reset_windows else ""
+        )
         for window, count in sorted(counts.items()):
             allowed = 2 * limit if window in reset_windows else limit
             if count > allowed:
@@ -164,12 +166,12 @@ def check_limits(
                 v.add(f"{name}: {count:g} {what} in minute window {window} > {allowed}")
         if not tokens:
             sliding = max_sliding([a["t"] for a in items])
-            worst[f"{name} requests/any 60 s"] = f"{sliding} (bound {2 * limit})"
-            if sliding > 2 * limit * (2 if reset_windows else 1):
+            bound = 2 * limit * (2 if reset_windows else 1)
+            restart = " with a Redis restart" if reset_windows else ""
+            worst[f"{name} requests/any 60 s"] = f"{sliding} (bound {bound}{restart})"
+            if sliding > bound:
                 v.ok = False
-                v.add(
-                    f"{name}: {sliding} requests within 60 s > the fixed-window bound {2 * limit}"
-                )
+                v.add(f"{name}: {sliding} requests within 60 s > the fixed-window bound {bound}")
 
     for s in sources:
         items = by_source.get(s["fake"], [])
@@ -263,8 +265,9 @@ def check_rows(
         "dropped (recorders)": dropped,
     }
     v.summary = (
-        f"{sum(seen.values())} arrivals = {sum(recorded.values())} rows"
-        + (f" + {n_missing} dropped (recorders counted {dropped})" if n_missing else "")
+        f"{sum(seen.values())} tagged arrivals, {sum(recorded.values())} rows, "
+        f"{sum(ocr_rows.values())} OCR rows; {n_missing} without a row "
+        f"(recorders counted {dropped} dropped), {n_extra} rows without an arrival"
         + (f"; workers {sorted(excluded)} excluded (killed)" if excluded else "")
     )
     return v
