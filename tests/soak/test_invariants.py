@@ -275,6 +275,11 @@ def test_breakers_fail_on_close_probes_big_bursts_and_never_opening() -> None:
     assert not inv.check_breakers(times(*[i * 0.1 for i in range(10)], 20), SOURCES, 10, 60, 5).ok
     steady = times(*[i * 2.0 for i in range(30)])
     assert "never opened" in inv.check_breakers(steady, SOURCES, 10, 60, 100).details[0]
+    # A pause cut short by a Redis restart (which forgets the breaker) still shows it opened.
+    restart = [(30.0, 34.0)]
+    cut = times(0, 0.5, 1, 1.5, 31, 31.5, 32, 32.5)
+    assert inv.check_breakers(cut, SOURCES, 10, 60, 10, restart).ok
+    assert "never opened" in inv.check_breakers(steady, SOURCES, 10, 60, 100, restart).details[0]
 
 
 # -- 5 outcomes -------------------------------------------------------------------------------

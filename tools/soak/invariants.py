@@ -15,6 +15,7 @@ Inputs (all plain dicts, as the files of a run directory hold them):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -346,7 +347,7 @@ def check_breakers(
     arrivals: Sequence[Mapping[str, Any]],
     sources: Sequence[Mapping[str, Any]],
     cooldown_s: float,
-    run_s: float,
+    run_end: float,
     burst_bound: int,
     resets: Sequence[tuple[float, float]] = (),
 ) -> Verdict:
@@ -371,7 +372,13 @@ def check_breakers(
         if burst > burst_bound * (1 + len(resets)):
             v.ok = False
             v.add(f"{s['fake']}: {burst} arrivals before the breaker opened > {burst_bound}")
-        if ts and not opened and ts[-1] - ts[0] > cooldown_s and run_s > 2 * cooldown_s:
+        # Never opened: traffic kept flowing to the source, no pause of a cooldown anywhere
+        # (a pause cut short by a Redis restart counts) up to the end of the run.
+        quiet = any(
+            b - a >= cooldown_s * SPACING_TOLERANCE for a, b in itertools.pairwise(sorted(ts))
+        )
+        quiet = quiet or (bool(ts) and run_end - max(ts) >= cooldown_s * SPACING_TOLERANCE)
+        if ts and not (opened or quiet) and ts[-1] - ts[0] > cooldown_s:
             v.ok = False
             v.add(f"{s['fake']}: never opened")
     v.summary = "; ".join(f"{k}: {val}" for k, val in v.numbers.items())

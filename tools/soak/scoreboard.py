@@ -204,7 +204,7 @@ def score(run_dir: str) -> tuple[dict[str, Any], list[invariants.Verdict], dict[
             arrivals,
             run["sources"],
             limits["cooldown_s"],
-            run["ended"] - run["started"],
+            run["ended"],
             run["workers"] * run["concurrency"] + 2 * limits["fail_threshold"],
             resets,
         ),
