@@ -240,6 +240,7 @@ def check_rows(
         v.ok = False
         for (fake, tag), n in sorted(missing.items(), key=str):
             v.add(f"{n} arrival(s) without a row: {fake} tag {tag}")
+    ocr_missing = 0
     untagged = sum(n for (_, tag), n in seen.items() if tag is None)
     if untagged:
         v.ok = False
@@ -253,8 +254,9 @@ def check_rows(
             v.ok = False
             v.add(f"{s['fake']}: {rows_n} rows for {uploads} uploads")
         elif rows_n < uploads:
-            n_missing += uploads - rows_n
-            if not excluded and n_missing > dropped:
+            ocr_missing += uploads - rows_n
+            # A killed worker's OCR uploads cannot be told apart (they carry no tag).
+            if not excluded and n_missing + ocr_missing > dropped:
                 v.ok = False
                 v.add(f"{s['fake']}: {uploads} uploads, {rows_n} rows")
     v.numbers = {
@@ -262,12 +264,14 @@ def check_rows(
         "attempt rows": sum(recorded.values()),
         "OCR rows": sum(ocr_rows.values()),
         "missing rows": n_missing,
+        "OCR uploads without a row": ocr_missing,
         "rows without arrival": n_extra,
         "dropped (recorders)": dropped,
     }
     v.summary = (
         f"{sum(seen.values())} tagged arrivals, {sum(recorded.values())} rows, "
-        f"{sum(ocr_rows.values())} OCR rows; {n_missing} without a row "
+        f"{sum(ocr_rows.values())} OCR rows ({ocr_missing} uploads without one); "
+        f"{n_missing} tagged arrivals without a row "
         f"(recorders counted {dropped} dropped), {n_extra} rows without an arrival"
         + (f"; workers {sorted(excluded)} excluded (killed)" if excluded else "")
     )

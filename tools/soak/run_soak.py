@@ -481,11 +481,14 @@ class Harness:
             if drill == "kill":
                 victim = self.workers[-1]
                 if victim.proc.returncode is None:
-                    # Kill while leases are held (a saturated RPM gate may hold none for a while).
+                    # Kill while leases are held. A saturated RPM gate holds none until the
+                    # next minute window, which any 60 s of a run reaches: wait for it, up to
+                    # 80% of the duration.
+                    give_up = self.t0 + 0.8 * self.args.duration
                     before = 0
-                    for _ in range(60):
+                    while not self.stopping.is_set():
                         before = await asyncio.to_thread(live_leases, redis_url)
-                        if before or self.stopping.is_set():
+                        if before or time.time() >= give_up:
                             break
                         await asyncio.sleep(0.25)
                     victim.proc.kill()
