@@ -106,6 +106,8 @@ def test_with_tag_never_changes_the_callers_messages() -> None:
     out = with_tag(messages, "w0-1")
     assert out[1]["content"] == "[tag:w0-1] u"
     assert messages[1]["content"] == "u"
+    replayed = [{"role": "user", "content": "[tag:w3-9] old prompt"}]
+    assert with_tag(replayed, "w0-2") == [{"role": "user", "content": "[tag:w0-2] old prompt"}]
     with pytest.raises(ValueError, match="no user message"):
         with_tag([{"role": "system", "content": "s"}], "w0-1")
 
@@ -151,6 +153,15 @@ def test_p4_repeats_a_small_pool_across_two_tenants() -> None:
     prompts: dict[str, str] = {}
     for s in specs:
         assert prompts.setdefault(s.tag, s.messages[0]["content"]) == s.messages[0]["content"]
+
+
+def test_p1_replays_recorded_prompts_with_their_own_tags() -> None:
+    replay = [[{"role": "system", "content": "s"}, {"role": "user", "content": "recorded"}]]
+    specs = list(itertools.islice(calls("P1", "w0", 1, replay=replay), 5))
+    assert [s.messages[1]["content"] for s in specs] == [
+        f"[tag:w0-{n}] recorded" for n in range(1, 6)
+    ]
+    assert replay[0][1]["content"] == "recorded"
 
 
 def test_p2_uses_client_stream_for_half_its_calls() -> None:

@@ -165,9 +165,12 @@ def distinct_prompts(columns: Iterable[str], *, limit: int) -> list[list[Message
 
 
 def with_tag(messages: Sequence[Message], tag: str) -> list[Message]:
-    """A copy of ``messages`` whose first user text carries the tag (the caller's list and
-    dicts are never changed)."""
+    """A copy of ``messages`` whose first user text carries the tag, and only it (the tags of a
+    replayed run are dropped; the caller's list and dicts are never changed)."""
     out = [dict(m) for m in messages]
+    for message in out:
+        if isinstance(message.get("content"), str):
+            message["content"] = TAG_RE.sub("", message["content"]).lstrip()
     for message in out:
         if message.get("role") == "user" and isinstance(message.get("content"), str):
             message["content"] = tagged(tag, message["content"])

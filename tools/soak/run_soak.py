@@ -5,6 +5,7 @@
         [--redis-url redis://127.0.0.1:6379/15 --i-own-this-db]  (default: its own redis-server)
         [--telemetry-db DIR | --dsn postgresql://.../pgw_soak]  (default: SQLite per worker)
         [--drills kill,redis,postgres] [--global-rpm 600] [--healthy-only] [--no-cache]
+        [--count-redis] [--replay TELEMETRY.db]
 
 Starts ``pgw fake-upstream`` with the fleet's fault mix (``fleet.py``) and its arrivals log,
 the fake MonkeyOCR (``fake_ocr.py``), then K real worker processes (``worker.py``), each
@@ -395,6 +396,7 @@ class Harness:
                 "env": env,
                 "dsn": dsn,
                 "telemetry_path": worker_telemetry.get("PGW_TELEMETRY_SQLITE_PATH"),
+                "replay": args.replay,
             }
             path = os.path.join(self.run_dir, f"spec-{name}.json")
             write_json(path, spec)
@@ -606,6 +608,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="route the workers' Redis through a counting proxy (round trips per call)",
     )
     parser.add_argument("--out", default=OUTPUTS, help="reports directory")
+    parser.add_argument(
+        "--replay",
+        metavar="DB",
+        help="P1 prompts from an earlier run's SQLite telemetry (cache_salt=run_id keeps them "
+        "from hitting what that run cached)",
+    )
     args = parser.parse_args(argv)
     drills = [d for d in args.drills.split(",") if d]
     unknown = set(drills) - set(DRILL_AT)

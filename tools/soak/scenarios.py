@@ -1,6 +1,7 @@
 """The soak scenarios P1-P6: each is an endless, seeded generator of :class:`CallSpec`.
 
-- P1 short chat: one short user prompt, streamed, unique per call (cache misses).
+- P1 short chat: one short user prompt, streamed, unique per call (cache misses); or, with
+  ``--replay DB``, a prompt of an earlier run's telemetry (its tag keeps it unique).
 - P2 long streaming with reasoning: a long system + user prompt, streamed; every other call
   through ``client.stream`` (deltas to the caller), the rest through ``chat()``.
 - P3 structured output: ``structured=<pydantic model>``; 3 in 10 calls (the P4 share) repeat
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from corpus import Message, synthetic_prompt, synthetic_texts, tagged
+from corpus import Message, synthetic_prompt, synthetic_texts, tagged, with_tag
 
 Kind = Literal["chat", "stream", "embed", "ocr"]
 SCENARIOS = ("P1", "P2", "P3", "P4", "P5", "P6")
@@ -47,8 +48,13 @@ class CallSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _p1(worker: str, n: int, rng: random.Random) -> CallSpec:
+def _p1(
+    worker: str, n: int, rng: random.Random, replay: list[list[Message]] | None = None
+) -> CallSpec:
     tag = f"{worker}-{n}"
+    if replay:
+        messages = with_tag(replay[rng.randrange(len(replay))], tag)
+        return CallSpec("P1", "chat", tag, tuple(messages), max_tokens=64)
     prompt = tagged(tag, synthetic_prompt(rng.randrange(1 << 30), rng.randint(6, 20)))
     return CallSpec("P1", "chat", tag, ({"role": "user", "content": prompt},), max_tokens=64)
 
@@ -101,9 +107,16 @@ def _ocr(worker: str, n: int) -> CallSpec:
 
 
 def calls(
-    scenario: str, worker: str, seed: int, *, ocr_every: int = OCR_EVERY
+    scenario: str,
+    worker: str,
+    seed: int,
+    *,
+    ocr_every: int = OCR_EVERY,
+    replay: list[list[Message]] | None = None,
 ) -> Iterator[CallSpec]:
-    """The endless call sequence of ``scenario`` for ``worker`` (reproducible by ``seed``)."""
+    """The endless call sequence of ``scenario`` for ``worker`` (reproducible by ``seed``);
+    ``replay``: the prompts of P1 calls come from these (an earlier run's, see
+    ``corpus.replay_messages``) instead of the synthetic corpus."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r} (one of {', '.join(SCENARIOS)})")
     if ocr_every < 0:
@@ -119,7 +132,7 @@ def calls(
             continue
         pick = scenario if scenario != "P6" else rng.choices(names, weights)[0]
         if pick == "P1":
-            yield _p1(worker, n, rng)
+            yield _p1(worker, n, rng, replay)
         elif pick == "P2":
             yield _p2(worker, n, rng)
         elif pick == "P3":

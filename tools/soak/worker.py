@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from corpus import Message
+from corpus import Message, replay_messages
 from pydantic import BaseModel
 from scenarios import CallSpec, calls
 
@@ -95,8 +95,13 @@ class Worker:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.stop.set)
+        replay = replay_messages(self.spec["replay"]) if self.spec.get("replay") else None
         source = calls(
-            self.spec["scenario"], self.name, self.spec["seed"], ocr_every=self.spec["ocr_every"]
+            self.spec["scenario"],
+            self.name,
+            self.spec["seed"],
+            ocr_every=self.spec["ocr_every"],
+            replay=replay,
         )
         t0 = time.monotonic()
         cpu0 = os.times()
