@@ -54,8 +54,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import orjson  # noqa: E402
-from overhead import (  # noqa: E402
+import orjson
+from overhead import (
     MESSAGES,
     MODEL,
     Load,
@@ -197,7 +197,9 @@ async def bench_floor_httptools(
                 break
             conn = None
         if conn is None:
-            _, conn = await loop.create_connection(lambda: _HttptoolsConnection(httptools), host, port)
+            _, conn = await loop.create_connection(
+                lambda: _HttptoolsConnection(httptools), host, port
+            )
             made.append(conn)
         if stream:
             consumer = SSEConsumer()
@@ -319,9 +321,7 @@ async def bench_governed_on(
         return rate, cpu, "; ".join(notes)
 
 
-def clients(
-    url: str, stream: bool, load: Load, server: RedisServer
-) -> list[tuple[str, Measure]]:
+def clients(url: str, stream: bool, load: Load, server: RedisServer) -> list[tuple[str, Measure]]:
     import importlib.util
 
     host, port = url.removeprefix("http://").split("/")[0].split(":")
@@ -349,16 +349,13 @@ def clients(
 # --------------------------------------------------------------------------- reporting
 
 
-def ratio(rows: dict[tuple[str, str, int], Row], top: str, bottom: str, mode: str, conc: int,
-          field: str) -> str:
+def ratio(
+    rows: dict[tuple[str, str, int], Row], top: str, bottom: str, mode: str, conc: int, field: str
+) -> str:
     a, b = rows.get((top, mode, conc)), rows.get((bottom, mode, conc))
     if a is None or b is None:
         return "-"
-    pairs = [
-        t / u
-        for t, u in zip(getattr(a, field), getattr(b, field), strict=False)
-        if t and u
-    ]
+    pairs = [t / u for t, u in zip(getattr(a, field), getattr(b, field), strict=False) if t and u]
     if not pairs:
         return "-"
     med = statistics.median(pairs)
@@ -385,23 +382,31 @@ def report(rows: list[Row]) -> None:
     print("Goals (medians of per-round paired ratios):")
     for mode in ("stream", "json"):
         for conc in sorted({r.concurrency for r in rows}):
-            k = (mode, conc)
 
-            def line(text: str, top: str, bottom: str, field: str, k: tuple[str, int] = k) -> None:
-                print(f"  {mode:6} c={k[1]:<4} {text}: {ratio(by_key, top, bottom, *k, field)}")
+            def line(
+                text: str, top: str, bottom: str, field: str, k: tuple[str, int] = (mode, conc)
+            ) -> None:
+                print(f"  {k[0]:6} c={k[1]:<4} {text}: {ratio(by_key, top, bottom, *k, field)}")
 
             if ("governed-redis", mode, conc) not in by_key:
                 continue
-            line("redis calls/s vs memory (>= 75%)", "governed-redis", "governed-memory",
-                 "rate_by_round")
-            line("redis CPU vs memory (<= 1.5x)", "governed-redis", "governed-memory",
-                 "cpu_by_round")
-            line("governed-memory CPU vs floor", "governed-memory", "floor-aiohttp",
-                 "cpu_by_round")
-            line("full-memory CPU vs governed-memory (<= 1.25x)", "full-memory",
-                 "governed-memory", "cpu_by_round")
-            line("full-redis CPU vs governed-redis", "full-redis", "governed-redis",
-                 "cpu_by_round")
+            line(
+                "redis calls/s vs memory (>= 75%)",
+                "governed-redis",
+                "governed-memory",
+                "rate_by_round",
+            )
+            line(
+                "redis CPU vs memory (<= 1.5x)", "governed-redis", "governed-memory", "cpu_by_round"
+            )
+            line("governed-memory CPU vs floor", "governed-memory", "floor-aiohttp", "cpu_by_round")
+            line(
+                "full-memory CPU vs governed-memory (<= 1.25x)",
+                "full-memory",
+                "governed-memory",
+                "cpu_by_round",
+            )
+            line("full-redis CPU vs governed-redis", "full-redis", "governed-redis", "cpu_by_round")
 
 
 # --------------------------------------------------------------------------- modes
@@ -443,8 +448,10 @@ async def worker_async(args: argparse.Namespace) -> None:
         closer: Any = None
         if name.startswith(("governed-", "full-")):
             client = make_client(
-                url, db, redis_url=redis_url if name.endswith("redis") else None,
-                full=name.startswith("full-")
+                url,
+                db,
+                redis_url=redis_url if name.endswith("redis") else None,
+                full=name.startswith("full-"),
             )
             counter = iter(range(10**9))
             closer = client.aclose
@@ -454,7 +461,6 @@ async def worker_async(args: argparse.Namespace) -> None:
                 await client.chat(messages, stream=stream)
         elif name == "floor-aiohttp":
             import aiohttp
-
             from overhead import HEADERS
 
             data = body(stream)
@@ -499,9 +505,11 @@ def run_callgrind(args: argparse.Namespace) -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found")
     low, high = (int(n) for n in args.calls_pair.split(","))
-    names = args.only.split(",") if args.only else [
-        "floor-aiohttp", "governed-memory", "governed-redis", "full-memory", "full-redis"
-    ]
+    names = (
+        args.only.split(",")
+        if args.only
+        else ["floor-aiohttp", "governed-memory", "governed-redis", "full-memory", "full-redis"]
+    )
     port = free_port()
     upstream = start_upstream(port, args.chunks)
     server = RedisServer()
@@ -515,18 +523,33 @@ def run_callgrind(args: argparse.Namespace) -> None:
                     for n in (low, high):
                         out = os.path.join(tmp, f"cg.{name}.{mode}.{n}")
                         cmd = [
-                            "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                            sys.executable, __file__, "--worker", name, "--url", url,
-                            "--redis-url", server.url, "--modes", mode,
-                            "--conc", args.conc.split(",")[0], "--worker-calls", str(n),
+                            "valgrind",
+                            "--tool=callgrind",
+                            f"--callgrind-out-file={out}",
+                            sys.executable,
+                            __file__,
+                            "--worker",
+                            name,
+                            "--url",
+                            url,
+                            "--redis-url",
+                            server.url,
+                            "--modes",
+                            mode,
+                            "--conc",
+                            args.conc.split(",")[0],
+                            "--worker-calls",
+                            str(n),
                         ]
-                        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+                        subprocess.run(
+                            cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                        )
                         totals.append(callgrind_total(out))
                     per_call = (totals[1] - totals[0]) / (high - low)
                     results[(name, mode)] = per_call
-                    print(f"{name:18} {mode:6} {per_call / 1000:9.1f} k instructions/call",
-                          flush=True)
+                    print(
+                        f"{name:18} {mode:6} {per_call / 1000:9.1f} k instructions/call", flush=True
+                    )
     finally:
         upstream.terminate()
         upstream.wait(10)
@@ -555,14 +578,6 @@ client = GatewayClient.from_env(env={
 
 
 def run_startup(args: argparse.Namespace) -> None:
-    def median_of(code: str) -> tuple[float, list[float]]:
-        times = []
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True, env=_clean_env())
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times), times
-
     # Interleave the two kinds so load changes touch both alike.
     empty: list[float] = []
     ready: list[float] = []
