@@ -246,6 +246,8 @@ class RedisLimiter:
         "_keys",
         "_lease_ttl_ms",
         "_lease_ttl_s",
+        "_made_keys",
+        "_made_keys_window",
         "_monotonic",
         "_now_s",
         "_offset_ms",
@@ -292,6 +294,8 @@ class RedisLimiter:
         self._source_keys: dict[str, SourceKeys] = {}
         self._pending: dict[str, _QueuedAccounting] = {}
         self._admissions: list[_Admission] = []
+        self._made_keys: dict[str, tuple[str, ...]] = {}
+        self._made_keys_window = -1
         self._progress_pending = False
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_scheduled = False
@@ -395,6 +399,16 @@ class RedisLimiter:
         return self._keys_of(source), est_tokens
 
     def _acquire_keys(self, source_keys: SourceKeys, window: int) -> tuple[str, ...]:
+        # The same nine keys for every admission of a source within a minute: made once.
+        if window != self._made_keys_window:
+            self._made_keys = {}
+            self._made_keys_window = window
+        made = self._made_keys.get(source_keys.lease)
+        if made is None:
+            made = self._made_keys[source_keys.lease] = self._new_acquire_keys(source_keys, window)
+        return made
+
+    def _new_acquire_keys(self, source_keys: SourceKeys, window: int) -> tuple[str, ...]:
         keys = self._keys
         w = str(window)
         return (

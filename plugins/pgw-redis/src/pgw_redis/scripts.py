@@ -36,11 +36,14 @@ class LuaScript:
     source: str
     sha: str = field(init=False)
     sha_bytes: bytes = field(init=False, repr=False)
+    sha_resp: bytes = field(init=False, repr=False)
+    """The SHA as a RESP bulk string, as it goes on the wire."""
 
     def __post_init__(self) -> None:
         sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
         object.__setattr__(self, "sha", sha)
         object.__setattr__(self, "sha_bytes", sha.encode("ascii"))
+        object.__setattr__(self, "sha_resp", b"$40\r\n%s\r\n" % sha.encode("ascii"))
 
 
 # --------------------------------------------------------------------------- limiter
