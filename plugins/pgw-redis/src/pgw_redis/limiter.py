@@ -12,10 +12,14 @@ Cluster requires) from a local estimate of the server clock; the script refuses 
 with the server time, and the call is repeated once with the corrected window. The estimate
 is learned from every reply, so the repeat happens only around minute boundaries.
 
-Round trips: admission (``try_acquire``) and reads are one round trip each. Accounting
+Round trips: admissions (``try_acquire``, and ``enter_and_acquire``, which runs a
+``RedisGate``'s ``try_enter`` of the same scope and server in the same script) are queued and
+sent at the next turn of the event loop, all of that turn in one call of the ``BATCH`` script
+(one batch in flight at a time; what arrives meanwhile goes in the next). Each admission in a
+batch is decided as it would be alone, in order. Reads are one round trip each. Accounting
 (``settle``, ``release``, ``mark_progress``) never raises and never waits for Redis: it is
-queued and sent in one pipelined round trip, either with this limiter's next command or by a
-background flush as soon as the caller yields to the event loop. A permit settled and then
+queued and sent in front of the next batch of admissions, or by a background flush as soon as
+the caller yields to the event loop. A permit settled and then
 released in the same turn costs one script (``release`` applies the TPM correction), and a
 progress mark rides along with a release. Reads (``inflight``, ``source_stats``,
 ``progress_age_s``) see every write queued before them; an admission may not see a release
@@ -42,7 +46,9 @@ command can sit in the server's input while the compensation arrives on another 
 A queued compensation therefore releases the lease and refunds its TPM pre-charge when the
 lease exists, and otherwise records the id as abandoned so that the acquire, should it run
 afterwards, admits nothing. redis-py drops the connection of a cancelled command, so it is
-never a reply behind.
+never a reply behind. Batches are sent by the limiter's own flush task, which a cancelled
+caller does not cancel; an admission cancelled while still queued is taken off the queue (it
+was never sent: nothing to compensate).
 """
 
 from __future__ import annotations
