@@ -4,6 +4,7 @@
                                 [--modes stream,json] [--only name,name]
     python tools/bench/floor.py --callgrind [--calls 200,600] [--only ...]
     python tools/bench/floor.py --startup [--runs 9]
+    python tools/bench/floor.py --rss [--rss-calls 100000] [--conc 64] [--modes stream]
 
 Starts ``pgw fake-upstream`` (its own process) and a ``redis-server`` of its own on a free port
 (``--save '' --appendonly no``), then measures, interleaved over ``--rounds`` rounds at every
@@ -32,6 +33,10 @@ over the difference of the counts (start-up and warm-up cancel out; concurrency 
 ``--startup``: the median wall time of ``--runs`` fresh interpreters doing ``import
 polygateway`` plus ``GatewayClient.from_env`` with the default configuration (one source),
 minus the median of as many empty interpreters.
+
+``--rss``: the process's RSS every 5% of ``--rss-calls`` full-pipeline calls (SQLite telemetry,
+every call a cache miss), the growth from the end of the warm-up (the first 10%) to the end,
+and the telemetry rows written against the calls made.
 """
 
 from __future__ import annotations
@@ -590,6 +595,58 @@ def run_callgrind(args: argparse.Namespace) -> None:
         )
 
 
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+async def rss_async(args: argparse.Namespace) -> None:
+    """``--rss``: RSS over ``--rss-calls`` full-pipeline calls (SQLite telemetry, cache miss)."""
+    import sqlite3
+
+    port = free_port()
+    upstream = start_upstream(port, args.chunks)
+    url = f"http://127.0.0.1:{port}/v1"
+    conc = int(args.conc.split(",")[0])
+    total = args.rss_calls
+    warm = total // 10
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            db = os.path.join(tmp, "bench.db")
+            client = make_client(url, db, redis_url=None, full=True)
+            counter = iter(range(total))
+            samples: list[tuple[int, float]] = []
+            done = 0
+
+            async def worker() -> None:
+                nonlocal done
+                for n in counter:
+                    messages = [{"role": "user", "content": f"Say hello #{n}"}]
+                    await client.chat(messages, stream=args.modes.split(",")[0] == "stream")
+                    done += 1
+                    if done % (total // 20) == 0:
+                        samples.append((done, rss_mb()))
+
+            await asyncio.gather(*(worker() for _ in range(conc)))
+            await client.aclose()
+            with closing(sqlite3.connect(db)) as conn:
+                rows = conn.execute("SELECT COUNT(*) FROM pgw_calls").fetchone()[0]
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+    after_warm = next(mb for n, mb in samples if n >= warm)
+    end = samples[-1][1]
+    print("calls -> RSS MB: " + ", ".join(f"{n}: {mb:.1f}" for n, mb in samples))
+    print(
+        f"RSS after warm-up ({warm} calls) {after_warm:.1f} MB -> after {total} calls "
+        f"{end:.1f} MB: {end / after_warm - 1:+.1%} (budget +10%); telemetry rows "
+        f"{rows}/{total}{'' if rows == total else ' LOST'}"
+    )
+
+
 STARTUP_CODE = """
 from polygateway import GatewayClient
 client = GatewayClient.from_env(env={
@@ -640,6 +697,8 @@ def main() -> None:
     parser.add_argument("--calls-pair", default="200,600", help="--callgrind call counts")
     parser.add_argument("--startup", action="store_true")
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--rss", action="store_true", help="RSS over many full-pipeline calls")
+    parser.add_argument("--rss-calls", type=int, default=100_000)
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", default="", help=argparse.SUPPRESS)
@@ -653,6 +712,9 @@ def main() -> None:
         return
     if args.callgrind:
         run_callgrind(args)
+        return
+    if args.rss:
+        asyncio.run(rss_async(args))
         return
     _terminate_on_sigterm()
     print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}", flush=True)
