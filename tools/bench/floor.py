@@ -569,10 +569,16 @@ def run_callgrind(args: argparse.Namespace) -> None:
                             "--worker-calls",
                             str(n),
                         ]
-                        subprocess.run(
-                            cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                        done = subprocess.run(
+                            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
                         )
+                        if done.returncode != 0:
+                            tail = done.stderr.strip().splitlines()[-3:]
+                            print(f"{name} {mode} {n} calls FAILED: {' | '.join(tail)}")
+                            break
                         totals.append(callgrind_total(out))
+                    if len(totals) < 2:
+                        continue
                     per_call = (totals[1] - totals[0]) / (high - low)
                     results[(name, mode)] = per_call
                     print(
