@@ -732,13 +732,13 @@ def main() -> None:
     if args.startup:
         run_startup(args)
         return
+    _terminate_on_sigterm()
     if args.callgrind:
         run_callgrind(args)
         return
     if args.rss:
         asyncio.run(rss_async(args))
         return
-    _terminate_on_sigterm()
     print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}", flush=True)
     rows = asyncio.run(bench_async(args))
     print(f"load average after: {os.getloadavg()}")
