@@ -375,9 +375,9 @@ class RedisLimiter:
             )
             try:
                 reply = await self._admit(op, lease_id, source_keys, window, est_tokens)
-            except BaseException as exc:
-                if isinstance(exc, (asyncio.CancelledError, GovernanceBackendError)):
-                    gate.hand_back_later(gate_key, owner)
+            except (asyncio.CancelledError, GovernanceBackendError):
+                # The script may have run and made this caller the probe: hand it back.
+                gate.hand_back_later(gate_key, owner)
                 raise
             decision = gate.joint_decision(source, reply[0])
             if not decision.allowed:
