@@ -26,6 +26,8 @@ from polygateway.errors import (
     RequestRejectedError,
     ResultInvalidError,
 )
+from polygateway.hookspecs import hookimpl
+from polygateway.ports import Register
 from polygateway.settings import Limits, ScopeSettings
 from polygateway.telemetry.sqlite import SQLiteRecorder
 from polygateway.testing import FakeClock, FakeUpstream, Reply
@@ -357,6 +359,46 @@ def test_from_env(fake_upstream: FakeUpstream) -> None:
         EmbeddingClient.from_env(
             env={k: v for k, v in env.items() if k != "EMBED__BATCH_SIZE"}, registry=registry()
         )
+
+
+class _VectorsOnly:
+    """A plugin with an embedding transport of a name no chat transport has."""
+
+    @staticmethod
+    @hookimpl
+    def pgw_register_embedding_transports(register: Register) -> None:
+        from pgw_embedding.transport import OpenAICompatEmbeddingTransport
+
+        register("vectors-only", OpenAICompatEmbeddingTransport)
+
+
+def test_from_env_looks_transports_up_among_embedding_transports(
+    fake_upstream: FakeUpstream,
+) -> None:
+    import pgw_embedding
+    from polygateway.plugins import load_registry
+
+    plugins = load_registry(
+        autoload=False,
+        extra_plugins=[("pgw-embedding", pgw_embedding), ("vectors-only", _VectorsOnly)],
+    )
+    env = {
+        "EMBED__OPENAI__1__BASE_URL": fake_upstream.base_url("a"),
+        "EMBED__OPENAI__1__MODEL": "text-embedding-3-small",
+        "EMBED__OPENAI__1__TRANSPORT": "vectors-only",
+        "EMBED__BATCH_SIZE": "8",
+        "PGW_TELEMETRY_BACKEND": "none",
+    }
+
+    async def run() -> None:
+        async with EmbeddingClient.from_env(env=env, registry=plugins) as client:
+            assert (await client.embed(["hello"])).source_name == "openai-1"
+
+    asyncio.run(run())
+    # A chat transport's name is not an embedding transport.
+    chat_only = {**env, "EMBED__OPENAI__1__TRANSPORT": "monkeyocr"}
+    with pytest.raises(ConfigError, match=r"EMBED__OPENAI__1__TRANSPORT: embedding_transport"):
+        EmbeddingClient.from_env(env=chat_only, registry=plugins)
 
 
 def test_constructor_problems(fake_upstream: FakeUpstream) -> None:

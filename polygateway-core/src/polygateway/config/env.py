@@ -85,6 +85,7 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
             "COOLDOWN_S": "cooldown_s",
             "PROBE_TTL_S": "probe_ttl_s",
             "MAX_COOLDOWN_S": "max_cooldown_s",
+            "HEALTH_PROBE": "health_probe",
         },
     ),
     "BACKPRESSURE": (
@@ -194,7 +195,8 @@ class EnvSource:
     prefix: str
     provider: str
     name: str
-    values: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    """Source field -> its raw string (``options``: option name -> raw string)."""
     keys: dict[str, str] = field(default_factory=dict)
     """Source field -> env key."""
 
@@ -239,8 +241,15 @@ def _allowed(names: Iterable[str]) -> str:
     return ", ".join(sorted(names))
 
 
-def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> EnvConfig:
+def parse_env(
+    values: Mapping[str, str],
+    known_scopes: Iterable[str] = (),
+    source_options: Mapping[str, Mapping[str, str]] | None = None,
+) -> EnvConfig:
     """Sort the env into flat keys, scope settings and sources.
+
+    ``source_options``: scope -> the source fields (``MODE``) its call kind reads as transport
+    options (``mode``), kept in the source's ``options``.
 
     Keys that are not PolyGateway's are ignored, except malformed keys of a scope that is
     configured (from a source key, a scope setting key or the pipeline file): those are
@@ -271,7 +280,8 @@ def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> En
         if scope_name not in scopes_seen:
             continue  # not ours: some other tool's double-underscore key
         scope = config.scopes.setdefault(scope_name, EnvScope(scope_name))
-        _parse_scope_key(scope, key, parts, value)
+        options = (source_options or {}).get(scope_name, {})
+        _parse_scope_key(scope, key, parts, value, options)
     return config
 
 
@@ -302,7 +312,9 @@ def unknown_key_problems(
     return problems
 
 
-def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
+def _parse_scope_key(
+    scope: EnvScope, key: str, parts: list[str], value: str, options: Mapping[str, str]
+) -> None:
     second = parts[1]
     shapes = (
         f"sources are {scope.name}__<PROVIDER>__<N>__<FIELD>, scope settings "
@@ -350,7 +362,7 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
             scope.problems.append(f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes}")
         return
     if len(parts) == 4 and second not in RESERVED_SEGMENTS and parts[2].isdigit():
-        _parse_source_key(scope, key, parts, value)
+        _parse_source_key(scope, key, parts, value, options)
         return
     if second in RESERVED_SEGMENTS:
         scope.problems.append(
@@ -368,13 +380,16 @@ def _segment_hint(parts: list[str]) -> str:
     return f" (did you mean {'__'.join([parts[0], found, *parts[2:]])}?)" if found else ""
 
 
-def _parse_source_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
+def _parse_source_key(
+    scope: EnvScope, key: str, parts: list[str], value: str, options: Mapping[str, str]
+) -> None:
     provider, number, field_name = parts[1], parts[2], parts[3]
     source_field = SOURCE_FIELDS.get(field_name)
-    if source_field is None:
+    if source_field is None and field_name not in options:
+        fields = {**SOURCE_FIELDS, **options}
         scope.problems.append(
             f"{key}: unknown source field {field_name}"
-            f"{did_you_mean(field_name, SOURCE_FIELDS)}; allowed: {_allowed(SOURCE_FIELDS)}"
+            f"{did_you_mean(field_name, fields)}; allowed: {_allowed(fields)}"
         )
         return
     prefix = f"{scope.name}__{provider}__{number}"
@@ -382,6 +397,10 @@ def _parse_source_key(scope: EnvScope, key: str, parts: list[str], value: str) -
         (provider, number),
         EnvSource(prefix=prefix, provider=provider.lower(), name=f"{provider.lower()}-{number}"),
     )
+    if source_field is None:  # a transport option of the scope's call kind
+        source.values.setdefault("options", {})[options[field_name]] = value
+        source.keys.setdefault("options", key)
+        return
     if source_field in source.values:
         scope.problems.append(
             f"{key}: {source.keys[source_field]} is set too; set only one of "

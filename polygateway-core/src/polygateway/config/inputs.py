@@ -38,7 +38,10 @@ def read_inputs(
     pipeline_path: str | os.PathLike[str] | None,
     dotenv_path: str | os.PathLike[str] | None,
     registry: OptionsRegistry | None = None,
+    source_options: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Inputs:
+    """``source_options``: scope -> the source fields its call kind reads as transport
+    options (see ``CallKind.source_options``)."""
     problems: list[str] = []
     try:
         values = envkeys.read_env(env, dotenv_path=dotenv_path)
@@ -55,7 +58,7 @@ def read_inputs(
         problems.extend(file_problems)
 
     known = list(pipeline.scopes) if pipeline else []
-    env_config = envkeys.parse_env(values, known_scopes=known)
+    env_config = envkeys.parse_env(values, known_scopes=known, source_options=source_options)
     problems.extend(env_config.problems)
     shared_problems: list[str] = []
     rejected: set[str] = set()
