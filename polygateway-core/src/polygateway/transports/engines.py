@@ -56,7 +56,6 @@ def _aiohttp_failures() -> tuple[type[Exception], ...]:
     # Called in ``except`` clauses only, which are evaluated when an exception passes.
     return (_aiohttp().ClientError, OSError)
 
-
 ENGINE_NAMES: tuple[str, ...] = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2")
 DEFAULT_ENGINE = "aiohttp"
 """The fastest engine that passes the whole transport suite (measured: tools/bench/RESULTS.md)."""
