@@ -34,27 +34,17 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+import aiohttp
+
 from polygateway.errors import ConfigError, SourceDeadError, TransientError
 from polygateway.transports.errors import sanitize_message, wire_error
 
 if TYPE_CHECKING:
-    import aiohttp
     import httpx
 
 logger = logging.getLogger(__name__)
 
-
-def _aiohttp() -> ModuleType:
-    """aiohttp, imported on first use: it is most of the import time of the library, and a
-    client that is built but not (yet) called never needs it."""
-    import aiohttp
-
-    return aiohttp
-
-
-def _aiohttp_failures() -> tuple[type[Exception], ...]:
-    # Called in ``except`` clauses only, which are evaluated when an exception passes.
-    return (_aiohttp().ClientError, OSError)
+_AIOHTTP_FAILURES: tuple[type[Exception], ...] = (aiohttp.ClientError, OSError)
 
 ENGINE_NAMES: tuple[str, ...] = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2")
 DEFAULT_ENGINE = "aiohttp"
@@ -365,7 +355,7 @@ class _AiohttpResponse:
     async def _raw_chunk(self) -> bytes:
         try:
             return await self._response.content.readany()
-        except _aiohttp_failures() as exc:
+        except _AIOHTTP_FAILURES as exc:
             error = _aiohttp_error(exc, self._config)
         # Raised outside the handler: aiohttp's exception (whose request info holds the
         # request headers, the API key among them) stays out of the chain.
@@ -398,7 +388,6 @@ class AiohttpEngine:
         return self._session
 
     def _new_session(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
-        aiohttp = _aiohttp()
         config = self._config
         connector = aiohttp.TCPConnector(
             limit=config.max_connections,
@@ -435,12 +424,12 @@ class AiohttpEngine:
             # Never follow a redirect: it would send the prompt and the credential headers to
             # another host. A 3xx is a misconfigured base_url (SourceDeadError).
             response = await session.post(url, data=body, allow_redirects=False)
-        except _aiohttp().InvalidURL:
+        except aiohttp.InvalidURL:
             error: Exception = SourceDeadError(
                 sanitize_message(f"source {config.source_name!r}: invalid URL {url!r}"),
                 source_name=config.source_name,
             )
-        except _aiohttp_failures() as exc:
+        except _AIOHTTP_FAILURES as exc:
             error = _aiohttp_error(exc, config)
         else:
             return _AiohttpResponse(response, config)
@@ -472,7 +461,7 @@ def _httpx_error(
             source_name=config.source_name,
         )
     # httpx-aiohttp maps every aiohttp connection error to ConnectTimeout: trust the cause.
-    if cause is not None and isinstance(cause, _aiohttp().ClientError):
+    if cause is not None and isinstance(cause, aiohttp.ClientError):
         timed_out = isinstance(cause, TimeoutError)
     else:
         timed_out = isinstance(exc, (api.TimeoutException, TimeoutError))
@@ -481,7 +470,7 @@ def _httpx_error(
 
 def _httpx_failures(api: ModuleType) -> tuple[type[Exception], ...]:
     # Errors httpx-aiohttp does not map (and its stream's aclose) surface as aiohttp's own.
-    return (api.TransportError, api.InvalidURL, OSError, _aiohttp().ClientError)
+    return (api.TransportError, api.InvalidURL, OSError, aiohttp.ClientError)
 
 
 class _HttpxResponse:
