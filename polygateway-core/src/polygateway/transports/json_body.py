@@ -7,19 +7,23 @@ bounded work per chunk:
 
 - a body of at most ``INLINE_BYTES`` is parsed in one call at the end (the common case,
   well under a millisecond);
-- a larger one is scanned as it arrives: string literals longer than ``LONG_STRING_BYTES``
+- a larger one is scanned as it arrives (one regular-expression match per chunk copies the
+  structure and the strings the chunk closes): string literals longer than ``LONG_STRING_BYTES``
   (a huge ``content``, a huge tool-call argument) are decoded piece by piece and replaced by a
   placeholder, so that what is left for one parse at the end is the body's structure (ids,
   usage, short strings), not its text.
 
-The structure left over is parsed at the end in one call; it stays small for chat completions
-(a body made mostly of structure, e.g. megabytes of logprobs, still costs one parse of that
-structure).
+The structure left over is parsed at the end; it stays small for chat completions. A body made
+mostly of structure (megabytes of logprobs, or a hostile server's millions of small objects) is
+parsed by ``finish()`` in a worker thread with the standard library's pure-Python scanner:
+slower, but it gives the GIL back between values, so the loop keeps running (orjson in a
+thread would hold the GIL for the whole parse).
 """
 
 from __future__ import annotations
 
 import json
+import json.scanner
 import re
 import secrets
 from collections.abc import Callable
@@ -38,6 +42,10 @@ INLINE_BYTES: Final = 256 * 1024
 LONG_STRING_BYTES: Final = 16 * 1024
 """String literals longer than this are decoded in pieces as they arrive."""
 
+THREAD_STRUCTURE_BYTES: Final = 128 * 1024
+"""A large body whose structure (what is left without its long strings) exceeds this is parsed
+in a worker thread (``read_json_body`` calls ``finish()`` there)."""
+
 _MAX_CUT_BACK: Final = 16
 """How far a piece's end may move back to land between two characters: an escape is at most
 12 bytes (a surrogate pair, ``\\ud83d\\ude00``), a UTF-8 character 4."""
@@ -49,6 +57,12 @@ expression takes the rest (slower per byte, but bounded whatever the content).""
 # The inside of a string literal: plain bytes and escapes, up to a closing quote, a lone
 # backslash at the end of the data, or the end of the data.
 _STRING_INSIDE: Final = re.compile(rb'[^"\\]*+(?:\\.[^"\\]*+)*+', re.DOTALL)
+
+
+# Everything outside strings and every string literal that closes: what the scan copies to the
+# skeleton as is. Strings are at most a chunk long here; longer ones span chunks and take the
+# piece-by-piece path.
+_SKIP_CLOSED: Final = re.compile(rb'(?:[^"]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+', re.DOTALL)
 
 
 def _string_end(chunk: bytes, pos: int) -> int:
@@ -81,6 +95,8 @@ class JsonBodyParser:
         "_broken",
         "_carry",
         "_chunks",
+        "_done",
+        "_error",
         "_head",
         "_in_string",
         "_long",
@@ -91,7 +107,9 @@ class JsonBodyParser:
         "_scanning",
         "_size",
         "_skeleton",
+        "_skeleton_size",
         "_strings",
+        "_value",
     )
 
     def __init__(self) -> None:
@@ -113,6 +131,10 @@ class JsonBodyParser:
         self._strings: list[str] = []
         self._marker = b""
         self._broken = False
+        self._skeleton_size = 0
+        self._done = False
+        self._value: Any = None
+        self._error: ValueError | None = None
 
     @property
     def head(self) -> bytes:
@@ -122,6 +144,24 @@ class JsonBodyParser:
     @property
     def size(self) -> int:
         return self._size
+
+    @property
+    def heavy(self) -> bool:
+        """A large body whose structure is large too: call ``finish()`` in a worker thread
+        before ``result()``."""
+        return self._scanning and not self._broken and self._skeleton_size > THREAD_STRUCTURE_BYTES
+
+    def finish(self) -> None:
+        """Parse the complete body now and keep the outcome for ``result()``. Meant for a
+        worker thread when ``heavy``: it then uses the pure-Python decoder, which lets other
+        threads (the event loop) run while it works."""
+        if self._done:
+            return
+        try:
+            self._value = self._parse()
+        except ValueError as exc:
+            self._error = exc
+        self._done = True
 
     def feed(self, chunk: bytes) -> None:
         if not chunk:
@@ -151,13 +191,27 @@ class JsonBodyParser:
 
     def result(self) -> Any:
         """The parsed document (the body must be complete)."""
+        if self._done:
+            if self._error is not None:
+                raise ValueError(str(self._error))
+            return self._value
+        return self._parse()
+
+    def _parse(self) -> Any:
         if self._broken:
             raise ValueError("invalid string literal in the body")
         if not self._scanning:
             return _loads(b"".join(self._chunks))
         if self._in_string or self._pending:
             raise ValueError("unterminated string at the end of the body")
-        value = _loads(b"".join(self._skeleton))
+        skeleton = b"".join(self._skeleton)
+        if self._skeleton_size > THREAD_STRUCTURE_BYTES:
+            try:
+                value = _yielding_loads(skeleton)
+            except RecursionError:
+                raise ValueError("the body is nested too deeply") from None
+        else:
+            value = _loads(skeleton)
         return self._substitute(value) if self._strings else value
 
     # ------------------------------------------------------------------ scanning
@@ -170,13 +224,17 @@ class JsonBodyParser:
         skeleton = self._skeleton
         while pos < end:
             if not self._in_string:
-                quote = chunk.find(b'"', pos)
-                if quote < 0:
-                    skeleton.append(chunk[pos:] if pos else chunk)
+                # Structure and the strings that close in this chunk, in one C-speed match
+                # (a Python step per string would cost milliseconds per chunk of small
+                # objects); it stops at a string this chunk does not close.
+                stop = _SKIP_CLOSED.match(chunk, pos).end()  # type: ignore[union-attr]
+                if stop > pos:
+                    skeleton.append(chunk[pos:stop] if pos or stop < end else chunk)
+                    self._skeleton_size += stop - pos
+                if stop >= end:
                     return
-                skeleton.append(chunk[pos:quote])
                 self._in_string = True
-                pos = quote + 1
+                pos = stop + 1
                 continue
             stop = _string_end(chunk, pos)
             if stop < end and chunk[stop] == 0x22:  # the closing quote
@@ -209,12 +267,15 @@ class JsonBodyParser:
                 part = b"".join(raw)
                 self._raw, self._raw_size = [], 0
             self._skeleton.append(b'"' + part + b'"')
+            self._skeleton_size += len(part) + 2
             return
         rest = self._carry + part
         self._carry = b""
         decoded.append(_loads(b'"' + rest + b'"'))
         self._long = None
-        self._skeleton.append(b'"' + self._marker + str(len(self._strings)).encode() + b'"')
+        placeholder = b'"' + self._marker + str(len(self._strings)).encode() + b'"'
+        self._skeleton.append(placeholder)
+        self._skeleton_size += len(placeholder)
         self._strings.append("".join(decoded))
 
     def _decode_prefix(self, data: bytes) -> bytes:
@@ -265,4 +326,18 @@ class JsonBodyParser:
         return top
 
 
-__all__ = ["INLINE_BYTES", "LONG_STRING_BYTES", "JsonBodyParser"]
+class _YieldingDecoder(json.JSONDecoder):
+    """The standard decoder with its pure-Python scanner: it runs bytecode between values, so a
+    thread running it lets the event loop's thread take the GIL at every switch interval. Each
+    string is still decoded in C (at most a chunk long: longer ones were taken out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scan_once = json.scanner.py_make_scanner(self)  # type: ignore[attr-defined]
+
+
+def _yielding_loads(data: bytes) -> Any:
+    return _YieldingDecoder().decode(data.decode("utf-8"))
+
+
+__all__ = ["INLINE_BYTES", "LONG_STRING_BYTES", "THREAD_STRUCTURE_BYTES", "JsonBodyParser"]

@@ -316,6 +316,8 @@ async def read_json_body(response: EngineResponse, first: bytes = b"") -> JsonBo
     read_chunk = response.read_chunk
     while chunk := await read_chunk():
         parser.feed(chunk)
+    if parser.heavy:  # mostly structure: parsed in a thread that lets the loop run
+        await asyncio.to_thread(parser.finish)
     return parser
 
 
