@@ -27,9 +27,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from polygateway.ports import Clock, Pricing, SupportsRecordNowait, TelemetryRecorder
+from polygateway.ports import (
+    CallTrace,
+    Clock,
+    Pricing,
+    SupportsCallTraces,
+    SupportsRecordNowait,
+    TelemetryRecorder,
+)
 from polygateway.settings import SourceConfig, TelemetryContent
-from polygateway.types import TelemetryRecord, UsageSource
+from polygateway.types import CallStart, TelemetryRecord, UsageSource
 
 __all__ = [
     "CANCELLED",
@@ -267,7 +274,16 @@ class RowWriter:
     built or recorded is a warning, once per cause.
     """
 
-    __slots__ = ("_clock", "_content", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
+    __slots__ = (
+        "_clock",
+        "_content",
+        "_open_call",
+        "_pricing",
+        "_recorder",
+        "_submit",
+        "_tasks",
+        "_warned",
+    )
 
     def __init__(
         self,
@@ -288,6 +304,9 @@ class RowWriter:
             recorder.record_nowait
             if isinstance(recorder, SupportsRecordNowait)
             else self._submit_as_task
+        )
+        self._open_call: Callable[[CallStart], CallTrace] | None = (
+            recorder.open_call if isinstance(recorder, SupportsCallTraces) else None
         )
 
     @property
@@ -372,6 +391,66 @@ class RowWriter:
             self.submit(record)
         return record
 
+    @property
+    def traces_calls(self) -> bool:
+        """The recorder takes whole calls (``ports.SupportsCallTraces``)."""
+        return self._open_call is not None
+
+    def open_call(self, start: CallStart) -> CallTrace | None:
+        """The recorder's ``CallTrace`` for a call starting now (call it in the caller's
+        task), or ``None`` when it takes rows one by one or could not open one."""
+        opener = self._open_call
+        if opener is None:
+            return None
+        try:
+            return opener(start)
+        except Exception as exc:  # noqa: BLE001 - the rows then go one by one
+            self.warn_once("open_call", "telemetry recorder could not open a call: %r", exc)
+            return None
+
+    def submit_attempt(
+        self, trace: CallTrace | None, record: TelemetryRecord, outcome: object
+    ) -> None:
+        """Hand a row to ``trace`` (with the outcome it was built from), or to the recorder
+        when there is no trace; never raises."""
+        if trace is None:
+            self.submit(record)
+            return
+        try:
+            trace.attempt(record, outcome)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self.warn_once(f"trace:{type(exc).__name__}", "telemetry call trace failed: %r", exc)
+
+    def close_call(self, trace: CallTrace | None, error: BaseException | None) -> None:
+        """End ``trace`` (stamped with this writer's clock); never raises."""
+        if trace is None:
+            return
+        try:
+            trace.close(self._clock.time(), error)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self.warn_once(f"trace:{type(exc).__name__}", "telemetry call trace failed: %r", exc)
+
+    def call_start(
+        self,
+        operation: str,
+        *,
+        scope: str = "",
+        session_id: str | None = None,
+        parent_call_id: str | None = None,
+        cache_namespace: str = "",
+        stream: bool = False,
+    ) -> CallStart:
+        """A ``CallStart`` stamped with this writer's clock."""
+        return CallStart(
+            operation,
+            self._clock.time(),
+            scope,
+            session_id,
+            parent_call_id,
+            cache_namespace,
+            stream,
+        )
+
     async def drain(self) -> None:
         """Wait until every row handed over as a task (no ``record_nowait``) is recorded."""
         while self._tasks:
@@ -407,7 +486,7 @@ class AttemptRows(Generic[T]):
     call. Make one per call: ``governor.run(attempt, observer=AttemptRows(writer, ...))``.
     """
 
-    __slots__ = ("_messages", "_parent_call_id", "_session_id", "_summarise", "_writer")
+    __slots__ = ("_messages", "_parent_call_id", "_session_id", "_summarise", "_trace", "_writer")
 
     def __init__(
         self,
@@ -417,12 +496,16 @@ class AttemptRows(Generic[T]):
         summarise: Callable[[T], RowSummary],
         parent_call_id: str | None = None,
         session_id: str | None = None,
+        trace: CallTrace | None = None,
     ) -> None:
+        """``trace``: the call's ``writer.open_call(...)``, when the recorder takes whole
+        calls (the caller closes it with ``writer.close_call`` when the call ends)."""
         self._writer = writer
         self._messages = messages
         self._summarise = summarise
         self._parent_call_id = parent_call_id
         self._session_id = session_id
+        self._trace = trace
 
     def on_attempt(
         self, source: SourceConfig, call_id: str, outcome: T | BaseException, latency_ms: int
@@ -435,7 +518,8 @@ class AttemptRows(Generic[T]):
             except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
                 self._writer.warn_once("summarise", "attempt could not be summarised: %r", exc)
                 return
-        self._writer.write(
+        writer = self._writer
+        record = writer.build(
             summary,
             call_id=call_id,
             parent_call_id=self._parent_call_id,
@@ -444,3 +528,5 @@ class AttemptRows(Generic[T]):
             latency_ms=latency_ms,
             source=source,
         )
+        if record is not None:
+            writer.submit_attempt(self._trace, record, summary)

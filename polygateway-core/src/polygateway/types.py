@@ -221,6 +221,24 @@ class TelemetryRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class CallStart:
+    """What a recorder learns when one governed call starts (``SupportsCallTraces``).
+
+    ``operation`` is the call kind (``chat``, ``embeddings``, ``ocr``); ``started_at`` is
+    wall-clock epoch seconds from the client's clock, like ``TelemetryRecord.created_at``.
+    """
+
+    operation: str
+    started_at: float
+    scope: str = ""
+    session_id: str | None = None
+    parent_call_id: str | None = None
+    cache_namespace: str = ""
+    stream: bool = False
+    """The caller reads the answer as a stream (``GatewayClient.stream``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class OcrTextResult:
     """``/ocr/text``: plain transcription. Empty text means "legitimately nothing found"."""
 
