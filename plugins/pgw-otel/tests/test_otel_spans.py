@@ -156,7 +156,7 @@ async def test_content_only_when_opted_in(sdk: Sdk, fake_upstream: FakeUpstream)
     recorder = opted.recorder(settings, capture_content=True)
     async with GatewayClient(settings, telemetry=recorder) as client:
         await client.chat(MESSAGES)
-    call, attempts = call_and_attempts(opted.finished())
+    call, _ = call_and_attempts(opted.finished())
     assert "capital of France" in attrs(call)["gen_ai.input.messages"]
     assert attrs(call)["gen_ai.output.messages"] == "Paris"
 
