@@ -19,6 +19,9 @@ of this process, all its threads, divided by the calls). Clients:
   structured layer, retry) on the default engine, every call a cache miss; the telemetry rows
   written are counted against the calls made (warm-up included).
 - ``cache-hit``: one repeated prompt answered from the memory cache.
+- ``--otel-callgrind [--few 40 --many 240]``: instructions per governed call under callgrind
+  with telemetry off, ``otel`` alone, ``sqlite`` and ``sqlite+otel`` (the fan-out); the
+  difference of two run lengths cancels start-up. Budget: otel at most 15% more per call.
 - ``governed-openai-sdk``, ``governed-openai-sdk-aiohttp``: the governed client (as
   ``governed-<engine>``) on the ``openai-sdk`` transport (plugin pgw-openai-sdk), on the SDK's
   httpx2 and aiohttp HTTP clients; ``openai-sdk``: the bare ``AsyncOpenAI`` client (retries
@@ -601,7 +604,143 @@ def print_budgets(rows: list[Row]) -> None:
                 )
 
 
+# --------------------------------------------------------------------------- otel on vs off
+
+OTEL_BUDGET = 0.15
+"""CPU (instructions) per governed call with the ``otel`` recorder, at most this much more."""
+
+
+async def _otel_calls(mode: str, calls: int, url: str) -> None:
+    """``calls`` sequential governed calls (non-streaming and streaming alternately), with
+    telemetry ``mode``: ``none``, ``otel`` (SDK providers, batch span processor, every batch
+    encoded to OTLP protobuf and discarded), ``sqlite`` or ``sqlite+otel`` (the fan-out)."""
+    from polygateway import GatewayClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        backend = {"none": "none", "otel": "none", "sqlite": "sqlite", "sqlite+otel": "sqlite"}
+        env = governed_env(
+            url,
+            default_engine(),
+            telemetry=backend[mode],
+            cache="none",
+            db=os.path.join(tmp, "bench.db"),
+        )
+        injected: dict[str, Any] = {}
+        owned: list[Any] = []
+        if mode.endswith("otel"):
+            from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import (
+                BatchSpanProcessor,
+                SpanExporter,
+                SpanExportResult,
+            )
+            from pgw_otel import OtelRecorder
+
+            class Encoding(SpanExporter):
+                def export(self, spans: Any) -> SpanExportResult:
+                    encode_spans(spans).SerializeToString()
+                    return SpanExportResult.SUCCESS
+
+            tracer_provider = TracerProvider()
+            tracer_provider.add_span_processor(BatchSpanProcessor(Encoding()))
+            meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+            owned = [tracer_provider, meter_provider]
+            settings_env = GatewayClient.from_env(env=env)
+            sources = settings_env.settings.sources
+            await settings_env.aclose()
+            otel = OtelRecorder(
+                tracer_provider=tracer_provider, meter_provider=meter_provider, sources=sources
+            )
+            if mode == "otel":
+                injected["telemetry"] = otel
+            else:
+                from polygateway.telemetry.fanout import fanout
+                from polygateway.telemetry.sqlite import SQLiteRecorder
+
+                sqlite = SQLiteRecorder(os.path.join(tmp, "bench.db"))
+                injected["telemetry"] = fanout({"sqlite": sqlite, "otel": otel})
+        client = GatewayClient.from_env(env=env, **injected)
+        try:
+            for n in range(calls):
+                messages = [{"role": "user", "content": f"Say hello #{n}"}]
+                await client.chat(messages, stream=n % 2 == 1)
+        finally:
+            await client.aclose()
+            if injected:
+                await injected["telemetry"].aclose()
+            for provider in owned:
+                provider.shutdown()
+
+
+def _callgrind_instructions(mode: str, calls: int, url: str, tmp: str) -> int:
+    out = os.path.join(tmp, f"cg.{mode}.{calls}")
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        __file__,
+        "--otel-child",
+        mode,
+        "--calls",
+        str(calls),
+        "--url",
+        url,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
+    with open(out) as f:
+        for line in f:
+            if line.startswith("summary:") or line.startswith("totals:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no instruction total in {out}")
+
+
+def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
+    """Instructions per governed call under callgrind: (Ir(many) - Ir(few)) / (many - few), so
+    start-up and imports cancel out; every mode against the same fake upstream."""
+    port = free_port()
+    upstream = start_upstream(port, 20)
+    url = f"http://127.0.0.1:{port}/v1"
+    per_call: dict[str, float] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for mode in modes:
+                low = _callgrind_instructions(mode, few, url, tmp)
+                high = _callgrind_instructions(mode, many, url, tmp)
+                per_call[mode] = (high - low) / (many - few)
+                print(
+                    f"{mode:12s} Ir {few}: {low}  Ir {many}: {high}  per call {per_call[mode]:.0f}"
+                )
+    finally:
+        upstream.kill()
+    for on, off in (("otel", "none"), ("sqlite+otel", "sqlite")):
+        if on in per_call and off in per_call:
+            extra = per_call[on] / per_call[off] - 1
+            verdict = "ok" if extra <= OTEL_BUDGET else "OVER BUDGET"
+            print(f"{on} vs {off}: {extra:+.1%} instructions per call ({verdict}, budget +15%)")
+
+
 def main() -> None:
+    if "--otel-child" in sys.argv or "--otel-callgrind" in sys.argv:
+        otel = argparse.ArgumentParser()
+        otel.add_argument("--otel-child", default="")
+        otel.add_argument("--otel-callgrind", action="store_true")
+        otel.add_argument("--calls", type=int, default=0)
+        otel.add_argument("--url", default="")
+        otel.add_argument("--few", type=int, default=40)
+        otel.add_argument("--many", type=int, default=240)
+        otel.add_argument("--otel-modes", default="none,otel,sqlite,sqlite+otel")
+        found = otel.parse_args()
+        if found.otel_child:
+            asyncio.run(_otel_calls(found.otel_child, found.calls, found.url))
+        else:
+            otel_callgrind(found.few, found.many, found.otel_modes.split(","))
+        return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--seconds", type=float, default=1.5, help="wall time of each timed batch (about)"
