@@ -387,12 +387,7 @@ class OtelRecorder:
         else:
             attrs["error.type"] = record.error
         if following is not None:
-            if record.error == "ResultInvalidError":
-                attrs["pgw.attempt.next"] = "reask"
-            elif following.source_name == record.source_name:
-                attrs["pgw.attempt.next"] = "retry"
-            else:
-                attrs["pgw.attempt.next"] = "switch"
+            attrs["pgw.attempt.next"] = _next_step(record, following)
         if record.cache_hit:
             name = "pgw.cache_hit"
         elif record.source_name:
@@ -552,11 +547,7 @@ class _Metrics:
             )
         for number, (record, _) in enumerate(rows[:-1], 1):
             following = rows[number][0]
-            what = (
-                "reask"
-                if record.error == "ResultInvalidError"
-                else ("retry" if following.source_name == record.source_name else "switch")
-            )
+            what = _next_step(record, following)
             self.retries.add(
                 1,
                 {
@@ -566,6 +557,13 @@ class _Metrics:
                     "error.type": record.error or "none",
                 },
             )
+
+
+def _next_step(record: TelemetryRecord, following: TelemetryRecord) -> str:
+    """What the governor did after attempt ``record``: re-ask, retry the source, or switch."""
+    if record.error == "ResultInvalidError":
+        return "reask"
+    return "retry" if following.source_name == record.source_name else "switch"
 
 
 def _content(span: trace.Span, record: TelemetryRecord, *, input_too: bool) -> None:
