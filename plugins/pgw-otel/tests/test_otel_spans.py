@@ -3,12 +3,14 @@ in-memory exporters and checked attribute by attribute against the GenAI convent
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 from otel_test_helpers import MESSAGES, Sdk, attrs, call_and_attempts, scope, source
 from polygateway.client import GatewayClient
 from polygateway.errors import AllSourcesExhausted, CircuitOpenError
-from polygateway.settings import CacheSettings, RetrySettings
+from polygateway.settings import BackpressureSettings, CacheSettings, Limits, RetrySettings
 from polygateway.testing import FakeUpstream, Reply
 
 
@@ -222,3 +224,71 @@ async def test_metrics_follow_the_conventions(sdk: Sdk, fake_upstream: FakeUpstr
     assert [
         (p.attributes["pgw.attempt.next"], p.attributes["error.type"], p.value) for p in outcomes
     ] == [("retry", "TransientError", 1)]
+
+
+async def test_breaker_and_limiter_decisions_are_on_the_spans_and_in_the_metrics(
+    sdk: Sdk, fake_upstream: FakeUpstream
+) -> None:
+    # One slot at the source: the second of two concurrent calls is refused by the limiter
+    # and waits for the first to finish.
+    limited = source(fake_upstream, limits=Limits(max_concurrency=1))
+    settings = scope(
+        fake_upstream,
+        limited,
+        cache=CacheSettings(backend="none"),
+        backpressure=BackpressureSettings(quota_full="wait", poll_interval_s=0.01),
+    )
+    fake_upstream.set_default("a", Reply.ok(content="slow", headers_delay=0.2))
+    async with GatewayClient(settings, telemetry=sdk.recorder(settings)) as client:
+        await asyncio.gather(
+            client.chat(MESSAGES), client.chat([{"role": "user", "content": "second"}])
+        )
+    calls = [s for s in sdk.finished() if s.name == "chat model-a"]
+    waited = [s for s in calls if "pgw.limiter.refusals" in attrs(s)]
+    assert len(waited) == 1
+    assert attrs(waited[0])["pgw.limiter.gates"] == ("source_concurrency",)
+    assert attrs(waited[0])["pgw.limiter.queue_wait_s"] > 0
+    attempts = [s for s in sdk.finished() if s.name == "pgw.attempt a"]
+    assert {attrs(s)["pgw.breaker.state"] for s in attempts} == {"closed"}
+    assert {attrs(s)["pgw.breaker.probe"] for s in attempts} == {False}
+    found = sdk.metrics()
+    admissions = found["pgw.limiter.admissions"].data.data_points
+    assert sum(p.value for p in admissions) == 2
+    refusals = found["pgw.limiter.refusals"].data.data_points
+    assert [(p.attributes["pgw.limiter.gate"], p.attributes["pgw.source"]) for p in refusals] == [
+        ("source_concurrency", "a")
+    ]
+    assert sum(p.count for p in found["pgw.limiter.queue_wait"].data.data_points) >= 1
+    gauge = found["pgw.breaker.state"].data.data_points
+    assert [(p.attributes["pgw.source"], p.value) for p in gauge] == [("a", 0)]
+
+
+async def test_a_breaker_refusal_and_the_scope_verdict_are_counted(
+    sdk: Sdk, fake_upstream: FakeUpstream
+) -> None:
+    settings = scope(
+        fake_upstream,
+        source(fake_upstream, "a"),
+        source(fake_upstream, "b"),
+        cache=CacheSettings(backend="none"),
+    )
+    fake_upstream.script("b", Reply.error(503), Reply.error(503), Reply.error(503))
+    async with GatewayClient(settings, telemetry=sdk.recorder(settings)) as client:
+        await client.components.breaker.force_open("a")
+        with pytest.raises(AllSourcesExhausted) as excinfo:
+            await client.chat(MESSAGES)
+    call = next(s for s in sdk.finished() if s.name.startswith("chat "))
+    assert attrs(call)["pgw.breaker.refusals"] >= 1
+    assert attrs(call)["pgw.error.reason"] == excinfo.value.reason
+    found = sdk.metrics()
+    refused = found["pgw.breaker.refusals"].data.data_points
+    assert {(p.attributes["pgw.source"], p.attributes["pgw.breaker.state"]) for p in refused} == {
+        ("a", "open")
+    }
+    verdicts = found["pgw.call.verdicts"].data.data_points
+    assert [p.attributes["pgw.error.reason"] for p in verdicts] == [excinfo.value.reason]
+    gauge = {
+        p.attributes["pgw.source"]: p.value for p in found["pgw.breaker.state"].data.data_points
+    }
+    assert gauge["a"] == 2
+    assert found["pgw.telemetry.dropped"].data.data_points[0].value == 0

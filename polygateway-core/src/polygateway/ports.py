@@ -15,6 +15,7 @@ from polygateway.types import (
     CallStart,
     ChatRequest,
     EmbeddingTransportResult,
+    GovernanceEvent,
     LLMResponse,
     OcrLayoutResult,
     OcrTextResult,
@@ -452,6 +453,14 @@ class CallTrace(Protocol):
     def attempt(self, record: TelemetryRecord, outcome: object) -> None: ...
 
     def close(self, ended_at: float, error: BaseException | None) -> None: ...
+
+
+@runtime_checkable
+class SupportsGovernanceEvents(Protocol):
+    """Optional for a ``CallTrace``: also told about the governor's admissions, refusals and
+    waits of the call (``types.GovernanceEvent``), synchronously, as they happen."""
+
+    def on_governance(self, event: GovernanceEvent) -> None: ...
 
 
 @runtime_checkable

@@ -220,6 +220,28 @@ class TelemetryRecord:
     """Canonical JSON of the call's own generation parameters (``""`` when none were set)."""
 
 
+GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]
+
+
+@dataclass(frozen=True, slots=True)
+class GovernanceEvent:
+    """A decision the governor made during one call, besides an attempt's outcome.
+
+    ``admitted``: the breaker (in ``breaker_state``; ``probe`` when this attempt is the
+    half-open probe) and the limiter let an attempt go to ``source``. ``breaker_refused`` /
+    ``limiter_refused``: ``source`` was refused this round (``gate`` names the limiter gate),
+    ``wait_s`` is the hint. ``waited``: no source admitted the call, and it waited ``wait_s``
+    seconds for quota or a breaker before the next round.
+    """
+
+    kind: GovernanceEventKind
+    source: str = ""
+    breaker_state: str = ""
+    probe: bool = False
+    gate: str = ""
+    wait_s: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class CallStart:
     """What a recorder learns when one governed call starts (``SupportsCallTraces``).

@@ -39,15 +39,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import Meter, MeterProvider
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 from polygateway.settings import SourceConfig
-from polygateway.types import CallStart, TelemetryRecord
+from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
 from pgw_otel.options import OtelOptions, parse_headers
 
@@ -119,6 +119,9 @@ class OtelRecorder:
         self._owned = tuple(owned)
         self._flush_ms = int(flush_timeout_s * 1000)
         self._warned: set[str] = set()
+        self._breaker_states: dict[str, str] = {}
+        """Source -> the breaker state the governor last saw (the ``pgw.breaker.state`` gauge)."""
+        self._metrics.observe(self)
         self.calls = 0
         self.spans = 0
         self.dropped = 0
@@ -237,10 +240,12 @@ class OtelRecorder:
         rows: Sequence[tuple[TelemetryRecord, object]],
         ended_at: float,
         error: BaseException | None,
+        events: Sequence[tuple[int, GovernanceEvent]] = (),
     ) -> None:
-        """The call's spans and metric points; never raises."""
+        """The call's spans and metric points; never raises. ``events``: the governor's
+        decisions, each with the number of rows made before it."""
         try:
-            self._export(start, parent, rows, ended_at, error)
+            self._export(start, parent, rows, ended_at, error, events)
         except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
             self.dropped += len(rows)
             self._warn("export", exc)
@@ -252,15 +257,28 @@ class OtelRecorder:
         rows: Sequence[tuple[TelemetryRecord, object]],
         ended_at: float,
         error: BaseException | None,
+        events: Sequence[tuple[int, GovernanceEvent]],
     ) -> None:
         self.calls += 1
         if not rows:
             return
+        admitted = {before + 1: event for before, event in events if event.kind == "admitted"}
         final, final_outcome = rows[-1]
         operation = start.operation
         request_model = self._models.get(final.source_name, "") or final.model
         error_type = _error_type(error, final)
         call_attrs = self._call_attributes(start, rows, request_model, error_type)
+        if events:
+            _decision_attributes(call_attrs, events)
+            self._metrics.record_decisions(call_attrs["pgw.scope"], events)
+            states = self._breaker_states
+            for _, event in events:
+                if event.breaker_state and event.source:
+                    states[event.source] = event.breaker_state
+        if error is not None:
+            reason = getattr(error, "reason", None)
+            if isinstance(reason, str) and reason:
+                call_attrs["pgw.error.reason"] = reason
         started_ns = _ns(min(start.started_at, _row_start(rows[0][0])))
         ended_ns = max(_ns(ended_at), started_ns)
         span = self._tracer.start_span(
@@ -277,7 +295,9 @@ class OtelRecorder:
         child_context = trace.set_span_in_context(span, parent)
         for number, (record, outcome) in enumerate(rows, 1):
             following = rows[number][0] if number < len(rows) else None
-            self._attempt_span(child_context, operation, record, outcome, number, following)
+            self._attempt_span(
+                child_context, operation, record, outcome, number, following, admitted.get(number)
+            )
         span.end(end_time=ended_ns)
         self.spans += 1 + len(rows)
         self._metrics.record_call(
@@ -352,6 +372,7 @@ class OtelRecorder:
         outcome: object,
         number: int,
         following: TelemetryRecord | None,
+        admitted: GovernanceEvent | None = None,
     ) -> None:
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": operation,
@@ -388,6 +409,9 @@ class OtelRecorder:
             attrs["error.type"] = record.error
         if following is not None:
             attrs["pgw.attempt.next"] = _next_step(record, following)
+        if admitted is not None and admitted.source == record.source_name:
+            attrs["pgw.breaker.state"] = admitted.breaker_state
+            attrs["pgw.breaker.probe"] = admitted.probe
         if record.cache_hit:
             name = "pgw.cache_hit"
         elif record.source_name:
@@ -420,7 +444,7 @@ class OtelRecorder:
 class _Call:
     """One call's rows, kept until it ends (``polygateway.ports.CallTrace``)."""
 
-    __slots__ = ("_parent", "_recorder", "_rows", "_start")
+    __slots__ = ("_events", "_parent", "_recorder", "_rows", "_start")
 
     def __init__(
         self, recorder: OtelRecorder, start: CallStart, parent: otel_context.Context
@@ -429,30 +453,64 @@ class _Call:
         self._start = start
         self._parent = parent
         self._rows: list[tuple[TelemetryRecord, object]] = []
+        self._events: list[tuple[int, GovernanceEvent]] = []
 
     def attempt(self, record: TelemetryRecord, outcome: object) -> None:
         self._rows.append((record, outcome))
 
+    def on_governance(self, event: GovernanceEvent) -> None:
+        """``polygateway.ports.SupportsGovernanceEvents``: kept with its place among the rows."""
+        self._events.append((len(self._rows), event))
+
     def close(self, ended_at: float, error: BaseException | None) -> None:
         rows, self._rows = self._rows, []
-        self._recorder.export(self._start, self._parent, rows, ended_at, error)
+        events, self._events = self._events, []
+        self._recorder.export(self._start, self._parent, rows, ended_at, error, events)
 
 
 class _Metrics:
     """The instruments, made once per recorder."""
 
     __slots__ = (
+        "admissions",
         "attempts",
+        "breaker_refusals",
         "cache",
         "duration",
+        "limiter_refusals",
+        "meter",
         "per_chunk",
+        "queue_wait",
         "refusals",
         "retries",
         "tokens",
         "ttfc",
+        "verdicts",
     )
 
     def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.admissions = meter.create_counter(
+            "pgw.limiter.admissions",
+            unit="{attempt}",
+            description="Attempts the breaker and the limiter let go, by pgw.source.",
+        )
+        self.limiter_refusals = meter.create_counter(
+            "pgw.limiter.refusals",
+            unit="{refusal}",
+            description="Limiter refusals, by pgw.source and pgw.limiter.gate.",
+        )
+        self.breaker_refusals = meter.create_counter(
+            "pgw.breaker.refusals",
+            unit="{refusal}",
+            description="Breaker refusals, by pgw.source and pgw.breaker.state.",
+        )
+        self.queue_wait = meter.create_histogram(
+            "pgw.limiter.queue_wait",
+            unit="s",
+            description="Time a call waited for quota or a breaker before a new round.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
         self.duration = meter.create_histogram(
             "gen_ai.client.operation.duration",
             unit="s",
@@ -493,11 +551,55 @@ class _Metrics:
             unit="{call}",
             description="Calls refused before any attempt (breaker open, scope unavailable).",
         )
+        self.verdicts = meter.create_counter(
+            "pgw.call.verdicts",
+            unit="{call}",
+            description="Calls ended by a scope-level verdict, by pgw.error.reason (stalled, ...).",
+        )
         self.cache = meter.create_counter(
             "pgw.cache.lookups",
             unit="{call}",
             description="Calls by pgw.cache.hit: the cache hit ratio is hits over all.",
         )
+
+    def observe(self, recorder: OtelRecorder) -> None:
+        """The gauges read from the recorder (called back by the metric reader)."""
+        states = recorder._breaker_states
+        rank = {"closed": 0, "half_open": 1, "open": 2}
+
+        def breaker_state(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(rank.get(state, -1), {"pgw.source": source, "pgw.breaker.state": state})
+                for source, state in list(states.items())
+            ]
+
+        def dropped(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(recorder.dropped, {"pgw.sink": "otel"})]
+
+        self.meter.create_observable_gauge(
+            "pgw.breaker.state",
+            callbacks=[breaker_state],
+            unit="1",
+            description="Breaker state per source as last seen: 0 closed, 1 half_open, 2 open.",
+        )
+        self.meter.create_observable_counter(
+            "pgw.telemetry.dropped",
+            callbacks=[dropped],
+            unit="{row}",
+            description="Telemetry rows this recorder could not turn into spans.",
+        )
+
+    def record_decisions(self, scope: str, events: Sequence[tuple[int, GovernanceEvent]]) -> None:
+        for _, event in events:
+            where = {"pgw.scope": scope, "pgw.source": event.source}
+            if event.kind == "admitted":
+                self.admissions.add(1, {**where, "pgw.breaker.probe": event.probe})
+            elif event.kind == "limiter_refused":
+                self.limiter_refusals.add(1, {**where, "pgw.limiter.gate": event.gate})
+            elif event.kind == "breaker_refused":
+                self.breaker_refusals.add(1, {**where, "pgw.breaker.state": event.breaker_state})
+            elif event.kind == "waited":
+                self.queue_wait.record(event.wait_s, {"pgw.scope": scope})
 
     def record_call(
         self,
@@ -540,6 +642,10 @@ class _Metrics:
         scope = {"pgw.scope": base.get("pgw.scope", "")}
         self.attempts.record(call_attrs["pgw.attempts"], scope)
         self.cache.add(1, {**scope, "pgw.cache.hit": final.cache_hit})
+        reason = call_attrs.get("pgw.error.reason")
+        if reason is not None:  # a scope-level verdict: stalled, quota_exhausted, ...
+            verdict = {**scope, "pgw.error.reason": reason, "error.type": base["error.type"]}
+            self.verdicts.add(1, verdict)
         refusal = call_attrs.get("pgw.refusal")
         if refusal is not None:
             self.refusals.add(
@@ -557,6 +663,24 @@ class _Metrics:
                     "error.type": record.error or "none",
                 },
             )
+
+
+def _decision_attributes(
+    attrs: dict[str, Any], events: Sequence[tuple[int, GovernanceEvent]]
+) -> None:
+    """What the breaker and the limiter decided during the call, on the call span."""
+    limiter = [event for _, event in events if event.kind == "limiter_refused"]
+    breaker = [event for _, event in events if event.kind == "breaker_refused"]
+    waited = [event.wait_s for _, event in events if event.kind == "waited"]
+    if limiter:
+        attrs["pgw.limiter.refusals"] = len(limiter)
+        attrs["pgw.limiter.gates"] = tuple(dict.fromkeys(event.gate for event in limiter))
+    if breaker:
+        attrs["pgw.breaker.refusals"] = len(breaker)
+    if waited:
+        attrs["pgw.limiter.queue_wait_s"] = float(sum(waited))
+    if any(event.probe for _, event in events):
+        attrs["pgw.breaker.probe"] = True
 
 
 def _next_step(record: TelemetryRecord, following: TelemetryRecord) -> str:

@@ -34,7 +34,13 @@ from polygateway.context import CallContext, with_context
 from polygateway.digest import canonical_json, canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.params import identity
-from polygateway.ports import CallTrace, Clock, Handler, Pricing, TelemetryRecorder
+from polygateway.ports import (
+    CallTrace,
+    Clock,
+    Handler,
+    Pricing,
+    TelemetryRecorder,
+)
 from polygateway.records import CANCELLED, RowWriter, build_record, error_name, outcome_cost
 from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
@@ -156,7 +162,7 @@ class TelemetryMiddleware:
 
     def _open_call(self, request: ChatRequest, context: CallContext) -> CallTrace | None:
         rows = self._rows
-        return rows.open_call(
+        trace = rows.open_call(
             rows.call_start(
                 "chat",
                 scope=self._scope,
@@ -166,6 +172,11 @@ class TelemetryMiddleware:
                 stream=context.stream is not None,
             )
         )
+        # Optional (ports.SupportsGovernanceEvents): traces that want the governor's decisions.
+        on_governance = getattr(trace, "on_governance", None)
+        if on_governance is not None:
+            context.listen(on_governance)
+        return trace
 
     def _after_success(
         self, observer: _CallObserver, request: ChatRequest, response: LLMResponse, started: float

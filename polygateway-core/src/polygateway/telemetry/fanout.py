@@ -22,10 +22,11 @@ from types import MappingProxyType
 from polygateway.ports import (
     CallTrace,
     SupportsCallTraces,
+    SupportsGovernanceEvents,
     SupportsRecordNowait,
     TelemetryRecorder,
 )
-from polygateway.types import CallStart, TelemetryRecord
+from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
 __all__ = ["DEFAULT_MAX_PENDING", "FanoutRecorder", "fanout"]
 
@@ -176,6 +177,14 @@ class _TracingFanout(FanoutRecorder):
 
 class _FanoutTrace:
     __slots__ = ("_plain", "_traces")
+
+    def on_governance(self, event: GovernanceEvent) -> None:
+        for sink, trace in self._traces:
+            if isinstance(trace, SupportsGovernanceEvents):
+                try:
+                    trace.on_governance(event)
+                except Exception as exc:  # noqa: BLE001 - one sink never affects another
+                    sink.fail("call trace", exc, rows=0)
 
     def __init__(
         self, traces: tuple[tuple[_Sink, CallTrace], ...], plain: tuple[_Sink, ...]
