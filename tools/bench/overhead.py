@@ -22,6 +22,9 @@ of this process, all its threads, divided by the calls). Clients:
 - ``--otel-callgrind [--few 40 --many 240]``: instructions per governed call under callgrind
   with telemetry off, ``otel`` alone, ``sqlite`` and ``sqlite+otel`` (the fan-out); the
   difference of two run lengths cancels start-up. Budget: otel at most 15% more per call.
+- ``--otel-wall [--calls 200 --rounds 5]``: wall time per call with a healthy span exporter,
+  one that raises on every batch, and the OTLP/HTTP exporter stuck on a collector that never
+  answers, interleaved; median paired ratios against the healthy one.
 - ``governed-openai-sdk``, ``governed-openai-sdk-aiohttp``: the governed client (as
   ``governed-<engine>``) on the ``openai-sdk`` transport (plugin pgw-openai-sdk), on the SDK's
   httpx2 and aiohttp HTTP clients; ``openai-sdk``: the bare ``AsyncOpenAI`` client (retries
@@ -610,24 +613,49 @@ OTEL_BUDGET = 0.15
 """CPU (instructions) per governed call with the ``otel`` recorder, at most this much more."""
 
 
-async def _otel_calls(mode: str, calls: int, url: str) -> None:
-    """``calls`` sequential governed calls (non-streaming and streaming alternately), with
-    telemetry ``mode``: ``none``, ``otel`` (SDK providers, batch span processor, every batch
-    encoded to OTLP protobuf and discarded), ``sqlite`` or ``sqlite+otel`` (the fan-out)."""
+OTEL_MODES = ("none", "otel", "otel-failing", "otel-blackhole", "sqlite", "sqlite+otel")
+
+
+def _blackhole() -> tuple[socket.socket, str]:
+    """A loopback server that accepts connections and never answers (a hung collector)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)  # kept open, never read from or answered
+
+    import threading
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+async def _otel_calls(mode: str, calls: int, url: str, collector: str = "") -> float:
+    """``calls`` sequential governed calls (non-streaming and streaming alternately) with
+    telemetry ``mode``; returns their wall seconds (set-up and shut-down excluded).
+
+    ``none``; ``otel``: SDK providers, a batch span processor whose exporter encodes every
+    batch to OTLP protobuf and discards it; ``otel-failing``: an exporter that raises on every
+    batch; ``otel-blackhole``: the real OTLP/HTTP exporter to ``collector``, a server that never
+    answers; ``sqlite``; ``sqlite+otel``: the fan-out of both."""
     from polygateway import GatewayClient
 
     with tempfile.TemporaryDirectory() as tmp:
-        backend = {"none": "none", "otel": "none", "sqlite": "sqlite", "sqlite+otel": "sqlite"}
+        db = os.path.join(tmp, "bench.db")
+        sqlite_on = mode.startswith("sqlite")
         env = governed_env(
-            url,
-            default_engine(),
-            telemetry=backend[mode],
-            cache="none",
-            db=os.path.join(tmp, "bench.db"),
+            url, default_engine(), telemetry="sqlite" if sqlite_on else "none", cache="none", db=db
         )
         injected: dict[str, Any] = {}
         owned: list[Any] = []
-        if mode.endswith("otel"):
+        if "otel" in mode:
             from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
             from opentelemetry.sdk.metrics import MeterProvider
             from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -644,35 +672,84 @@ async def _otel_calls(mode: str, calls: int, url: str) -> None:
                     encode_spans(spans).SerializeToString()
                     return SpanExportResult.SUCCESS
 
+            class Failing(SpanExporter):
+                def export(self, spans: Any) -> SpanExportResult:
+                    raise RuntimeError("collector down")
+
+            exporter: SpanExporter
+            if mode == "otel-blackhole":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                exporter = OTLPSpanExporter(endpoint=f"{collector}/v1/traces", timeout=30)
+            else:
+                exporter = Failing() if mode == "otel-failing" else Encoding()
             tracer_provider = TracerProvider()
-            tracer_provider.add_span_processor(BatchSpanProcessor(Encoding()))
+            tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
             meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
             owned = [tracer_provider, meter_provider]
-            settings_env = GatewayClient.from_env(env=env)
-            sources = settings_env.settings.sources
-            await settings_env.aclose()
+            probe = GatewayClient.from_env(env=env)
+            sources = probe.settings.sources
+            await probe.aclose()
             otel = OtelRecorder(
                 tracer_provider=tracer_provider, meter_provider=meter_provider, sources=sources
             )
-            if mode == "otel":
-                injected["telemetry"] = otel
-            else:
+            if sqlite_on:
                 from polygateway.telemetry.fanout import fanout
                 from polygateway.telemetry.sqlite import SQLiteRecorder
 
-                sqlite = SQLiteRecorder(os.path.join(tmp, "bench.db"))
-                injected["telemetry"] = fanout({"sqlite": sqlite, "otel": otel})
+                injected["telemetry"] = fanout({"sqlite": SQLiteRecorder(db), "otel": otel})
+            else:
+                injected["telemetry"] = otel
         client = GatewayClient.from_env(env=env, **injected)
         try:
+            for n in range(3):  # connections up, code paths warm
+                await client.chat([{"role": "user", "content": f"warm #{n}"}], stream=n % 2 == 1)
+            started = time.perf_counter()
             for n in range(calls):
                 messages = [{"role": "user", "content": f"Say hello #{n}"}]
                 await client.chat(messages, stream=n % 2 == 1)
+            elapsed = time.perf_counter() - started
         finally:
             await client.aclose()
             if injected:
                 await injected["telemetry"].aclose()
             for provider in owned:
+                if mode == "otel-blackhole":
+                    # Shutting down waits for the hung export: not the call path, skip it.
+                    continue
                 provider.shutdown()
+        return elapsed
+
+
+def otel_wall(calls: int, rounds: int) -> None:
+    """Wall time per governed call with a healthy exporter, one that raises on every batch and
+    one stuck on a collector that never answers, interleaved (the order rotates each round);
+    the verdict is the median of each round's paired ratio against the healthy exporter."""
+    port = free_port()
+    upstream = start_upstream(port, 20)
+    url = f"http://127.0.0.1:{port}/v1"
+    hole, collector = _blackhole()
+    modes = ["otel", "otel-failing", "otel-blackhole"]
+    per_call: dict[str, list[float]] = {mode: [] for mode in modes}
+    try:
+        for round_ in range(rounds):
+            order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
+            for mode in order:
+                seconds = asyncio.run(_otel_calls(mode, calls, url, collector))
+                per_call[mode].append(seconds / calls * 1e6)
+    finally:
+        upstream.kill()
+        hole.close()
+    for mode in modes:
+        print(f"{mode:15s} wall us/call per round: " + " ".join(f"{v:.0f}" for v in per_call[mode]))
+    for mode in modes[1:]:
+        ratios = [a / b for a, b in zip(per_call[mode], per_call["otel"], strict=True)]
+        print(
+            f"{mode} vs otel: median ratio {statistics.median(ratios):.3f} "
+            f"(rounds {', '.join(f'{r:.3f}' for r in ratios)})"
+        )
 
 
 def _callgrind_instructions(mode: str, calls: int, url: str, tmp: str) -> int:
@@ -726,7 +803,7 @@ def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
 
 
 def main() -> None:
-    if "--otel-child" in sys.argv or "--otel-callgrind" in sys.argv:
+    if {"--otel-child", "--otel-callgrind", "--otel-wall"} & set(sys.argv):
         otel = argparse.ArgumentParser()
         otel.add_argument("--otel-child", default="")
         otel.add_argument("--otel-callgrind", action="store_true")
@@ -735,9 +812,13 @@ def main() -> None:
         otel.add_argument("--few", type=int, default=40)
         otel.add_argument("--many", type=int, default=240)
         otel.add_argument("--otel-modes", default="none,otel,sqlite,sqlite+otel")
+        otel.add_argument("--otel-wall", action="store_true")
+        otel.add_argument("--rounds", type=int, default=5)
         found = otel.parse_args()
         if found.otel_child:
             asyncio.run(_otel_calls(found.otel_child, found.calls, found.url))
+        elif found.otel_wall:
+            otel_wall(found.calls or 200, found.rounds)
         else:
             otel_callgrind(found.few, found.many, found.otel_modes.split(","))
         return
