@@ -36,7 +36,7 @@ from polygateway.ports import (
     TelemetryRecorder,
 )
 from polygateway.settings import SourceConfig, TelemetryContent
-from polygateway.types import CallStart, TelemetryRecord, UsageSource
+from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord, UsageSource
 
 __all__ = [
     "CANCELLED",
@@ -484,6 +484,12 @@ class AttemptRows(Generic[T]):
     ``summarise`` turns the call kind's value into what the row says of it (an
     ``AttemptSummary``); ``messages`` is the request's summary, the same on every row of the
     call. Make one per call: ``governor.run(attempt, observer=AttemptRows(writer, ...))``.
+
+    With ``operation`` (the call kind: ``embeddings``, ``ocr``) it also opens the call for a
+    recorder that takes whole calls (``ports.SupportsCallTraces``): make it in the caller's
+    task when the call starts, pass ``events=rows.events`` to ``governor.run`` and call
+    ``close(error)`` when the call ends; a call that ends before any attempt writes its row
+    with ``refused``.
     """
 
     __slots__ = ("_messages", "_parent_call_id", "_session_id", "_summarise", "_trace", "_writer")
@@ -496,16 +502,47 @@ class AttemptRows(Generic[T]):
         summarise: Callable[[T], RowSummary],
         parent_call_id: str | None = None,
         session_id: str | None = None,
-        trace: CallTrace | None = None,
+        operation: str | None = None,
     ) -> None:
-        """``trace``: the call's ``writer.open_call(...)``, when the recorder takes whole
-        calls (the caller closes it with ``writer.close_call`` when the call ends)."""
         self._writer = writer
         self._messages = messages
         self._summarise = summarise
         self._parent_call_id = parent_call_id
         self._session_id = session_id
-        self._trace = trace
+        self._trace = (
+            writer.open_call(
+                writer.call_start(operation, session_id=session_id, parent_call_id=parent_call_id)
+            )
+            if operation is not None
+            else None
+        )
+
+    @property
+    def events(self) -> Callable[[GovernanceEvent], None] | None:
+        """The open call's listener of the governor's decisions (``Governor.run(events=)``),
+        when its recorder wants them."""
+        listener: Callable[[GovernanceEvent], None] | None = getattr(
+            self._trace, "on_governance", None
+        )
+        return listener
+
+    def refused(self, error: BaseException, *, call_id: str, latency_ms: int) -> None:
+        """The row of a call that ended before any attempt (no quota, breakers open)."""
+        writer = self._writer
+        record = writer.build(
+            error,
+            call_id=call_id,
+            parent_call_id=self._parent_call_id,
+            session_id=self._session_id,
+            messages=self._messages,
+            latency_ms=latency_ms,
+        )
+        if record is not None:
+            writer.submit_attempt(self._trace, record, error)
+
+    def close(self, error: BaseException | None) -> None:
+        """End the open call (nothing without ``operation``); never raises."""
+        self._writer.close_call(self._trace, error)
 
     def on_attempt(
         self, source: SourceConfig, call_id: str, outcome: T | BaseException, latency_ms: int

@@ -36,7 +36,7 @@ from polygateway.client import gather_bounded
 from polygateway.clock import SystemClock
 from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
-from polygateway.governance import Attempted, Governor, Outcome
+from polygateway.governance import Attempted, AttemptObserver, Governor, Outcome
 from polygateway.lifecycle import close_client_parts
 from polygateway.ports import (
     Clock,
@@ -354,13 +354,26 @@ class EmbeddingClient:
                 summarise=_summary,
                 parent_call_id=parent_call_id,
                 session_id=session_id,
+                operation="embeddings",
             )
             if rows is not None
             else None
         )
-        return await self._governor.run(
-            attempt, est_tokens=estimate_tokens(texts), observer=observer
-        )
+        if observer is None:
+            return await self._governor.run(attempt, est_tokens=estimate_tokens(texts))
+        watcher: AttemptObserver[_Batch] = observer
+        try:
+            outcome = await self._governor.run(
+                attempt,
+                est_tokens=estimate_tokens(texts),
+                observer=watcher,
+                events=observer.events,
+            )
+        except BaseException as exc:
+            observer.close(exc)
+            raise
+        observer.close(None)
+        return outcome
 
     def _merge(self, outcomes: Sequence[Outcome[_Batch]]) -> EmbeddingResponse:
         first = outcomes[0]

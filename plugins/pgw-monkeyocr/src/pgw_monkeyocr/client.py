@@ -147,17 +147,17 @@ class _Counted(Generic[R]):
     """``AttemptRows`` that also counts the attempts it saw (a call with none still gets its
     row, written by the client)."""
 
-    __slots__ = ("_rows", "attempts")
+    __slots__ = ("attempts", "rows")
 
     def __init__(self, rows: AttemptRows[R]) -> None:
-        self._rows: AttemptRows[R] = rows
+        self.rows: AttemptRows[R] = rows
         self.attempts = 0
 
     def on_attempt(
         self, source: SourceConfig, call_id: str, outcome: R | BaseException, latency_ms: int
     ) -> None:
         self.attempts += 1
-        self._rows.on_attempt(source, call_id, outcome, latency_ms)
+        self.rows.on_attempt(source, call_id, outcome, latency_ms)
 
 
 def _describe(result: OcrTextResult | OcrLayoutResult) -> str:
@@ -382,6 +382,7 @@ class OcrClient:
                     summarise=_summarise,
                     parent_call_id=parent_call_id,
                     session_id=session_id,
+                    operation="ocr",
                 )
             )
         watcher: AttemptObserver[R] | None = observer
@@ -392,20 +393,26 @@ class OcrClient:
 
         started = self._clock.monotonic()
         try:
-            outcome = await self._governor.run(attempt, est_tokens=0, observer=watcher)
+            outcome = await self._governor.run(
+                attempt,
+                est_tokens=0,
+                observer=watcher,
+                events=observer.rows.events if observer is not None else None,
+            )
         except (Exception, asyncio.CancelledError) as exc:
-            # A call that never reached an attempt (no quota, breakers open, cancelled while
-            # waiting) still leaves its row.
-            if writer is not None and observer is not None and observer.attempts == 0:
-                writer.write(
-                    exc,
-                    call_id=new_call_id(),
-                    parent_call_id=parent_call_id,
-                    session_id=session_id,
-                    messages=messages,
-                    latency_ms=elapsed_ms(started, self._clock.monotonic()),
-                )
+            if observer is not None:
+                # A call that never reached an attempt (no quota, breakers open, cancelled
+                # while waiting) still leaves its row.
+                if observer.attempts == 0:
+                    observer.rows.refused(
+                        exc,
+                        call_id=new_call_id(),
+                        latency_ms=elapsed_ms(started, self._clock.monotonic()),
+                    )
+                observer.rows.close(exc)
             raise
+        if observer is not None:
+            observer.rows.close(None)
         return outcome.value
 
     # ------------------------------------------------------------------ health, parts, lifecycle
