@@ -215,7 +215,7 @@ async def test_metrics_follow_the_conventions(sdk: Sdk, fake_upstream: FakeUpstr
     assert sum(p.count for p in ttfc) == 1  # the streamed call only
     assert "gen_ai.client.operation.time_per_output_chunk" in found
     attempts = found["pgw.call.attempts"].data.data_points
-    assert sorted((p.count, p.sum) for p in attempts) == [(2, 2)]  # 2 calls: 2 + 0 attempts
+    assert sorted((p.attributes["pgw.attempts"], p.value) for p in attempts) == [(0, 1), (2, 1)]
     lookups = {
         p.attributes["pgw.cache.hit"]: p.value for p in found["pgw.cache.lookups"].data.data_points
     }
@@ -250,7 +250,7 @@ async def test_breaker_and_limiter_decisions_are_on_the_spans_and_in_the_metrics
     assert attrs(waited[0])["pgw.limiter.queue_wait_s"] > 0
     attempts = [s for s in sdk.finished() if s.name == "pgw.attempt a"]
     assert {attrs(s)["pgw.breaker.state"] for s in attempts} == {"closed"}
-    assert {attrs(s)["pgw.breaker.probe"] for s in attempts} == {False}
+    assert not any("pgw.breaker.probe" in attrs(s) for s in attempts)  # set on a probe only
     found = sdk.metrics()
     admissions = found["pgw.limiter.admissions"].data.data_points
     assert sum(p.value for p in admissions) == 2

@@ -72,7 +72,6 @@ PER_CHUNK_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 """Time per output chunk (s), the conventions' advised boundaries."""
-ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 16)
 
 _REFUSALS = {
     "CircuitOpenError": "breaker_open",
@@ -182,9 +181,15 @@ class OtelRecorder:
             readers.append(endpoint.reader)
             owned.append(endpoint)
         if readers:
+            from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
             from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 
-            sdk_meter = SdkMeterProvider(metric_readers=readers, resource=resource)
+            # No exemplars: each would cost a context lookup per measurement on the call path.
+            sdk_meter = SdkMeterProvider(
+                metric_readers=readers,
+                resource=resource,
+                exemplar_filter=AlwaysOffExemplarFilter(),
+            )
             meter_provider = sdk_meter
             owned.append(sdk_meter)
         return cls(
@@ -378,13 +383,15 @@ class OtelRecorder:
             "gen_ai.operation.name": operation,
             "gen_ai.provider.name": record.provider or "unknown",
             "pgw.attempt.number": number,
-            "pgw.cache.hit": record.cache_hit,
             "pgw.usage.input_tokens": record.prompt_tokens,
             "pgw.usage.output_tokens": record.completion_tokens,
-            "pgw.usage.source": record.usage_source,
-            "pgw.latency_ms": record.latency_ms,
             "pgw.call_id": record.call_id,
         }
+        # Only what differs from the usual: every attribute costs on the call path.
+        if record.cache_hit:
+            attrs["pgw.cache.hit"] = True
+        if record.usage_source != "measured":
+            attrs["pgw.usage.source"] = record.usage_source
         request_model = self._models.get(record.source_name, "")
         if request_model:
             attrs["gen_ai.request.model"] = request_model
@@ -411,7 +418,8 @@ class OtelRecorder:
             attrs["pgw.attempt.next"] = _next_step(record, following)
         if admitted is not None and admitted.source == record.source_name:
             attrs["pgw.breaker.state"] = admitted.breaker_state
-            attrs["pgw.breaker.probe"] = admitted.probe
+            if admitted.probe:
+                attrs["pgw.breaker.probe"] = True
         if record.cache_hit:
             name = "pgw.cache_hit"
         elif record.source_name:
@@ -468,6 +476,28 @@ class _Call:
         self._recorder.export(self._start, self._parent, rows, ended_at, error, events)
 
 
+class _Tally:
+    """A monotonic counter summed in a dict and read by the metric reader (an observable
+    counter): counting is a dict update on the call path, not an SDK measurement."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, meter: Meter, name: str, *, unit: str, description: str) -> None:
+        self._counts: dict[tuple[tuple[str, Any], ...], int] = {}
+        meter.create_observable_counter(
+            name, callbacks=[self._observe], unit=unit, description=description
+        )
+
+    def add(self, attributes: Mapping[str, Any]) -> None:
+        key = tuple(attributes.items())
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        # One C-level copy: safe against the loop thread adding meanwhile.
+        return [Observation(value, dict(key)) for key, value in list(self._counts.items())]
+
+
 class _Metrics:
     """The instruments, made once per recorder."""
 
@@ -490,17 +520,20 @@ class _Metrics:
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
-        self.admissions = meter.create_counter(
+        self.admissions = _Tally(
+            meter,
             "pgw.limiter.admissions",
             unit="{attempt}",
             description="Attempts the breaker and the limiter let go, by pgw.source.",
         )
-        self.limiter_refusals = meter.create_counter(
+        self.limiter_refusals = _Tally(
+            meter,
             "pgw.limiter.refusals",
             unit="{refusal}",
             description="Limiter refusals, by pgw.source and pgw.limiter.gate.",
         )
-        self.breaker_refusals = meter.create_counter(
+        self.breaker_refusals = _Tally(
+            meter,
             "pgw.breaker.refusals",
             unit="{refusal}",
             description="Breaker refusals, by pgw.source and pgw.breaker.state.",
@@ -535,28 +568,33 @@ class _Metrics:
             description="Mean time per output chunk after the first one, per attempt.",
             explicit_bucket_boundaries_advisory=PER_CHUNK_BUCKETS,
         )
-        self.attempts = meter.create_histogram(
+        self.attempts = _Tally(
+            meter,
             "pgw.call.attempts",
-            unit="{attempt}",
-            description="Attempts per governed call (retries, switches, re-asks).",
-            explicit_bucket_boundaries_advisory=ATTEMPT_BUCKETS,
+            unit="{call}",
+            description="Calls by their number of attempts (pgw.attempts: retries, switches, "
+            "re-asks; 0 for a cache hit or a refusal): the attempts-per-call distribution.",
         )
-        self.retries = meter.create_counter(
+        self.retries = _Tally(
+            meter,
             "pgw.attempt.outcomes",
             unit="{attempt}",
             description="Attempts by what followed them (pgw.attempt.next) and error.type.",
         )
-        self.refusals = meter.create_counter(
+        self.refusals = _Tally(
+            meter,
             "pgw.call.refusals",
             unit="{call}",
             description="Calls refused before any attempt (breaker open, scope unavailable).",
         )
-        self.verdicts = meter.create_counter(
+        self.verdicts = _Tally(
+            meter,
             "pgw.call.verdicts",
             unit="{call}",
             description="Calls ended by a scope-level verdict, by pgw.error.reason (stalled, ...).",
         )
-        self.cache = meter.create_counter(
+        self.cache = _Tally(
+            meter,
             "pgw.cache.lookups",
             unit="{call}",
             description="Calls by pgw.cache.hit: the cache hit ratio is hits over all.",
@@ -593,11 +631,11 @@ class _Metrics:
         for _, event in events:
             where = {"pgw.scope": scope, "pgw.source": event.source}
             if event.kind == "admitted":
-                self.admissions.add(1, {**where, "pgw.breaker.probe": event.probe})
+                self.admissions.add({**where, "pgw.breaker.probe": event.probe})
             elif event.kind == "limiter_refused":
-                self.limiter_refusals.add(1, {**where, "pgw.limiter.gate": event.gate})
+                self.limiter_refusals.add({**where, "pgw.limiter.gate": event.gate})
             elif event.kind == "breaker_refused":
-                self.breaker_refusals.add(1, {**where, "pgw.breaker.state": event.breaker_state})
+                self.breaker_refusals.add({**where, "pgw.breaker.state": event.breaker_state})
             elif event.kind == "waited":
                 self.queue_wait.record(event.wait_s, {"pgw.scope": scope})
 
@@ -640,22 +678,19 @@ class _Metrics:
                 gap_s = max(0.0, final.latency_ms - final.ttft_ms) / 1000 / (chunks - 1)
                 self.per_chunk.record(gap_s, base)
         scope = {"pgw.scope": base.get("pgw.scope", "")}
-        self.attempts.record(call_attrs["pgw.attempts"], scope)
-        self.cache.add(1, {**scope, "pgw.cache.hit": final.cache_hit})
+        self.attempts.add({**scope, "pgw.attempts": call_attrs["pgw.attempts"]})
+        self.cache.add({**scope, "pgw.cache.hit": final.cache_hit})
         reason = call_attrs.get("pgw.error.reason")
         if reason is not None:  # a scope-level verdict: stalled, quota_exhausted, ...
             verdict = {**scope, "pgw.error.reason": reason, "error.type": base["error.type"]}
-            self.verdicts.add(1, verdict)
+            self.verdicts.add(verdict)
         refusal = call_attrs.get("pgw.refusal")
         if refusal is not None:
-            self.refusals.add(
-                1, {**scope, "pgw.refusal": refusal, "error.type": base["error.type"]}
-            )
+            self.refusals.add({**scope, "pgw.refusal": refusal, "error.type": base["error.type"]})
         for number, (record, _) in enumerate(rows[:-1], 1):
             following = rows[number][0]
             what = _next_step(record, following)
             self.retries.add(
-                1,
                 {
                     **scope,
                     "pgw.source": record.source_name,
