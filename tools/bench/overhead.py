@@ -687,7 +687,12 @@ async def _otel_calls(mode: str, calls: int, url: str, collector: str = "") -> f
                 exporter = Failing() if mode == "otel-failing" else Encoding()
             tracer_provider = TracerProvider()
             tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
-            meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+            from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+            # As the recorder's own providers (an endpoint set): no exemplars.
+            meter_provider = MeterProvider(
+                metric_readers=[InMemoryMetricReader()], exemplar_filter=AlwaysOffExemplarFilter()
+            )
             owned = [tracer_provider, meter_provider]
             probe = GatewayClient.from_env(env=env)
             sources = probe.settings.sources
