@@ -658,11 +658,12 @@ class _Metrics:
                 "error.type",
                 "pgw.scope",
                 "pgw.source",
-                "pgw.cache.hit",
             )
             if key in call_attrs
         }
-        self.duration.record(duration_s, base)
+        # A cache hit is no GenAI operation: counted in pgw.cache.lookups, not timed here.
+        if not final.cache_hit:
+            self.duration.record(duration_s, base)
         if not final.cache_hit and ("error.type" not in base or call_attrs["pgw.attempts"]):
             self.tokens.record(
                 call_attrs["gen_ai.usage.input_tokens"], {**base, "gen_ai.token.type": "input"}
