@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,34 @@ def test_a_fanout_checks_its_sinks() -> None:
         FanoutRecorder({"x": object()})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="max_pending"):
         FanoutRecorder({"b": _Broken()}, max_pending=0)
+
+
+class _Hung:
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def record(self, record: TelemetryRecord) -> None:
+        self.started.set()
+        await asyncio.Event().wait()  # never returns
+
+    async def flush(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_hung_sink_cannot_hang_shutdown(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    hung = _Hung()
+    sqlite = SQLiteRecorder(str(tmp_path / "t.db"))
+    recorder = fanout({"hung": hung, "sqlite": sqlite}, timeout_s=0.2)
+    async with GatewayClient(scope(fake_upstream), telemetry=recorder) as client:
+        assert (await client.chat(MESSAGES)).content
+        await hung.started.wait()
+    await recorder.aclose()  # gives up on the hung sink's row, closes the other
+    assert recorder.drops == {"hung": 1, "sqlite": 0}
+    assert len(read_rows(tmp_path / "t.db")) == 1
+    with pytest.raises(ValueError, match="timeout_s"):
+        FanoutRecorder({"s": sqlite}, timeout_s=0)

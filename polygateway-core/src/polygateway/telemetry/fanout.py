@@ -5,7 +5,8 @@ call. Sinks with ``record_nowait`` get each row synchronously; the others get a 
 at most ``max_pending`` of them in flight per sink (beyond that the row is dropped for that
 sink). Every row a sink could not take is counted for that sink (``drops``, which adds the
 sink's own ``dropped`` counter when it keeps one). ``flush``/``aclose`` run every sink's at
-once, each failure a warning, so one stuck sink cannot keep the others' rows unwritten.
+once, each failure a warning, so one stuck sink cannot keep the others' rows unwritten, and
+each for at most ``timeout_s`` (what a hung sink still holds then is cancelled and counted).
 
 Sinks that take whole calls (``ports.SupportsCallTraces``, a tracing exporter) get them: the
 fan-out then offers ``open_call`` itself, and a call's rows reach every other sink one by one
@@ -28,12 +29,14 @@ from polygateway.ports import (
 )
 from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
-__all__ = ["DEFAULT_MAX_PENDING", "FanoutRecorder", "fanout"]
+__all__ = ["DEFAULT_MAX_PENDING", "DEFAULT_TIMEOUT_S", "FanoutRecorder", "fanout"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_PENDING = 10_000
 """Rows in flight at most per sink without ``record_nowait`` (a hung sink stays bounded)."""
+DEFAULT_TIMEOUT_S = 10.0
+"""``flush``/``aclose`` wait this long at most per sink (a hung sink cannot hang shutdown)."""
 
 
 class _Sink:
@@ -83,14 +86,26 @@ class _Sink:
     async def _record(self, record: TelemetryRecord) -> None:
         try:
             await self.recorder.record(record)
+        except asyncio.CancelledError:
+            self.failed += 1  # given up on (shutdown timeout): the row is lost
+            raise
         except Exception as exc:  # noqa: BLE001 - counted, never raised
             self.fail("record", exc)
 
-    async def finish(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
+    async def finish(
+        self, what: str, step: Callable[[], Awaitable[None]], timeout_s: float
+    ) -> None:
+        """Wait for the rows in flight, then ``step`` (flush or aclose), for at most
+        ``timeout_s`` in all: a hung sink's rows still in flight are cancelled and counted."""
         try:
-            while self.tasks:
-                await asyncio.gather(*tuple(self.tasks), return_exceptions=True)
-            await step()
+            async with asyncio.timeout(timeout_s):
+                while self.tasks:
+                    await asyncio.gather(*tuple(self.tasks), return_exceptions=True)
+                await step()
+        except TimeoutError as exc:
+            for task in tuple(self.tasks):
+                task.cancel()  # each cancelled row counts itself as lost
+            self.fail(f"{what} (gave up after {timeout_s:g}s)", exc, rows=0)
         except Exception as exc:  # noqa: BLE001 - one sink's shutdown never stops another's
             self.fail(what, exc, rows=0)
 
@@ -103,13 +118,14 @@ class _Sink:
 class FanoutRecorder:
     """A ``TelemetryRecorder`` that hands every row to each of ``sinks`` (name -> recorder)."""
 
-    __slots__ = ("_sinks",)
+    __slots__ = ("_sinks", "_timeout_s")
 
     def __init__(
         self,
         sinks: Mapping[str, TelemetryRecorder],
         *,
         max_pending: int = DEFAULT_MAX_PENDING,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if not sinks:
             raise ValueError("FanoutRecorder needs at least one sink")
@@ -120,6 +136,9 @@ class FanoutRecorder:
                 raise TypeError(
                     f"FanoutRecorder sink {name!r} is not a TelemetryRecorder: {recorder!r}"
                 )
+        if not 0 < timeout_s < float("inf"):
+            raise ValueError(f"FanoutRecorder timeout_s must be > 0 seconds, got {timeout_s!r}")
+        self._timeout_s = timeout_s
         self._sinks = tuple(_Sink(name, rec, max_pending) for name, rec in sinks.items())
 
     @property
@@ -145,10 +164,16 @@ class FanoutRecorder:
         self.record_nowait(record)
 
     async def flush(self) -> None:
-        await asyncio.gather(*(sink.finish("flush", sink.recorder.flush) for sink in self._sinks))
+        timeout_s = self._timeout_s
+        await asyncio.gather(
+            *(sink.finish("flush", sink.recorder.flush, timeout_s) for sink in self._sinks)
+        )
 
     async def aclose(self) -> None:
-        await asyncio.gather(*(sink.finish("aclose", sink.recorder.aclose) for sink in self._sinks))
+        timeout_s = self._timeout_s
+        await asyncio.gather(
+            *(sink.finish("aclose", sink.recorder.aclose, timeout_s) for sink in self._sinks)
+        )
 
     def __repr__(self) -> str:
         names = ", ".join(sink.name for sink in self._sinks)
@@ -210,10 +235,13 @@ class _FanoutTrace:
 
 
 def fanout(
-    sinks: Mapping[str, TelemetryRecorder], *, max_pending: int = DEFAULT_MAX_PENDING
+    sinks: Mapping[str, TelemetryRecorder],
+    *,
+    max_pending: int = DEFAULT_MAX_PENDING,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> FanoutRecorder:
     """The fan-out of ``sinks``; it takes whole calls (``open_call``) only when a sink does,
     so a fan-out of row sinks costs the telemetry layer nothing more."""
     tracing = any(isinstance(rec, SupportsCallTraces) for rec in sinks.values())
     cls = _TracingFanout if tracing else FanoutRecorder
-    return cls(sinks, max_pending=max_pending)
+    return cls(sinks, max_pending=max_pending, timeout_s=timeout_s)
