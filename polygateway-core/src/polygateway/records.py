@@ -528,17 +528,7 @@ class AttemptRows(Generic[T]):
 
     def refused(self, error: BaseException, *, call_id: str, latency_ms: int) -> None:
         """The row of a call that ended before any attempt (no quota, breakers open)."""
-        writer = self._writer
-        record = writer.build(
-            error,
-            call_id=call_id,
-            parent_call_id=self._parent_call_id,
-            session_id=self._session_id,
-            messages=self._messages,
-            latency_ms=latency_ms,
-        )
-        if record is not None:
-            writer.submit_attempt(self._trace, record, error)
+        self._write(error, call_id, latency_ms, None)
 
     def close(self, error: BaseException | None) -> None:
         """End the open call (nothing without ``operation``); never raises."""
@@ -555,9 +545,18 @@ class AttemptRows(Generic[T]):
             except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
                 self._writer.warn_once("summarise", "attempt could not be summarised: %r", exc)
                 return
+        self._write(summary, call_id, latency_ms, source)
+
+    def _write(
+        self,
+        outcome: RowSummary | BaseException,
+        call_id: str,
+        latency_ms: int,
+        source: SourceConfig | None,
+    ) -> None:
         writer = self._writer
         record = writer.build(
-            summary,
+            outcome,
             call_id=call_id,
             parent_call_id=self._parent_call_id,
             session_id=self._session_id,
@@ -566,4 +565,4 @@ class AttemptRows(Generic[T]):
             source=source,
         )
         if record is not None:
-            writer.submit_attempt(self._trace, record, summary)
+            writer.submit_attempt(self._trace, record, outcome)
