@@ -27,7 +27,11 @@ tokens are not reported: the rows do not keep them apart from the output tokens.
 ``pgw.call_id`` and, per attempt, ``pgw.attempt.number`` and ``pgw.attempt.next`` (what the
 governor did after it: ``retry`` on the same source, ``switch`` to another, ``reask`` after a
 rejected structured answer) and ``pgw.refusal`` for a call refused before any attempt
-(``breaker_open``, ``unavailable``, ``rejected``). Prompts and answers
+(``breaker_open``, ``unavailable``, ``rejected``). The governor's decisions
+(``polygateway.types.GovernanceEvent``, through ``on_governance``) add ``pgw.breaker.state``
+and ``pgw.breaker.probe`` to attempt spans and ``pgw.limiter.refusals``, ``pgw.limiter.gates``,
+``pgw.limiter.queue_wait_s``, ``pgw.breaker.refusals`` to the call span; a scope-level
+verdict adds ``pgw.error.reason`` (``stalled``, ...). Prompts and answers
 (``gen_ai.input.messages``, ``gen_ai.output.messages``) only with ``capture_content``.
 
 Nothing here reaches the call: span and metric export run in the SDK's own threads (batch
