@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from polygateway.testing.services import require_service as shared_require_service
 
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 POSTGRES_HOST, POSTGRES_PORT = "127.0.0.1", 5432
@@ -17,22 +17,9 @@ def services_required() -> bool:
     return os.environ.get("PGW_REQUIRE_SERVICES") == "1"
 
 
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def require_service(name: str, host: str, port: int) -> None:
     """Skip when the service is down, unless PGW_REQUIRE_SERVICES=1 (then fail)."""
-    if _reachable(host, port):
-        return
-    message = f"{name} is not reachable on {host}:{port}"
-    if services_required():
-        pytest.fail(f"{message} and PGW_REQUIRE_SERVICES=1")
-    pytest.skip(message)
+    shared_require_service(name, host, port, required=services_required())
 
 
 @pytest.fixture

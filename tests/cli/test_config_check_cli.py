@@ -154,6 +154,83 @@ def test_keys_plugins_declare_are_known(tmp_path: Path) -> None:
     assert "unknown key" not in result.stderr
 
 
+OTHER_TOOLS = {"LLM_USER_PATH": "/home/me/.llm", "LLM_LOG_LEVEL": "debug", "JUDGE_MODE": "x"}
+SCOPE_KEYS = {"JUDGE__OPENAI__1__BASE_URL": "http://127.0.0.1:9/v1", "JUDGE__OPENAI__1__MODEL": "m"}
+
+
+def test_other_tools_keys_under_a_scope_prefix_are_errors_until_listed(tmp_path: Path) -> None:
+    env = clean_env(PGW_PLUGINS="", **SOURCE, **SCOPE_KEYS, **OTHER_TOOLS, LLM_TIMOUT="3")
+    result = pgw(tmp_path, "config", "check", env=env)
+    assert result.returncode == 2
+    for key in [*OTHER_TOOLS, "LLM_TIMOUT"]:
+        found = line_with(result.stderr, f"pgw: {key}: unknown key")
+        assert "list it in PGW_CONFIG_IGNORE_KEYS" in found
+    # JUDGE has no flat keys of its own: the problem says how JUDGE is set instead.
+    assert "scope JUDGE is set with JUDGE__... keys" in line_with(result.stderr, "JUDGE_MODE")
+    built = python(tmp_path, FROM_ENV, env)
+    assert built.returncode == 4 and "LLM_USER_PATH: unknown key" in built.stdout
+
+    # Listed (names or patterns): no longer errors; a typo among them is still caught.
+    ignore = "LLM_USER_PATH, LLM_LOG_*,JUDGE_MODE"
+    listed = {**env, "PGW_CONFIG_IGNORE_KEYS": ignore}
+    result = pgw(tmp_path, "config", "check", "--json", env=listed)
+    assert result.returncode == 2
+    errors = json.loads(result.stdout)["errors"]
+    assert len(errors) == 1 and errors[0].startswith("LLM_TIMOUT: unknown key (did you mean")
+    built = python(tmp_path, FROM_ENV, listed)
+    assert built.returncode == 4
+    assert lines(built.stdout)[1:] == errors  # from_env says exactly what the check says
+
+    clean = {k: v for k, v in listed.items() if k != "LLM_TIMOUT"}
+    assert pgw(tmp_path, "config", "check", env=clean).returncode == 0
+    assert python(tmp_path, FROM_ENV, clean).stdout.strip() == "built"
+
+
+@pytest.mark.parametrize("origin", ["dotenv", "file"])
+def test_the_ignore_list_is_read_from_dotenv_and_the_pipeline_file(
+    tmp_path: Path, origin: str
+) -> None:
+    env = clean_env(PGW_PLUGINS="", **SOURCE, LLM_USER_PATH="/x", LLM__TOOL_SETTING="y")
+    if origin == "dotenv":
+        (tmp_path / ".env").write_text(
+            "PGW_CONFIG_IGNORE_KEYS=LLM_USER_PATH,LLM__TOOL_*\n", encoding="utf-8"
+        )
+    else:
+        (tmp_path / "pgw.toml").write_text(
+            'ignore_keys = ["LLM_USER_PATH", "LLM__TOOL_*"]\n', encoding="utf-8"
+        )
+    result = pgw(tmp_path, "config", "check", env=env)
+    assert result.returncode == 0, result.stderr
+    assert python(tmp_path, FROM_ENV, env).stdout.strip() == "built"
+    # The environment wins over the file, as for every key: an empty list ignores nothing.
+    stricter = {**env, "PGW_CONFIG_IGNORE_KEYS": ""}
+    result = pgw(tmp_path, "config", "check", env=stricter)
+    assert result.returncode == 2
+    assert "LLM_USER_PATH: unknown key" in result.stderr
+    assert "LLM__TOOL_SETTING: not a PolyGateway key" in result.stderr
+
+
+def test_a_bad_ignore_list_is_an_error_naming_its_key(tmp_path: Path) -> None:
+    env = clean_env(PGW_PLUGINS="", **SOURCE, PGW_CONFIG_IGNORE_KEYS="LLM_USER_PATH,bad key")
+    result = pgw(tmp_path, "config", "check", env=env)
+    assert result.returncode == 2
+    assert "PGW_CONFIG_IGNORE_KEYS: 'bad key' is not a key name or pattern" in result.stderr
+    (tmp_path / "pgw.toml").write_text('ignore_keys = "LLM_USER_PATH"\n', encoding="utf-8")
+    result = pgw(tmp_path, "config", "check", env=clean_env(PGW_PLUGINS="", **SOURCE))
+    assert result.returncode == 2
+    assert "pgw.toml:ignore_keys: must be a list of env key names" in result.stderr
+
+
+def test_only_the_prefixes_of_configured_scopes_are_checked(tmp_path: Path) -> None:
+    # No scope named OPENAI or JUDGE: their keys are other tools'. PGW_* is always checked.
+    env = clean_env(PGW_PLUGINS="", **SOURCE, OPENAI_API_KEY="sk-x", JUDGE_MODE="x", JUDGE__FOO="y")
+    result = pgw(tmp_path, "config", "check", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "unknown key" not in result.stderr
+    typo = pgw(tmp_path, "config", "check", env={**env, "PGW_CACHE_BACKENDS": "memory"})
+    assert "did you mean PGW_CACHE_BACKEND?" in line_with(typo.stderr, "PGW_CACHE_BACKENDS")
+
+
 # --------------------------------------------------------------------------- plugins
 
 

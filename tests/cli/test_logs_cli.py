@@ -18,7 +18,8 @@ def db(tmp_path: Path) -> Path:
             record(1, session_id="alpha", messages='[{"role":"user","content":"first question"}]'),
             record(2, session_id="beta", source_name="qwen-1", model="qwen-plus"),
             record(3, session_id="alpha", error="TransientError", response="", cost=None),
-            record(4, session_id="alpha", response="the newest answer"),
+            # The retry of call 3, answered: one call of two attempts.
+            record(4, session_id="alpha", response="the newest answer", root_call_id="call-0003"),
         ],
     )
     return path
@@ -42,6 +43,10 @@ def test_newest_rows_first_and_filters(tmp_path: Path, db: Path) -> None:
     assert call_ids(pgw(tmp_path, *base, "--source", "qwen-1").stdout) == ["call-0002"]
     assert call_ids(pgw(tmp_path, *base, "-m", "qwen-plus").stdout) == ["call-0002"]
     assert call_ids(pgw(tmp_path, *base, "--errors").stdout) == ["call-0003"]
+    assert call_ids(pgw(tmp_path, *base, "--call", "call-0003").stdout) == [
+        "call-0004",
+        "call-0003",
+    ]
     assert call_ids(pgw(tmp_path, *base, "--since", "2025-12-01T12:25:00").stdout) == [
         "call-0004",
         "call-0003",
@@ -53,7 +58,7 @@ def test_newest_rows_first_and_filters(tmp_path: Path, db: Path) -> None:
 
 def test_text_rows_and_show_one_in_full(tmp_path: Path, db: Path) -> None:
     text = pgw(tmp_path, "logs", "--db", str(db), "-n", "2").stdout
-    assert text.startswith("## 2025-12-01 12:40:00 UTC  call-0004  ok\n")
+    assert text.startswith("## 2025-12-01 12:40:00 UTC  call-0004  ok  (call call-0003)\n")
     assert "### response\nthe newest answer" in text
     assert "call-0003  error TransientError" in text
     assert "latency 1 ms" in text and "cost 0.002800" in text

@@ -9,11 +9,14 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
+from polygateway.telemetry.report import read_sqlite_rows
 from polygateway.telemetry.sqlite import SQLiteRecorder
 from polygateway.types import TelemetryRecord
 
@@ -106,11 +109,12 @@ def test_counts_units_and_currency(tmp_path: Path, small_db: Path) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"{small_db}: 34 rows, 2025-12-01 12:00:00 UTC to 2025-12-01 17:10:00 UTC" in out
+    assert "calls 34: 32 answered, 2 failed\n" in out  # a failed attempt, a refused call
     assert "answered calls 32 (31 by a source, 1 from the cache)" in out
-    assert "attempts 32 (31 ok, 1 failed)" in out
+    assert "attempts 32 (31 ok, 1 failed; 0 after a call's first)" in out
     assert "cache hits 1\n" in out and "refused before any attempt 1\n" in out
     assert "tokens 38,400 prompt + 25,600 completion" in out  # integers, never 8.0000
-    assert "cost 0.084000 USD (1 attempts without a price)" in out
+    assert "cost 0.084000 USD (1 attempt without a price)" in out
     total = next(line for line in out.splitlines() if line.startswith("total"))
     assert re.search(r"\b2 ms\b", total) and "0.084000 USD" in total
     assert not re.search(r"\d\.0000\b", out)
@@ -131,6 +135,7 @@ def test_the_html_page_names_the_db_and_range_and_never_draws_unpriced_as_zero(
     assert "Cost over time (per 15 min, UTC)" in page
     assert "no price" in page
     assert "latency (ms)" in page and "cost (price-table units)" in page and "time (UTC)" in page
+    assert "(none: refused)" in page  # the refused call's error, not a source named "-"
 
 
 def test_the_report_finds_the_database_the_configuration_names(
@@ -167,29 +172,93 @@ def test_report_totals_match_the_demo_summary_on_the_same_database(tmp_path: Pat
     report = pgw(tmp_path, "telemetry", "report", "--db", str(db), "--by", "source", env=env)
     assert report.returncode == 0, report.stderr
     from_demo = demo.stdout.split("(what `pgw telemetry report` prints for it):\n", 1)[1]
-    demo_lines = [line.strip() for line in from_demo.splitlines()[:6]]
+    demo_lines = [line.strip() for line in from_demo.splitlines()[:7]]
     report_lines = report.stdout.splitlines()
-    start = next(i for i, line in enumerate(report_lines) if line.startswith("answered calls"))
-    assert demo_lines == report_lines[start : start + 6]
-    assert demo_lines[0].startswith("answered calls 41 ")  # every call the demo made
-    assert "calls made 41: 41 answered, 0 failed" in demo.stdout
+    start = next(i for i, line in enumerate(report_lines) if line.startswith("calls "))
+    assert demo_lines == report_lines[start : start + 7]
+    # The calls the demo made and saw fail (counted by the demo itself, not from the rows) are
+    # the calls and failed calls the report counts in the rows.
+    made = re.search(r"^calls made (\d+): (\d+) answered, (\d+) failed", demo.stdout, re.M)
+    assert made is not None, demo.stdout
+    calls, answered, failed = made.groups()
+    assert (calls, answered, failed) == ("41", "39", "2")
+    assert f"calls {calls}: {answered} answered, {failed} failed" in report_lines
+    # In the rows: 41 calls by root_call_id, two with every row an error.
+    rows = read_sqlite_rows(str(db))
+    by_call: dict[str, list[dict[str, object]]] = {}
+    for row in rows:
+        by_call.setdefault(str(row["root_call_id"]), []).append(row)
+    failed_calls = [rs for rs in by_call.values() if all(r["error"] for r in rs)]
+    assert len(by_call) == 41 and len(failed_calls) == 2
+    total = next(line for line in report_lines if line.startswith("total"))
+    assert total.split()[1:3] == ["41", "2"]  # calls, failed calls
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BAR = (0x4A, 0x78, 0xC2)  # the bars' fill in render_html
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def read_png(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and RGB rows of an 8-bit, non-interlaced RGB(A) PNG (what Chromium's
+    screenshot is); enough to look at a page without an imaging library."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, chunks, header = 8, [], b""
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        header = body if kind == b"IHDR" else header
+        if kind == b"IDAT":
+            chunks.append(body)
+        pos += 12 + length
+    width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", header)
+    assert depth == 8 and color in (2, 6) and interlace == 0, header
+    channels = 3 if color == 2 else 4
+    raw, stride = zlib.decompress(b"".join(chunks)), width * channels
+    rows: list[bytes] = []
+    previous = bytearray(stride)
+    for y in range(height):
+        kind, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                guess = left + up - corner
+                near = min((abs(guess - left), 0), (abs(guess - up), 1), (abs(guess - corner), 2))
+                line[i] = (line[i] + (left, up, corner)[near[1]]) & 0xFF
+        previous = line
+        rgb = line if channels == 3 else bytes(b for j, b in enumerate(line) if j % 4 != 3)
+        rows.append(bytes(rgb))
+    return width, height, rows
+
+
 def test_the_page_renders_in_headless_chromium(tmp_path: Path, small_db: Path) -> None:
+    """The page as a browser draws it: not blank, bars drawn, and an axis line under each of
+    the four charts. Runs wherever Chromium is installed; CI installs it (``.ci/run``)."""
+    if CHROMIUM is None:
+        if os.environ.get("PGW_REQUIRE_SERVICES") == "1":
+            pytest.fail("headless Chromium is not installed and PGW_REQUIRE_SERVICES=1")
+        pytest.skip("headless Chromium is not installed")
     page_path = tmp_path / "report.html"
-    assert pgw(tmp_path, "telemetry", "report", "--db", str(small_db), "--html", str(page_path))
+    made = pgw(tmp_path, "telemetry", "report", "--db", str(small_db), "--html", str(page_path))
+    assert made.returncode == 0, made.stderr
     shot = tmp_path / "report.png"
-    assert CHROMIUM is not None
     subprocess.run(
         [
             CHROMIUM,
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
             f"--screenshot={shot}",
             "--window-size=1000,1800",
             page_path.as_uri(),
@@ -198,5 +267,20 @@ def test_the_page_renders_in_headless_chromium(tmp_path: Path, small_db: Path) -
         timeout=120,
         check=True,
     )
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a page, not a blank
+    width, height, rows = read_png(shot.read_bytes())
+    assert (width, height) == (1000, 1800)
+    pixels = [row[i : i + 3] for row in rows for i in range(0, len(row), 3)]
+    white = sum(1 for p in pixels if min(p) > 245)
+    assert white < len(pixels) * 0.97, "the page is blank"
+    bars = sum(1 for p in pixels if all(abs(a - b) <= 6 for a, b in zip(p, BAR, strict=True)))
+    assert bars > 2000, f"only {bars} bar pixels"
+    # The value axes: horizontal dark lines at least 300 px long (one per chart).
+    axes = 0
+    for row in rows:
+        run = longest = 0
+        for i in range(0, len(row), 3):
+            r, g, b = row[i : i + 3]
+            run = run + 1 if max(r, g, b) < 150 and max(r, g, b) - min(r, g, b) < 12 else 0
+            longest = max(longest, run)
+        axes += longest >= 300
+    assert axes >= 4, f"{axes} axis lines"

@@ -48,7 +48,10 @@ def telemetry_db(tmp_path: Path) -> str:
         for i in range(20):
             await recorder.record(_record(i))
         await recorder.record(_record(20, error="TransientError", source_name="qwen-1"))
-        await recorder.record(_record(21, error="SourceDeadError", source_name="deepseek-1"))
+        # The switch of the same call to another source, which failed too: a failed call.
+        await recorder.record(
+            _record(21, error="SourceDeadError", source_name="deepseek-1", root_call_id="call-20")
+        )
         await recorder.record(_record(22, cache_hit=True, latency_ms=0, cost=0.0))
         await recorder.aclose()
 
@@ -61,9 +64,11 @@ def test_report_aggregates_rows(telemetry_db: str) -> None:
     assert len(rows) == 23
     report = build_report(rows, by="source")
     # Calls, attempts and cache hits are counted apart: 20 successful attempts and one cache
-    # hit answered 21 calls; 22 rows reached a source.
+    # hit answered 21 calls; one call failed after two attempts; 22 rows reached a source.
     assert report.total.rows == 23
-    assert report.total.calls == 21
+    assert report.total.calls == 22
+    assert (report.total.answered, report.total.failed_calls) == (21, 1)
+    assert report.total.retries == 1
     assert report.total.attempts == 22
     assert report.total.errors == 2
     assert report.total.cache_hits == 1
@@ -73,6 +78,25 @@ def test_report_aggregates_rows(telemetry_db: str) -> None:
     assert len(report.total.latencies) == 20
     assert percentile(report.total.latencies, 50) == 109.0
     assert report.total.cost == pytest.approx(0.022)
+
+
+def test_a_call_is_counted_once_in_the_group_that_answered_it() -> None:
+    rows = [
+        {"call_id": "a1", "root_call_id": "a1", "source_name": "qwen-1", "error": "TransientError"},
+        {"call_id": "a2", "root_call_id": "a1", "source_name": "openai-1", "error": None},
+        {"call_id": "b1", "root_call_id": "b1", "source_name": "openai-1", "error": "Transient"},
+        {"call_id": "b2", "root_call_id": "b1", "source_name": "qwen-1", "error": "Transient"},
+        # A row written before root_call_id existed: a call of its own.
+        {"call_id": "old", "root_call_id": "", "source_name": "qwen-1", "error": None},
+    ]
+    for i, row in enumerate(rows):
+        row.update(created_at=1_700_000_000.0 + i, latency_ms=5, cost=None)
+    report = build_report(rows, by="source")
+    groups = {g.key: (g.calls, g.answered, g.failed_calls, g.attempts) for g in report.groups}
+    # a1 answered by openai-1 after a switch; b1 failed, its last attempt on qwen-1.
+    assert groups == {"openai-1": (1, 1, 0, 2), "qwen-1": (2, 1, 1, 3)}
+    total = report.total
+    assert (total.calls, total.answered, total.failed_calls, total.retries) == (3, 2, 1, 2)
 
 
 def test_since_filters_and_parses() -> None:

@@ -280,7 +280,7 @@ def test_pipeline_file_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             "allowed: backpressure, batch_concurrency, batch_size",
         ),
         ("[defaults.cache]\nttl = 3\n", "[defaults.cache].ttl", "allowed: backend, namespace"),
-        ("scope = 1\n", "scope", "allowed: defaults, plugins, scopes"),
+        ("scope = 1\n", "scope", "allowed: defaults, ignore_keys, plugins, scopes"),
         (
             '[scopes.LLM.retry]\nmax_attempts = "three"\n',
             "[scopes.LLM.retry].max_attempts",

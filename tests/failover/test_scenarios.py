@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
-from typing import Any
+import json
+import sqlite3
+from contextlib import closing
+from pathlib import Path
 
 import pytest
 from polygateway import (
@@ -21,26 +23,12 @@ from polygateway import (
     ContextWindowExceededError,
     GatewayClient,
 )
+from polygateway.settings import DEFAULT_INTER_TOKEN_TIMEOUT_S, DEFAULT_TTFT_TIMEOUT_S
 from polygateway.testing import FakeClock, FakeUpstream, Reply
+from virtual_time import LoopClock, VirtualTimeLoop
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 SIXTY = " ".join(f"w{i}" for i in range(60))
-
-
-@pytest.fixture(autouse=True)
-def _no_stray_config_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def fake(clock: FakeClock) -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream(clock=clock) as server:
-        yield server
 
 
 def _client(fake: FakeUpstream, clock: FakeClock | None, **extra: str) -> GatewayClient:
@@ -212,18 +200,64 @@ async def test_s15_flapping_primary_serves_again_within_one_cooldown_of_recoveri
     start = clock.monotonic()
     fake.flap("primary", down=Reply.error(503), down_s=20.0, up_s=3600.0)
     served: list[tuple[float, str]] = []
+    back_by = 20.0  # when the open period in force at the recovery ends
     async with _client(fake, clock) as client:
-        cooldown = client.settings.breaker.cooldown_s
+        breaker = client.settings.breaker
+        assert (breaker.cooldown_s, breaker.cooldown_cap_s) == (5.0, 60.0)  # the defaults
         for _ in range(20):  # 20 requests over about 60 s
-            served.append((clock.monotonic() - start, (await client.chat(MESSAGES)).source_name))
+            at = clock.monotonic() - start
+            served.append((at, (await client.chat(MESSAGES)).source_name))
+            if fake.received("primary")[-1].at - start < 20.0:  # its last word was a failure
+                wait = await client.breaker.retry_after_s([PRIMARY])
+                assert wait <= breaker.cooldown_cap_s
+                back_by = max(back_by, clock.monotonic() - start + wait)
             await clock.sleep(3.0)
     assert any(name == FALLBACK for at, name in served if at < 20.0)
-    assert [name for at, name in served if at >= 20.0 + cooldown] != []
-    assert all(name == PRIMARY for at, name in served if at >= 20.0 + cooldown)
+    # Back on the primary at the first call after the cooldown in force at its recovery (calls
+    # come every 3 s), and there for good.
+    recovered = [at for at, name in served if at >= 20.0 and name == PRIMARY]
+    assert recovered and recovered[0] <= back_by + 3.0 + 1.0
+    assert back_by - 20.0 <= 2 * breaker.cooldown_s  # it had doubled once at most
+    assert all(name == PRIMARY for at, name in served if at >= recovered[0])
     # No hammering: while down the primary saw few requests, never back to back.
     down = [r.at - start for r in fake.received("primary") if r.at - start < 20.0]
     assert len(down) <= 8
     assert all(gap >= 0.5 for gap in _gaps(fake, "primary"))
+
+
+async def _flap_with_health_probe() -> tuple[list[tuple[float, str]], list[float], float]:
+    clock = LoopClock()
+    async with FakeUpstream(clock=clock) as live:
+        start = clock.monotonic()
+        live.flap("primary", down=Reply.error(503), down_s=20.0, up_s=3600.0)
+        served: list[tuple[float, str]] = []
+        back_by = 20.0
+        async with _client(live, clock, LLM__BREAKER__HEALTH_PROBE="true") as client:
+            for _ in range(20):
+                at = clock.monotonic() - start
+                served.append((at, (await client.chat(MESSAGES)).source_name))
+                if at < 20.0:
+                    wait = await client.breaker.retry_after_s([PRIMARY])
+                    back_by = max(back_by, clock.monotonic() - start + wait)
+                await clock.sleep(3.0)
+        answered = [
+            r.at - start
+            for r in live.received("primary")
+            if r.at - start >= 20.0 and r.body.get("max_completion_tokens") == 1
+        ]
+        return served, answered, back_by
+
+
+def test_s15_with_the_health_probe_the_primary_is_back_when_its_cooldown_ends() -> None:
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        served, probes_after_recovery, back_by = runner.run(_flap_with_health_probe())
+    assert any(name == FALLBACK for at, name in served if at < 20.0)
+    # The background probe, not a call, found the primary back: right when the cooldown in
+    # force at the recovery ended (the probes in between were at most doubled once).
+    assert probes_after_recovery, "no health probe after the recovery"
+    assert probes_after_recovery[0] <= back_by + 0.5
+    assert back_by - 20.0 <= 10.0
+    assert all(name == PRIMARY for at, name in served if at >= probes_after_recovery[0] + 0.5)
 
 
 async def test_s16_accounting_names_the_answering_source(
@@ -241,6 +275,46 @@ async def test_s16_accounting_names_the_answering_source(
     assert (response.prompt_tokens, response.completion_tokens) == (11, 7)
 
 
+async def test_s16_failed_attempts_have_their_own_rows_at_zero_cost(
+    fake: FakeUpstream, clock: FakeClock, tmp_path: Path
+) -> None:
+    fake.set_default("primary", Reply.error(503))
+    fake.set_default("fallback", Reply.ok("ok", prompt_tokens=1000, completion_tokens=500))
+    prices = {
+        "primary-model": {"input_per_1m": 5.0, "output_per_1m": 15.0},
+        "fallback-model": {"input_per_1m": 2.0, "output_per_1m": 8.0},
+    }
+    pricing = tmp_path / "prices.json"
+    pricing.write_text(json.dumps(prices), encoding="utf-8")
+    db = tmp_path / "calls.db"
+    telemetry = {
+        "PGW_TELEMETRY_BACKEND": "sqlite",
+        "PGW_TELEMETRY_SQLITE_PATH": str(db),
+        "PGW_PRICING_PATH": str(pricing),
+    }
+    async with _client(fake, clock, **telemetry) as client:
+        response = await client.chat(MESSAGES, session_id="s16")
+    with closing(sqlite3.connect(db)) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = [dict(r) for r in conn.execute("SELECT * FROM pgw_calls ORDER BY rowid")]
+    # Two failed attempts on the primary (the same-source retry), then the fallback's answer.
+    assert [(r["source_name"], r["model"], r["error"]) for r in rows] == [
+        (PRIMARY, "primary-model", "TransientError"),
+        (PRIMARY, "primary-model", "TransientError"),
+        (FALLBACK, "fallback-model", None),
+    ]
+    assert len({r["call_id"] for r in rows}) == 3 and {r["session_id"] for r in rows} == {"s16"}
+    for row in rows[:2]:
+        assert (row["prompt_tokens"], row["completion_tokens"], row["cost"]) == (0, 0, 0.0)
+    answered = rows[2]
+    expected_cost = 1000 / 1e6 * 2.0 + 500 / 1e6 * 8.0  # the fallback's prices, not the primary's
+    assert (answered["prompt_tokens"], answered["completion_tokens"]) == (1000, 500)
+    assert answered["cost"] == pytest.approx(expected_cost)
+    assert answered["call_id"] == response.call_id
+    assert (response.prompt_tokens, response.completion_tokens) == (1000, 500)
+    assert response.cost == pytest.approx(expected_cost)
+
+
 async def test_deadline_ends_the_call_with_the_exhausted_fields(
     fake: FakeUpstream, clock: FakeClock
 ) -> None:
@@ -256,42 +330,53 @@ async def test_deadline_ends_the_call_with_the_exhausted_fields(
     assert isinstance(caught.value.last_error, Exception)
 
 
-# Liveness scenarios run on real time: the stream watchdog's timers are the point. Without a
-# declared TTFT / inter-token timeout a silent upstream holds the call for TIMEOUT_S (120 s
-# by default), so these declare short ones on the primary.
-LIVENESS = {
-    "LLM__OPENAI__1__TTFT_TIMEOUT_S": "0.5",
-    "LLM__OPENAI__1__INTER_TOKEN_TIMEOUT_S": "0.3",
-    "LLM__OPENAI__1__TIMEOUT_S": "3",
-    "LLM__OPENAI__1__CONNECT_TIMEOUT_S": "1",
-}
+# Silent upstreams: the stream watchdog's timers are the event loop's, so these run on a loop
+# on virtual time (it jumps to the next timer whenever nothing is ready). The client keeps its
+# default TTFT, inter-token and total timeouts; the faults outlast them.
 
 
-@pytest.fixture
-async def live() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as server:
-        yield server
-
-
-def _live_client(fake: FakeUpstream) -> GatewayClient:
-    return _client(fake, None, **LIVENESS)
+async def _silent_primary(fault: Reply) -> tuple[str, int, int, float, float]:
+    clock = LoopClock()
+    async with FakeUpstream(clock=clock) as live:
+        live.set_default("primary", fault)
+        async with _client(live, clock) as client:
+            source = client.settings.source(PRIMARY)
+            started = clock.monotonic()
+            response = await client.chat(MESSAGES)
+            elapsed = clock.monotonic() - started
+        assert source.timeout_s == 120.0  # the defaults, nothing declared
+        limit = source.ttft_timeout_s if fault.kind != "stall" else source.inter_token_timeout_s
+        assert limit is not None
+        return (
+            response.source_name,
+            live.requests("primary"),
+            live.requests("fallback"),
+            elapsed,
+            limit,
+        )
 
 
 @pytest.mark.parametrize(
-    "fault",
+    ("fault", "limit_name"),
     [
-        pytest.param(Reply.black_hole(), id="s06-no-response"),
-        pytest.param(Reply.ok("late", first_token_delay=5.0), id="s07-slow-first-token"),
-        pytest.param(Reply.stall(after_chunks=3), id="s09-stream-stall"),
+        pytest.param(Reply.black_hole(), "ttft", id="s06-no-response"),
+        pytest.param(Reply.ok("late", first_token_delay=600.0), "ttft", id="s07-slow-first-token"),
+        pytest.param(Reply.stall(after_chunks=3), "inter_token", id="s09-stream-stall"),
     ],
 )
-async def test_silent_primary_is_left_for_the_fallback(live: FakeUpstream, fault: Reply) -> None:
-    live.set_default("primary", fault)
-    async with _live_client(live) as client:
-        started = asyncio.get_running_loop().time()
-        response = await client.chat(MESSAGES)
-        elapsed = asyncio.get_running_loop().time() - started
-    assert response.source_name == FALLBACK
-    assert live.requests("fallback") == 1
-    assert live.requests("primary") == 1  # a watchdog verdict is not retried on the same source
-    assert elapsed < 3.0  # the watchdog, not the 3 s total timeout, ended the primary's attempt
+def test_silent_primary_is_left_for_the_fallback_with_default_timeouts(
+    fault: Reply, limit_name: str
+) -> None:
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        answered_by, primary, fallback, elapsed, limit = runner.run(_silent_primary(fault))
+    assert (
+        limit
+        == {"ttft": DEFAULT_TTFT_TIMEOUT_S, "inter_token": DEFAULT_INTER_TOKEN_TIMEOUT_S}[
+            limit_name
+        ]
+    )
+    assert answered_by == FALLBACK
+    assert (primary, fallback) == (1, 1)  # a watchdog verdict is not retried on the same source
+    # The watchdog ended the primary's attempt at its default bound, long before the 120 s
+    # total timeout (a backoff step at most comes on top).
+    assert limit <= elapsed < limit + 5.0

@@ -466,6 +466,7 @@ def test_a_success_row_carries_every_field_in_its_place() -> None:
         cost=None,
         created_at=12.0,
         scope="LLM",  # the source's
+        root_call_id="c",  # a row built alone is a call of its own
     )
     assert "sk-never-recorded" not in repr(record)
 

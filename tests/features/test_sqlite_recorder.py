@@ -68,7 +68,8 @@ async def test_database_is_in_wal_mode_with_the_documented_schema(tmp_path: Path
         columns = [row[1] for row in conn.execute("PRAGMA table_info(pgw_calls)")]
         primary = [row[1] for row in conn.execute("PRAGMA table_info(pgw_calls)") if row[5]]
     assert columns == list(COLUMNS)
-    assert len(columns) == 22  # the 18 fields + created_at + scope, cache_namespace, params
+    # the 18 fields + created_at + scope, cache_namespace, params, root_call_id
+    assert len(columns) == 23
     assert columns[:19] == list(COLUMNS[:19])
     assert primary == ["call_id"]
     (row,) = read_db(path)
@@ -276,18 +277,26 @@ async def test_an_older_database_gains_the_new_columns_in_place(tmp_path: Path) 
         conn.execute("INSERT INTO pgw_calls (call_id, created_at) VALUES ('old', 1.0)")
         conn.commit()
     recorder = SQLiteRecorder(str(path))
-    record = sample_record(scope="JUDGE", cache_namespace="tenant-1", params='{"seed":1}')
+    record = sample_record(
+        scope="JUDGE", cache_namespace="tenant-1", params='{"seed":1}', root_call_id="first"
+    )
     await recorder.record(record)
     await recorder.aclose()
     rows = {row["call_id"]: row for row in read_db(path)}
-    assert (rows["old"]["scope"], rows["old"]["cache_namespace"], rows["old"]["params"]) == (
+    old = rows["old"]
+    assert (old["scope"], old["cache_namespace"], old["params"], old["root_call_id"]) == (
+        "",
         "",
         "",
         "",
     )
     new = rows[record.call_id]
-    assert (new["scope"], new["cache_namespace"], new["params"]) == (
+    assert (new["scope"], new["cache_namespace"], new["params"], new["root_call_id"]) == (
         "JUDGE",
         "tenant-1",
         '{"seed":1}',
+        "first",
     )
+    with closing(sqlite3.connect(path)) as conn:
+        indexes = [row[1] for row in conn.execute("PRAGMA index_list(pgw_calls)")]
+    assert "pgw_calls_root_call_id" in indexes  # made once the column was added

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from polygateway.client import GatewayClient
@@ -23,6 +23,7 @@ from polygateway.settings import (
 )
 from polygateway.structured.json_repair import MAX_REPAIR_CHARS
 from polygateway.testing import FakeUpstream, Reply
+from polygateway.types import LLMResponse
 from pydantic import BaseModel
 
 MESSAGES = [{"role": "user", "content": "Give me JSON."}]
@@ -67,7 +68,7 @@ asyncio.run(main())
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def hostile_url() -> Iterator[str]:
     with subprocess.Popen(
         [sys.executable, "-c", SERVE_HOSTILE], stdout=subprocess.PIPE, text=True
@@ -128,41 +129,94 @@ class LagProbe:
         return weighted_p99_ms(self.busy, self.period_s)
 
 
-def machine_is_busy() -> bool:
-    """Other work on more than half the CPUs (a shared machine, a parallel test run): wall-clock
-    lag then measures the OS scheduler more than the loop. The CPU-time gaps still count."""
-    return os.getloadavg()[0] > (os.cpu_count() or 1) / 2
+async def other_calls(client: GatewayClient, until: Callable[[], bool]) -> list[LLMResponse]:
+    """Small structured calls one after the other until ``until()`` (at least five): the load
+    every phase of a lag measurement carries."""
+    answers: list[LLMResponse] = []
+    while not until() or len(answers) < 5:
+        answers.append(await client.chat(MESSAGES, structured=Answer))
+    return answers
 
 
+async def measured(work: Awaitable[list[LLMResponse]]) -> tuple[LagProbe, float]:
+    """The lag probe over ``work`` (with a tick's worth of margin on both sides: the gap a
+    last long step leaves is only seen by the tick after it) and how long it took."""
+    with LagProbe() as probe:
+        await asyncio.sleep(0.02)
+        started = time.perf_counter()
+        answers = await work
+        elapsed = time.perf_counter() - started
+        await asyncio.sleep(0.02)
+    assert all(a.structured_data == Answer(city="Paris") for a in answers)
+    return probe, elapsed
+
+
+ADDED_P99_MS = 20.0
+"""What a hostile call may add to the loop lag p99 of the same load without it."""
+ABSOLUTE_P99_MS = 250.0
+"""A bound no busy machine reaches while the loop really runs (one parse of the whole body on
+the loop took tens of milliseconds; a synchronous repair of it, minutes)."""
+
+
+TRIES = 3
+"""A step that blocks the loop does so on every try; a machine busy with other work delays the
+loop at random moments, seldom on every try: the best try is the one to judge."""
+
+
+async def hostile_phase(
+    client: GatewayClient, hostile: GatewayClient, stream: bool, structured: str | None
+) -> tuple[asyncio.Task[LLMResponse], float, str]:
+    """One try: the same load before, during and after a hostile call; what the call added to
+    the loop lag p99 over the worse of the two phases around it, and the measurements."""
+    deadline = time.perf_counter() + 0.4
+    before, _ = await measured(other_calls(client, lambda: time.perf_counter() > deadline))
+    # 10 MB of "{" in one answer: one parse of the body on the loop would stall it for tens
+    # of milliseconds, a repair of it (json_repair) for minutes.
+    huge = asyncio.create_task(
+        hostile.chat(MESSAGES, structured=structured, stream=stream)  # type: ignore[call-overload]
+    )
+    during, elapsed = await measured(other_calls(client, huge.done))
+    deadline = time.perf_counter() + elapsed
+    after, _ = await measured(other_calls(client, lambda: time.perf_counter() > deadline))
+    added = during.p99_ms() - max(before.p99_ms(), after.p99_ms())
+    report = (
+        f"loop lag p99 {during.p99_ms():.1f} ms (around it {before.p99_ms():.1f} / "
+        f"{after.p99_ms():.1f} ms), CPU-time p99 {during.busy_p99_ms():.1f} ms, max gap "
+        f"{during.max_gap_ms():.1f} ms over {elapsed:.2f} s, load {os.getloadavg()[0]:.1f}"
+    )
+    assert during.busy_p99_ms() < ADDED_P99_MS, report
+    assert during.p99_ms() < ABSOLUTE_P99_MS, report
+    return huge, added, report
+
+
+@pytest.mark.parametrize("structured", ["json", None], ids=["json", "plain"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json-body"])
 async def test_a_huge_hostile_answer_never_blocks_the_loop(
-    client: GatewayClient, fake_upstream: FakeUpstream, hostile_url: str
+    client: GatewayClient,
+    fake_upstream: FakeUpstream,
+    hostile_url: str,
+    stream: bool,
+    structured: str | None,
 ) -> None:
     fake_upstream.set_default("s", Reply.ok('{"city": "Paris"}'))
-    async with GatewayClient(scope(hostile_url, "huge")) as hostile_client:
-        with LagProbe() as probe:
-            await asyncio.sleep(0.05)
-            started = time.perf_counter()
-            # 10 MB of "{": json_repair would chew on it for minutes.
-            huge = asyncio.create_task(hostile_client.chat(MESSAGES, structured="json"))
-            # Other calls keep being answered meanwhile.
-            others = []
-            while not huge.done() or len(others) < 5:
-                others.append(await client.chat(MESSAGES, structured=Answer))
-            elapsed = time.perf_counter() - started
-            await asyncio.sleep(0.05)
-    assert all(o.structured_data == Answer(city="Paris") for o in others)
-    with pytest.raises(ResultInvalidError) as info:
-        huge.result()
-    assert f"> {MAX_STRUCTURED_CHARS}" in str(info.value)
-    assert len(info.value.raw_text) > 8 * MAX_STRUCTURED_CHARS
-    assert set(info.value.raw_text) == {"{"}
-    measured = (
-        f"loop lag p99 {probe.p99_ms():.1f} ms, busy p99 {probe.busy_p99_ms():.1f} ms over "
-        f"{elapsed:.2f} s, load {os.getloadavg()[0]:.1f}"
-    )
-    assert probe.busy_p99_ms() < 20.0, measured
-    if not machine_is_busy():
-        assert probe.p99_ms() < 20.0, measured
+    reports = []
+    async with GatewayClient(scope(hostile_url, "huge")) as hostile:
+        for _ in range(TRIES):
+            huge, added, report = await hostile_phase(client, hostile, stream, structured)
+            reports.append(report)
+            if added < ADDED_P99_MS:
+                break
+    assert added < ADDED_P99_MS, "; ".join(reports)
+    if structured is None:
+        answer = huge.result()
+        assert len(answer.content) > 8_000_000
+        assert set(answer.content) == {"{"}
+    else:
+        with pytest.raises(ResultInvalidError) as info:
+            huge.result()
+        assert f"> {MAX_STRUCTURED_CHARS}" in str(info.value)
+        assert len(info.value.raw_text) > 8 * MAX_STRUCTURED_CHARS
+        assert set(info.value.raw_text) == {"{"}
 
 
 async def test_a_large_repair_runs_off_the_loop(
@@ -177,9 +231,11 @@ async def test_a_large_repair_runs_off_the_loop(
         repaired = await client.chat(MESSAGES, structured="json")
         elapsed = time.perf_counter() - started
     assert repaired.structured_data["a"][:2] == [1, 2]
-    # On the loop the whole repair would be one gap; in a worker thread the loop keeps
-    # ticking (between interpreter switches).
-    assert probe.max_gap_ms() < 100.0, f"max gap {probe.max_gap_ms():.0f} ms in {elapsed:.2f} s"
+    # On the loop the whole repair would be one gap of the loop thread's own CPU time; in a
+    # worker thread the loop keeps ticking (between interpreter switches) and spends almost
+    # no CPU per tick. CPU time, not wall time: a loaded machine stretches wall gaps anyway.
+    busy_ms = 1000 * max(probe.busy)
+    assert busy_ms < 100.0, f"the loop ran {busy_ms:.0f} ms without a tick in {elapsed:.2f} s"
 
 
 def test_repairs_are_capped(fake_upstream: FakeUpstream) -> None:

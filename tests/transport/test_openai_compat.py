@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import logging
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -237,7 +238,8 @@ def test_engine_on_a_missing_optional_package_names_the_pip_command(
 ) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # makes ``import module`` fail
     base = SourceConfig(name="s", provider="generic", base_url="http://127.0.0.1:9/v1", model="m")
-    with pytest.raises(ConfigError, match=rf"pip install 'polygateway-core\[{engine}\]'"):
+    # The package itself, as the core's extra of the same name lists it (it is on PyPI).
+    with pytest.raises(ConfigError, match=rf"pip install '{re.escape(engine)}>="):
         OpenAICompatTransport(dataclasses.replace(base, options={"engine": engine}))
 
 
@@ -560,3 +562,38 @@ async def test_non_streaming_outer_deadline_wins_over_a_later_attempt_deadline(
     assert not isinstance(caught.value, TransientError)
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0
+
+
+# --------------------------------------------------------------------------- large JSON bodies
+
+# Text whose JSON has every kind of cut a chunk boundary can fall on: escapes (\n, \", \\,
+# \u0001), two-, three- and four-byte UTF-8 characters, and astral ones (a surrogate pair in
+# ASCII-only JSON).
+_AWKWARD = 'plain "quoted" back\\slash\nline \x01 é 中 😀 '
+
+
+@pytest.mark.parametrize("size", [300_000, 3_000_000], ids=["300k", "3M"])
+async def test_a_large_json_answer_arrives_whole(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream, size: int
+) -> None:
+    content = (_AWKWARD * (size // len(_AWKWARD) + 1))[:size]
+    arguments = '{"text": "' + "x" * 100_000 + '"}'
+    fake_upstream.script(
+        "oc", Reply.ok(content, tool_calls=[("call_1", "echo", arguments)], completion_tokens=7)
+    )
+    transport, source = open_transport()
+    result = await transport.send(_chat(stream=False), source, call_id="c")
+    assert result.content == content
+    assert result.tool_calls[0].arguments == arguments
+    assert result.completion_tokens == 7
+    assert result.usage_source == "measured"
+
+
+async def test_a_large_broken_json_answer_is_a_transient_error(
+    open_transport: OpenTransport, fake_upstream: FakeUpstream
+) -> None:
+    # Cut in the middle of its content: the body ends inside a long string.
+    fake_upstream.script("oc", dataclasses.replace(Reply.malformed(), content="x" * 1_000_000))
+    transport, source = open_transport()
+    with pytest.raises(TransientError, match="malformed completion body"):
+        await transport.send(_chat(stream=False), source, call_id="c")

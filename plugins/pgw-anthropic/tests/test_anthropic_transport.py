@@ -303,3 +303,15 @@ async def test_tool_use_becomes_tool_calls(
     (call,) = result.tool_calls
     assert (call.name, call.id.startswith("toolu_fake")) == ("lookup", True)
     assert call.parsed_arguments() == {"city": "Paris", "n": [1, 2]}
+
+
+async def test_a_large_json_message_arrives_whole(
+    open_transport: Open, fake_upstream: FakeUpstream
+) -> None:
+    # Parsed while it arrives: every cut a chunk boundary can make (escapes, UTF-8, astral).
+    piece = 'plain "quoted" back\\slash\nline é 中 😀 '
+    content = (piece * 20_000)[:600_000]
+    transport, source = open_transport()
+    fake_upstream.script("claude", Reply.ok(content), route="messages")
+    result = await transport.send(ChatRequest(messages=MESSAGES, stream=False), source, call_id="c")
+    assert result.content == content

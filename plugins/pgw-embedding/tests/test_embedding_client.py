@@ -23,9 +23,12 @@ from pgw_embedding_test_helpers import (
 from polygateway.errors import (
     AllSourcesExhausted,
     ConfigError,
+    PolyGatewayError,
     RequestRejectedError,
     ResultInvalidError,
 )
+from polygateway.hookspecs import hookimpl
+from polygateway.ports import Register
 from polygateway.settings import Limits, ScopeSettings
 from polygateway.telemetry.sqlite import SQLiteRecorder
 from polygateway.testing import FakeClock, FakeUpstream, Reply
@@ -283,6 +286,25 @@ async def test_normalize() -> None:
 # --------------------------------------------------------------------------- telemetry
 
 
+async def test_a_batch_refused_before_any_attempt_leaves_its_row(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    db = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(db))
+    breaker = memory_gate(FakeClock())
+    await breaker.inner.force_open("a")  # the only source: the call fails with no attempt
+    settings = embed_settings(fake_upstream, ("a",), quota_full="fail_fast")
+    async with client_for(settings, telemetry=recorder, breaker=breaker) as client:
+        with pytest.raises(PolyGatewayError) as caught:
+            await client.embed(TEXTS[:2], session_id="s-9")
+    await recorder.aclose()
+    assert fake_upstream.requests("a", route="embeddings") == 0
+    (row,) = read_rows(db)
+    error = type(caught.value).__name__
+    assert (row["error"], row["source_name"], row["session_id"]) == (error, "", "s-9")
+    assert row["root_call_id"] == row["call_id"]  # a failed call, counted by the report
+
+
 async def test_one_row_per_batch_attempt_sharing_parent_call_id(
     fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
@@ -300,6 +322,9 @@ async def test_one_row_per_batch_attempt_sharing_parent_call_id(
     assert {row["session_id"] for row in rows} == {"s-1"}
     assert len({row["call_id"] for row in rows}) == 4
     assert rows[0]["call_id"] == response.call_id
+    # Each batch is a governed call of its own: batch 2's switch shares its first attempt's root.
+    ids = [row["call_id"] for row in rows]
+    assert [row["root_call_id"] for row in rows] == [ids[0], ids[1], ids[1], ids[3]]
     failed = [row for row in rows if row["error"]]
     assert [(r["error"], r["source_name"], r["response"]) for r in failed] == [
         ("TransientError", "a", "")
@@ -357,6 +382,46 @@ def test_from_env(fake_upstream: FakeUpstream) -> None:
         EmbeddingClient.from_env(
             env={k: v for k, v in env.items() if k != "EMBED__BATCH_SIZE"}, registry=registry()
         )
+
+
+class _VectorsOnly:
+    """A plugin with an embedding transport of a name no chat transport has."""
+
+    @staticmethod
+    @hookimpl
+    def pgw_register_embedding_transports(register: Register) -> None:
+        from pgw_embedding.transport import OpenAICompatEmbeddingTransport
+
+        register("vectors-only", OpenAICompatEmbeddingTransport)
+
+
+def test_from_env_looks_transports_up_among_embedding_transports(
+    fake_upstream: FakeUpstream,
+) -> None:
+    import pgw_embedding
+    from polygateway.plugins import load_registry
+
+    plugins = load_registry(
+        autoload=False,
+        extra_plugins=[("pgw-embedding", pgw_embedding), ("vectors-only", _VectorsOnly)],
+    )
+    env = {
+        "EMBED__OPENAI__1__BASE_URL": fake_upstream.base_url("a"),
+        "EMBED__OPENAI__1__MODEL": "text-embedding-3-small",
+        "EMBED__OPENAI__1__TRANSPORT": "vectors-only",
+        "EMBED__BATCH_SIZE": "8",
+        "PGW_TELEMETRY_BACKEND": "none",
+    }
+
+    async def run() -> None:
+        async with EmbeddingClient.from_env(env=env, registry=plugins) as client:
+            assert (await client.embed(["hello"])).source_name == "openai-1"
+
+    asyncio.run(run())
+    # A chat transport's name is not an embedding transport.
+    chat_only = {**env, "EMBED__OPENAI__1__TRANSPORT": "monkeyocr"}
+    with pytest.raises(ConfigError, match=r"EMBED__OPENAI__1__TRANSPORT: embedding_transport"):
+        EmbeddingClient.from_env(env=chat_only, registry=plugins)
 
 
 def test_constructor_problems(fake_upstream: FakeUpstream) -> None:

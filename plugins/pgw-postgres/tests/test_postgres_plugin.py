@@ -157,12 +157,18 @@ def test_the_report_reads_postgres_as_it_reads_sqlite(
 ) -> None:
     from polygateway.cli import main
 
+    retried = sample_record(
+        source_name="b-1", model="m-b", error="TransientError", created_at=1.8e9
+    )
     records = [
         sample_record(source_name="a-1", model="m-a", created_at=1_700_000_000.0 + i)
         for i in range(4)
     ] + [
-        sample_record(source_name="b-1", model="m-b", error="TransientError", created_at=1.8e9),
-        sample_record(source_name="b-1", model="m-b", created_at=1.8e9 + 1),
+        retried,
+        # The retry of the same call: one call of two attempts.
+        sample_record(
+            source_name="b-1", model="m-b", created_at=1.8e9 + 1, root_call_id=retried.call_id
+        ),
     ]
 
     async def write() -> None:
@@ -182,14 +188,16 @@ def test_the_report_reads_postgres_as_it_reads_sqlite(
     assert main(["telemetry", "report", "--dsn", dsn, "--by", "source", "--html", str(html)]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
-    assert lines["a-1"][1:4] == ["4", "4", "0"]  # answered calls, attempts, failed attempts
-    assert lines["b-1"][1:4] == ["1", "2", "1"]
+    # calls, failed calls, attempts, failed attempts
+    assert lines["a-1"][1:5] == ["4", "0", "4", "0"]
+    assert lines["b-1"][1:5] == ["1", "0", "2", "1"]
+    assert "calls 5: 5 answered, 0 failed" in out
     assert "TransientError" in out
     assert "<svg" in html.read_text(encoding="utf-8")
 
     assert main(["telemetry", "report", "--dsn", dsn, "--since", "2025-01-01"]) == 0
     out = capsys.readouterr().out
-    assert any(line.split()[:3] == ["m-b", "1", "2"] for line in out.splitlines())
+    assert any(line.split()[:4] == ["m-b", "1", "0", "2"] for line in out.splitlines())
     assert not any(line.startswith("m-a") for line in out.splitlines())
 
     # pgw logs reads through the same reader.

@@ -46,7 +46,8 @@ async def test_the_table_has_the_18_columns_created_at_a_primary_key_and_indexes
     )
     names = [c["column_name"] for c in columns]
     assert names == [*(c.name for c in SCHEMA.columns), "created_at"]
-    assert len(names) == 22  # the 18, scope, cache_namespace, params (version 2), created_at
+    # the 18, scope, cache_namespace, params (version 2), root_call_id (3), created_at
+    assert len(names) == 23
     created = columns[-1]
     assert created["data_type"] == "timestamp with time zone"
     assert created["column_default"] == "now()"
@@ -58,6 +59,7 @@ async def test_the_table_has_the_18_columns_created_at_a_primary_key_and_indexes
     indexes = {r["indexdef"] for r in await conn.fetch("SELECT indexdef FROM pg_indexes")}
     assert any("(session_id)" in d and "pgw_calls" in d for d in indexes)
     assert any("(created_at)" in d and "pgw_calls" in d for d in indexes)
+    assert any("(root_call_id)" in d and "pgw_calls" in d for d in indexes)
     assert await conn.fetchval(f"SELECT version FROM {VERSIONS_TABLE}") == SCHEMA.version
     (row,) = await fetch_rows(postgres_dsn)
     assert_row_matches(row, record)

@@ -5,33 +5,25 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import pytest
+from polygateway.testing.services import free_port, reachable
+from polygateway.testing.services import missing as shared_missing
+
+__all__ = ["free_port", "reachable"]
 
 
 def services_required() -> bool:
     return os.environ.get("PGW_REQUIRE_SERVICES") == "1"
 
 
-def missing(message: str) -> None:
-    if services_required():
-        pytest.fail(f"{message} and PGW_REQUIRE_SERVICES=1")
-    pytest.skip(message)
-
-
-def reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
+def missing(message: str) -> NoReturn:
+    shared_missing(message, required=services_required())
 
 
 # --------------------------------------------------------------------------- own servers
@@ -41,26 +33,7 @@ def binaries() -> tuple[str, str]:
     server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
     if server is None or cli is None:
         missing("redis-server/redis-cli binaries are not installed")
-    assert server is not None and cli is not None
     return server, cli
-
-
-def free_port(also_free_plus: int = 0) -> int:
-    """A TCP port free now (and ``port + also_free_plus`` too, e.g. a Cluster bus port)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if also_free_plus == 0:
-            return port
-        if port + also_free_plus < 65536:
-            with socket.socket() as bus:
-                try:
-                    bus.bind(("127.0.0.1", port + also_free_plus))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port found")
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], deadline_s: float = 10.0) -> None:

@@ -100,9 +100,15 @@ def chat_through_a_flap(
     scope: str,
     cooldown_s: float,
     run_s: float,
+    max_cooldown_s: float | None = None,
+    health_probe: bool = False,
+    calls_s: float | None = None,
 ) -> None:
     """Sequential chats for ``run_s`` seconds through a primary/fallback client (priority
-    selector, Redis breaker with ``cooldown_s``); report who answered each."""
+    selector, Redis breaker with ``cooldown_s`` growing to ``max_cooldown_s``); report who
+    answered each. With ``calls_s``, the chats stop after that long and the process stays
+    idle (its background health probes at work) until ``run_s``, then makes one last chat
+    and reports the primary's breaker state seen just before it as well."""
     import dataclasses
     import time
 
@@ -117,7 +123,12 @@ def chat_through_a_flap(
             scope,
             source_name="primary",
             selector="priority",
-            breaker=BreakerSettings(fail_threshold=1, cooldown_s=cooldown_s),
+            breaker=BreakerSettings(
+                fail_threshold=1,
+                cooldown_s=cooldown_s,
+                max_cooldown_s=max_cooldown_s,
+                health_probe=health_probe,
+            ),
         )
         fallback = dataclasses.replace(settings.sources[0], name="fallback", base_url=fallback_url)
         settings = dataclasses.replace(settings, sources=(*settings.sources, fallback))
@@ -125,11 +136,17 @@ def chat_through_a_flap(
         served: list[str] = []
         try:
             await asyncio.to_thread(barrier.wait)
-            end = time.monotonic() + run_s
+            started = time.monotonic()
+            end = started + (run_s if calls_s is None else calls_s)
             while time.monotonic() < end:
                 response = await client.chat([{"role": "user", "content": "hi"}])
                 served.append(response.source_name)
                 await asyncio.sleep(0.05)  # a steady trickle of calls, not a measurement wait
+            if calls_s is not None:
+                await asyncio.sleep(started + run_s - time.monotonic())  # idle, by design
+                served.append(await client.breaker.state("primary"))
+                response = await client.chat([{"role": "user", "content": "hi"}])
+                served.append(response.source_name)
             return served
         finally:
             await client.aclose()

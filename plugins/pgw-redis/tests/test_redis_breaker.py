@@ -217,3 +217,38 @@ async def test_many_concurrent_first_callers_after_a_cooldown_get_one_probe(
     await gates[0].force_open("a")
     decisions = await asyncio.gather(*(g.try_enter("a") for g in gates for _ in range(25)))
     assert sum(d.allowed for d in decisions) == 1
+
+
+async def test_the_default_breaker_settings_grow_the_cooldown_on_redis_too(
+    redis_url: str, unique_scope: str, fake_upstream: Any
+) -> None:
+    """The client built from default ``BreakerSettings`` on the Redis breaker: the first
+    cooldown is 5 s and a failed probe doubles it (the cap is 60 s), as in memory."""
+    import dataclasses
+
+    from pgw_redis_test_helpers import gateway_settings
+    from polygateway import GatewayClient
+    from polygateway.errors import ScopeUnavailableError
+    from polygateway.settings import BreakerSettings, RetrySettings
+    from polygateway.testing import Reply
+
+    fake_upstream.set_default("a", Reply.error(503))
+    settings = gateway_settings(fake_upstream.base_url("a"), redis_url, unique_scope)
+    # One attempt per call: the call is the probe alone.
+    settings = dataclasses.replace(
+        settings, breaker=BreakerSettings(), retry=RetrySettings(max_attempts=1)
+    )
+    assert (settings.breaker.cooldown_s, settings.breaker.cooldown_cap_s) == (5.0, 60.0)
+    client = GatewayClient(settings)
+    try:
+        await client.breaker.force_open("a")
+        first = await client.breaker.retry_after_s(["a"])
+        assert 4.5 < first <= 5.0
+        await asyncio.sleep(first)  # server time: the cooldown itself
+        with pytest.raises(ScopeUnavailableError):
+            await client.chat([{"role": "user", "content": "hi"}])
+        assert fake_upstream.requests("a") == 1  # the probe, failed
+        assert 9.0 < await client.breaker.retry_after_s(["a"]) <= 10.0  # doubled
+    finally:
+        await client.aclose()
+        await make_governance_backend(redis_url, unique_scope).cleanup()

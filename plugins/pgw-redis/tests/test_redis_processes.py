@@ -127,6 +127,15 @@ async def test_four_worker_processes_share_concurrency_and_rpm_through_the_clien
     assert await admin.zcard(f"pgw:limit:{tag}:global:lease") == 0
 
 
+async def _flap_from_the_first_call(fake: Any, down_s: float) -> float:
+    """The primary is down; its outage window starts with the fleet's first call (spawned
+    processes take a while to start on a busy machine). Returns that start (server clock)."""
+    fake.set_default("primary", Reply.error(503))
+    await fake.wait_for_requests(1, "primary", timeout=120.0)
+    fake.flap("primary", down=Reply.error(503), down_s=down_s, up_s=3600.0)
+    return float(time.monotonic())  # the fake upstream runs on this process's system clock
+
+
 @pytest.mark.slow
 async def test_three_processes_probe_a_flapping_primary_once_per_cooldown(
     backend: RedisGovernanceBackend, fake_upstream: Any
@@ -135,13 +144,14 @@ async def test_three_processes_probe_a_flapping_primary_once_per_cooldown(
     one probe through per cooldown for the whole scope, whichever process holds it; after it
     recovers every process is back on it within one cooldown."""
     cooldown_s, down_s, run_s = 1.0, 8.0, 11.0
-    flap_start = time.monotonic()  # the fake upstream runs on this process's system clock
-    fake_upstream.flap("primary", down=Reply.error(503), down_s=down_s, up_s=3600.0)
+    flapping = asyncio.create_task(_flap_from_the_first_call(fake_upstream, down_s))
     served = await asyncio.to_thread(
         _run_processes, 3, workers.chat_through_a_flap, fake_upstream.base_url("primary"),
         fake_upstream.base_url("fallback"), backend.redis_url, backend.scope, cooldown_s, run_s,
+        cooldown_s * 2,  # grows once: the 8 s outage still sees several probes
         timeout_s=90.0,
     )  # fmt: skip
+    flap_start = await flapping
     down = [r.at for r in fake_upstream.received("primary") if r.at < flap_start + down_s]
     assert down, "the primary was never tried while down"
     # The first calls of the processes race the breaker's opening (at most one each); after
@@ -155,3 +165,39 @@ async def test_three_processes_probe_a_flapping_primary_once_per_cooldown(
     assert len(probes) <= down_s / cooldown_s + 1
     # Recovered: every process is back on the primary.
     assert all(worker[-1] == "primary" for worker in served), [w[-3:] for w in served]
+
+
+@pytest.mark.slow
+async def test_three_idle_processes_send_one_health_probe_per_growing_cooldown(
+    backend: RedisGovernanceBackend, fake_upstream: Any
+) -> None:
+    """Background health probes across a fleet: the processes stop calling once the primary's
+    breaker is open; only their health probes reach it, one per cooldown (doubling) for the
+    whole scope, and the one after the recovery closes the breaker for every process before
+    any of them calls again."""
+    cooldown_s, max_cooldown_s, down_s, calls_s, run_s = 0.5, 2.0, 5.0, 0.6, 9.0
+    flapping = asyncio.create_task(_flap_from_the_first_call(fake_upstream, down_s))
+    served = await asyncio.to_thread(
+        _run_processes, 3, workers.chat_through_a_flap, fake_upstream.base_url("primary"),
+        fake_upstream.base_url("fallback"), backend.redis_url, backend.scope, cooldown_s, run_s,
+        max_cooldown_s, True, calls_s,
+        timeout_s=90.0,
+    )  # fmt: skip
+    flap_start = await flapping
+    received = fake_upstream.received("primary")
+    probes = [r.at for r in received if r.body.get("max_completion_tokens") == 1]
+    calls = [r.at for r in received if r.body.get("max_completion_tokens") != 1]
+    assert probes, "no health probe reached the primary"
+    # While the processes idle, nothing but the probes reaches the primary, and the fleet's
+    # probes are one per cooldown in force: 0.5 s doubling to 2 s.
+    idle = [t for t in calls if flap_start + calls_s + 0.5 < t < flap_start + run_s - 0.2]
+    assert idle == [], idle
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert all(gap >= cooldown_s * 0.9 for gap in gaps), gaps
+    assert all(gap <= max_cooldown_s + 1.0 for gap in gaps), gaps
+    assert len(probes) <= 2 + (run_s - 1.5) / max_cooldown_s + 1, probes
+    # The probe after the recovery closed the breaker with no call; every process then sees
+    # it closed and is served by the primary.
+    assert any(t >= flap_start + down_s for t in probes), probes
+    for worker in served:
+        assert worker[-2:] == ["closed", "primary"], worker[-3:]

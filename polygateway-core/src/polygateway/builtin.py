@@ -60,7 +60,7 @@ def pgw_register_breakers(register: Register) -> None:
             cooldown_s=ctx.settings.breaker.cooldown_s,
             probe_ttl_s=ctx.settings.probe_ttl_s,
             clock=ctx.clock,
-            max_cooldown_s=ctx.settings.breaker.max_cooldown_s,
+            max_cooldown_s=ctx.settings.breaker.cooldown_cap_s,
         )
 
     register("memory", memory)

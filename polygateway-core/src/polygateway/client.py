@@ -28,6 +28,7 @@ from polygateway.errors import (
     RequestRejectedError,
     StructuredSpecError,
 )
+from polygateway.governance import Governor
 from polygateway.lifecycle import close_client_parts
 from polygateway.params import ChatParams, check_params
 from polygateway.ports import (
@@ -104,6 +105,7 @@ class GatewayClient:
         "_closed",
         "_components",
         "_drains",
+        "_governor",
         "_handler",
         "_owned",
         "_owns_telemetry",
@@ -154,7 +156,9 @@ class GatewayClient:
         self._drains = [layer.drain for layer in pipeline.layers if isinstance(layer, Drainable)]
         self._structured_on = "structured" in settings.middleware
         # What this client built and therefore closes, in closing order.
-        owned: list[tuple[str, Any]] = [
+        self._governor = pipeline.dispatcher.governor
+        owned: list[tuple[str, Any]] = [("health probes", self._governor)]
+        owned += [
             (f"transport {name!r}", transport)
             for name, transport in components.transports.items()
             if transports is None or transports.get(name) is None
@@ -394,6 +398,11 @@ class GatewayClient:
     @property
     def settings(self) -> ScopeSettings:
         return self._settings
+
+    @property
+    def governor(self) -> Governor:
+        """The scope's governor (cooldown memo, in-flight counts, health probes; read it)."""
+        return self._governor
 
     @property
     def components(self) -> Components:

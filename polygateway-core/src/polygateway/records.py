@@ -15,6 +15,10 @@ them; other call kinds pass an ``AttemptSummary``. A failed one is the exception
 has it, a task per row otherwise, ``drain()`` to wait for those) and never raises into a call;
 ``AttemptRows`` is the governor observer that writes one row per attempt of one call. The
 chat telemetry layer writes through them too.
+
+Every row of one call carries the same ``root_call_id`` (``CallRoot``: the ``call_id`` of the
+call's first row), so a reader counts calls, and calls whose every attempt failed, apart from
+attempts.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from polygateway.ids import new_call_id
 from polygateway.ports import (
     CallTrace,
     Clock,
@@ -42,6 +47,7 @@ __all__ = [
     "CANCELLED",
     "AttemptRows",
     "AttemptSummary",
+    "CallRoot",
     "RowSummary",
     "RowWriter",
     "build_record",
@@ -133,6 +139,28 @@ class AttemptSummary:
     cache_write_tokens: int = 0
 
 
+class CallRoot:
+    """The ``root_call_id`` of one call's rows: the ``call_id`` of its first row.
+
+    Make one per call and hand it to every row builder of that call (``AttemptRows`` makes its
+    own: one governed run is one call).
+    """
+
+    __slots__ = ("call_id",)
+
+    def __init__(self) -> None:
+        self.call_id = ""
+
+    def of(self, call_id: str) -> str:
+        """The root for a row ``call_id``: the first id asked about becomes the root."""
+        if not self.call_id:
+            self.call_id = call_id
+        return self.call_id
+
+    def __repr__(self) -> str:
+        return f"CallRoot({self.call_id!r})"
+
+
 def error_name(outcome: BaseException) -> str:
     """The ``error`` column: the exception class name, or ``"cancelled"``."""
     if isinstance(outcome, asyncio.CancelledError):
@@ -174,11 +202,13 @@ def build_record(
     scope: str = "",
     cache_namespace: str = "",
     params: str = "",
+    root_call_id: str = "",
 ) -> TelemetryRecord:
     """One row from what became of one attempt (or cache hit, or refused call).
 
     ``scope`` defaults to the source's; ``cache_namespace`` and ``params`` (the request's
-    generation parameters as canonical JSON) are the call's.
+    generation parameters as canonical JSON) are the call's; ``root_call_id`` (default: this
+    row's ``call_id``, a call of one row) names the call the attempt belongs to.
 
     ``source`` is the source the attempt went to (``None`` for cache hits and for errors
     raised before any attempt); ``messages`` is the request's summary. Cost: ``0.0`` for a
@@ -217,6 +247,7 @@ def build_record(
             scope or (source.scope if source is not None else ""),
             cache_namespace,
             params,
+            root_call_id or call_id,
         )
     # A failed attempt: the upstream's usage is unknown, so tokens are 0 and marked estimated.
     return TelemetryRecord(
@@ -242,6 +273,7 @@ def build_record(
         scope=scope or (source.scope if source is not None else ""),
         cache_namespace=cache_namespace,
         params=params,
+        root_call_id=root_call_id or call_id,
     )
 
 
@@ -330,6 +362,7 @@ class RowWriter:
         scope: str = "",
         cache_namespace: str = "",
         params: str = "",
+        root_call_id: str = "",
     ) -> TelemetryRecord | None:
         """``build_record`` stamped with this writer's clock and pricing; ``None`` (and a
         warning) when the row cannot be built."""
@@ -347,6 +380,7 @@ class RowWriter:
                 scope=scope,
                 cache_namespace=cache_namespace,
                 params=params,
+                root_call_id=root_call_id,
             )
             return record if self._content == "full" else with_content(record, self._content)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
@@ -373,6 +407,7 @@ class RowWriter:
         scope: str = "",
         cache_namespace: str = "",
         params: str = "",
+        root_call_id: str = "",
     ) -> TelemetryRecord | None:
         """``build`` then ``submit``; the row written, or ``None``."""
         record = self.build(
@@ -386,6 +421,7 @@ class RowWriter:
             scope=scope,
             cache_namespace=cache_namespace,
             params=params,
+            root_call_id=root_call_id,
         )
         if record is not None:
             self.submit(record)
@@ -484,15 +520,26 @@ class AttemptRows(Generic[T]):
     ``summarise`` turns the call kind's value into what the row says of it (an
     ``AttemptSummary``); ``messages`` is the request's summary, the same on every row of the
     call. Make one per call: ``governor.run(attempt, observer=AttemptRows(writer, ...))``.
+    ``root`` is the call's ``CallRoot`` (its own by default: the first attempt's ``call_id``).
+    A call that ends before any attempt (no quota, every breaker open, cancelled while waiting)
+    still leaves its row: ``no_attempt(exc, latency_ms=...)`` when ``attempts`` is 0.
 
     With ``operation`` (the call kind: ``embeddings``, ``ocr``) it also opens the call for a
     recorder that takes whole calls (``ports.SupportsCallTraces``): make it in the caller's
     task when the call starts, pass ``events=rows.events`` to ``governor.run`` and call
-    ``close(error)`` when the call ends; a call that ends before any attempt writes its row
-    with ``refused``.
+    ``close(error)`` when the call ends.
     """
 
-    __slots__ = ("_messages", "_parent_call_id", "_session_id", "_summarise", "_trace", "_writer")
+    __slots__ = (
+        "_messages",
+        "_parent_call_id",
+        "_session_id",
+        "_summarise",
+        "_trace",
+        "_writer",
+        "attempts",
+        "root",
+    )
 
     def __init__(
         self,
@@ -502,6 +549,7 @@ class AttemptRows(Generic[T]):
         summarise: Callable[[T], RowSummary],
         parent_call_id: str | None = None,
         session_id: str | None = None,
+        root: CallRoot | None = None,
         operation: str | None = None,
     ) -> None:
         self._writer = writer
@@ -509,6 +557,9 @@ class AttemptRows(Generic[T]):
         self._summarise = summarise
         self._parent_call_id = parent_call_id
         self._session_id = session_id
+        self.root = CallRoot() if root is None else root
+        self.attempts = 0
+        """Attempts observed so far."""
         self._trace = (
             writer.open_call(
                 writer.call_start(operation, session_id=session_id, parent_call_id=parent_call_id)
@@ -526,10 +577,6 @@ class AttemptRows(Generic[T]):
         )
         return listener
 
-    def refused(self, error: BaseException, *, call_id: str, latency_ms: int) -> None:
-        """The row of a call that ended before any attempt (no quota, breakers open)."""
-        self._write(error, call_id, latency_ms, None)
-
     def close(self, error: BaseException | None) -> None:
         """End the open call (nothing without ``operation``); never raises."""
         self._writer.close_call(self._trace, error)
@@ -537,6 +584,7 @@ class AttemptRows(Generic[T]):
     def on_attempt(
         self, source: SourceConfig, call_id: str, outcome: T | BaseException, latency_ms: int
     ) -> None:
+        self.attempts += 1
         if isinstance(outcome, BaseException):
             summary: RowSummary | BaseException = outcome
         else:
@@ -546,6 +594,10 @@ class AttemptRows(Generic[T]):
                 self._writer.warn_once("summarise", "attempt could not be summarised: %r", exc)
                 return
         self._write(summary, call_id, latency_ms, source)
+
+    def no_attempt(self, error: BaseException, *, latency_ms: int) -> None:
+        """The row of a call that ended before any attempt (no source named on it)."""
+        self._write(error, new_call_id(), latency_ms, None)
 
     def _write(
         self,
@@ -563,6 +615,7 @@ class AttemptRows(Generic[T]):
             messages=self._messages,
             latency_ms=latency_ms,
             source=source,
+            root_call_id=self.root.of(call_id),
         )
         if record is not None:
             writer.submit_attempt(self._trace, record, outcome)

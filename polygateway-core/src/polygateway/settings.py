@@ -74,12 +74,22 @@ class Limits:
     tpm: int = 0
 
 
+DEFAULT_TTFT_TIMEOUT_S = 30.0
+"""Default bound on the first token of a stream: far above a healthy first token (seconds),
+far below the total timeout, so a silent upstream is left for another source in time."""
+DEFAULT_INTER_TOKEN_TIMEOUT_S = 20.0
+"""Default bound on the gap between two stream events (below the TTFT default: the rule
+``inter_token < ttft < timeout``)."""
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class SourceConfig:
     """One upstream account: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` aggregated.
 
     Invariant (checked by the config loader): ``0 < inter_token_timeout_s < ttft_timeout_s <
-    timeout_s`` for whichever of the three are set.
+    timeout_s`` for whichever of the three are set. An unset TTFT / inter-token timeout takes
+    its default (30 s / 20 s) when that keeps the invariant, else stays unset (the next bound
+    out then covers it).
     """
 
     name: str
@@ -93,7 +103,9 @@ class SourceConfig:
     timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
     ttft_timeout_s: float | None = None
+    """Bound on the first token of a stream (``None``: 30 s when below ``timeout_s``)."""
     inter_token_timeout_s: float | None = None
+    """Bound between stream events (``None``: 20 s when below the TTFT / total timeout)."""
     limits: Limits = field(default_factory=Limits)
     est_tokens: int = 1000
     """TPM pre-charge per attempt, and the conservative usage when the stream reports none."""
@@ -124,6 +136,14 @@ class SourceConfig:
             object.__setattr__(self, "api_key", Secret(api_key))
         elif not isinstance(api_key, Secret):
             raise TypeError(f"api_key must be a str or Secret, got {type(api_key).__name__}")
+        # Defaults that fit the timeouts set: a silent upstream never holds a call for the
+        # whole total timeout unless the user asked for that.
+        if self.ttft_timeout_s is None and _fits(DEFAULT_TTFT_TIMEOUT_S, self.timeout_s):
+            object.__setattr__(self, "ttft_timeout_s", DEFAULT_TTFT_TIMEOUT_S)
+        if self.inter_token_timeout_s is None:
+            outer = self.ttft_timeout_s if self.ttft_timeout_s is not None else self.timeout_s
+            if _fits(DEFAULT_INTER_TOKEN_TIMEOUT_S, outer):
+                object.__setattr__(self, "inter_token_timeout_s", DEFAULT_INTER_TOKEN_TIMEOUT_S)
 
     def api_key_value(self) -> str:
         """The API key in clear text (for the transport's header only)."""
@@ -138,6 +158,12 @@ class SourceConfig:
             f"base_url={_url_without_credentials(self.base_url)!r}, model={self.model!r}, "
             f"scope={self.scope!r}, timeout_s={self.timeout_s!r}, limits={self.limits!r})"
         )
+
+
+def _fits(default: float, outer: object) -> bool:
+    """Whether ``default`` is below the bound ``outer`` (a bad ``outer`` is the loader's to
+    report, not this check's)."""
+    return isinstance(outer, int | float) and default < outer
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +185,33 @@ class RetrySettings:
     """A content-policy refusal tries another source instead of raising at once."""
 
 
+DEFAULT_COOLDOWN_S = 5.0
+"""First cooldown of an opened breaker: a blip costs seconds, not a minute."""
+DEFAULT_MAX_COOLDOWN_S = 60.0
+"""Cap of the doubling cooldown (5, 10, 20, 40, 60, 60 s...): a dead source costs about one
+probe a minute, fewer than a fixed 30 s cooldown would send."""
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerSettings:
     fail_threshold: int = 5
-    cooldown_s: float = 30.0
+    cooldown_s: float = DEFAULT_COOLDOWN_S
+    """The first cooldown after the breaker opens."""
     probe_ttl_s: float | None = None
-    max_cooldown_s: float | None = None
-    """Cap of the cooldown, which doubles on every failed probe in a row (``None``: fixed)."""
     """``None`` derives ``max(2 x max timeout, cooldown, max timeout + 5)`` at assembly."""
+    max_cooldown_s: float | None = None
+    """Cap of the cooldown, which doubles on every failed probe in a row; ``None`` derives
+    ``max(60, cooldown_s)``; equal to ``cooldown_s``: a fixed cooldown."""
+    health_probe: bool = False
+    """Probe an open source in the background (one cheap request per cooldown) instead of
+    letting the first call after the cooldown find out."""
+
+    @property
+    def cooldown_cap_s(self) -> float:
+        """The cap the cooldown grows to (``max_cooldown_s`` or its derived default)."""
+        if self.max_cooldown_s is not None:
+            return self.max_cooldown_s
+        return max(DEFAULT_MAX_COOLDOWN_S, self.cooldown_s)
 
 
 @dataclass(frozen=True, slots=True)

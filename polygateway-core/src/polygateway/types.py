@@ -218,6 +218,10 @@ class TelemetryRecord:
     """The call's cache namespace (tenant): per-call, else the scope's; ``""`` when none."""
     params: str = ""
     """Canonical JSON of the call's own generation parameters (``""`` when none were set)."""
+    root_call_id: str = ""
+    """The call this row belongs to: the ``call_id`` of the call's first row, the same on every
+    attempt (retries, switches, re-asks) of one call; equal to ``call_id`` for a call of one
+    row. ``""`` from a recorder that predates it (read as a call of its own)."""
 
 
 GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]

@@ -34,7 +34,8 @@ from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessMonitor, StreamLiveness
 from polygateway.transports.engines import EngineResponse, HttpEngine
-from polygateway.transports.openai_chunks import DeltaTap, ParsedCompletion, json_loads
+from polygateway.transports.json_body import JsonBodyParser
+from polygateway.transports.openai_chunks import DeltaTap, ParsedCompletion
 from polygateway.transports.openai_compat import (
     ERROR_BODY_LIMIT,
     attempt_liveness,
@@ -44,6 +45,7 @@ from polygateway.transports.openai_compat import (
     monitor_for_loop,
     option_float,
     option_headers,
+    read_json_body,
     source_secrets,
     transport_result,
 )
@@ -210,14 +212,15 @@ class AnthropicTransport:
                         secret=self._secret,
                     )
                 if not request.stream:
-                    raw = await response.read()
+                    # Parsed while it arrives: a large body is never one parse on the loop.
+                    body_parser = await read_json_body(response)
             if request.stream:
                 context = request.context
                 sink = context.stream if context is not None else None
                 tap = None if sink is None else parser.delta_tap(sink, call_id)
                 await self._read_events(response, parser, liveness, tap)
             else:
-                self._parse_json(raw, parser, source)
+                self._parse_json(body_parser, parser, source)
         finally:
             liveness.close()
             if response is not None:
@@ -257,9 +260,11 @@ class AnthropicTransport:
         except SSEProtocolError as exc:
             raise TransientError(f"{exc}", source_name=parser.source_name) from exc
 
-    def _parse_json(self, raw: bytes, parser: MessageParser, source: SourceConfig) -> None:
+    def _parse_json(
+        self, body: JsonBodyParser, parser: MessageParser, source: SourceConfig
+    ) -> None:
         try:
-            payload = json_loads(raw)
+            payload = body.result()
         except ValueError:
             raise TransientError(
                 f"source {source.name!r}: malformed message body (not JSON)",

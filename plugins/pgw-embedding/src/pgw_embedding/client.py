@@ -23,6 +23,7 @@ texts (count, characters, sha256, the start of the first few), ``response``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,13 +32,13 @@ from os import PathLike
 from types import TracebackType
 from typing import Any
 
-from polygateway.assembly import build_governance
 from polygateway.client import gather_bounded
-from polygateway.clock import SystemClock
+from polygateway.config import CallKind
 from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
-from polygateway.governance import Attempted, AttemptObserver, Governor, Outcome
-from polygateway.lifecycle import close_client_parts
+from polygateway.governance import Attempted, AttemptObserver, Outcome
+from polygateway.governed import GovernedParts, load_kind_scope
+from polygateway.ids import elapsed_ms
 from polygateway.ports import (
     Clock,
     EmbeddingTransport,
@@ -47,7 +48,7 @@ from polygateway.ports import (
     SourceSelector,
     TelemetryRecorder,
 )
-from polygateway.records import AttemptRows, AttemptSummary, RowWriter
+from polygateway.records import AttemptRows, AttemptSummary
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 from polygateway.types import EmbeddingResponse, EmbeddingTransportResult
 
@@ -59,6 +60,8 @@ __all__ = ["EmbeddingClient", "texts_summary"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_SCOPE = "EMBED"
+EMBEDDING_CALLS = CallKind(transport_kind="embedding_transport")
+"""How the loader reads an embedding scope: its sources name embedding transports."""
 SUMMARY_TEXTS = 3
 """How many texts the ``messages`` summary of a row shows the start of."""
 SUMMARY_CHARS = 80
@@ -127,20 +130,15 @@ class EmbeddingClient:
     __slots__ = (
         "_batch_concurrency",
         "_batch_size",
-        "_breaker",
         "_clock",
-        "_closed",
         "_expected_dim",
         "_governor",
         "_limit",
-        "_limiter",
         "_normalize",
-        "_owned",
-        "_owns_telemetry",
+        "_parts",
         "_pricing",
         "_rows",
         "_settings",
-        "_telemetry",
         "_transports",
     )
 
@@ -173,65 +171,31 @@ class EmbeddingClient:
         problems = list(check_guards(settings))
         if problems:
             raise ConfigError(problems)
-        if registry is None:
-            from polygateway.plugins import load_registry
-
-            registry = load_registry()
-        clock = clock if clock is not None else SystemClock()
-        parts = build_governance(
+        parts = GovernedParts(
             settings,
-            registry,
+            call_kind=EMBEDDING_CALLS,
+            registry=registry,
             clock=clock,
             limiter=limiter,
             breaker=breaker,
             selector=selector,
             telemetry=telemetry,
             pricing=pricing,
+            transports=transports,
         )
-        # What this client built and therefore closes, in closing order.
-        owned: list[tuple[str, Any]] = []
-        built_transports: dict[str, EmbeddingTransport] = {}
-        for source in settings.sources:
-            given = transports.get(source.name) if transports is not None else None
-            if given is None:
-                given = registry.build_source_port("embedding_transport", source.transport, source)
-                owned.append((f"transport {source.name!r}", given))
-            built_transports[source.name] = given
-        owned.extend(
-            (part, getattr(parts, part)) for part in ("limiter", "breaker") if part in parts.built
-        )
-
+        self._parts = parts
         self._settings = settings
-        self._clock = clock
-        self._limiter: RateLimiter = parts.limiter
-        self._breaker: ProviderGate = parts.breaker
-        self._telemetry = parts.telemetry
-        self._owns_telemetry = "telemetry" in parts.built
+        self._clock = parts.clock
         self._pricing = parts.pricing
-        self._rows = (
-            RowWriter(parts.telemetry, clock=clock, pricing=parts.pricing)
-            if parts.telemetry is not None
-            else None
-        )
-        self._transports: Mapping[str, EmbeddingTransport] = built_transports
-        self._owned: tuple[tuple[str, Any], ...] = tuple(owned)
-        self._governor = Governor(
-            sources=settings.sources,
-            limiter=parts.limiter,
-            breaker=parts.breaker,
-            selector=parts.selector,
-            retry=settings.retry,
-            breaker_settings=settings.breaker,
-            backpressure=settings.backpressure,
-            clock=clock,
-        )
+        self._rows = parts.rows
+        self._transports: Mapping[str, EmbeddingTransport] = parts.transports
+        self._governor = parts.governor
         assert settings.batch_size is not None  # checked by _settings_problems
         self._batch_size = settings.batch_size
         self._batch_concurrency = settings.batch_concurrency
         self._limit = max_input_chars(settings.sources)
         self._normalize = bool(normalize)
         self._expected_dim = expected_dim
-        self._closed = False
         logger.debug("embedding client for scope %r assembled", scope)
 
     # ------------------------------------------------------------------ construction
@@ -254,14 +218,13 @@ class EmbeddingClient:
         ``parts`` are the constructor's keyword arguments (``limiter=``, ``breaker=``,
         ``telemetry=``, ``normalize=``...).
         """
-        from polygateway.config import load_scope, plugin_filter
-
-        if registry is None:
-            from polygateway.plugins import load_registry
-
-            registry = load_registry(allowed=plugin_filter(env))
-        settings = load_scope(
-            scope, env, pipeline_path=pipeline_path, dotenv_path=dotenv_path, registry=registry
+        settings, registry = load_kind_scope(
+            scope,
+            call_kind=EMBEDDING_CALLS,
+            env=env,
+            pipeline_path=pipeline_path,
+            dotenv_path=dotenv_path,
+            registry=registry,
         )
         return cls(settings, registry=registry, **parts)
 
@@ -293,7 +256,7 @@ class EmbeddingClient:
         :raises ResultInvalidError: an answer without usable vectors (empty ``data``, mixed
             lengths) or of another dimension than ``expected_dim`` / the call's other batches.
         """
-        if self._closed:
+        if self._parts.closed:
             raise RuntimeError("this EmbeddingClient is closed")
         check_texts(texts, self._limit)
         if not texts:
@@ -327,6 +290,8 @@ class EmbeddingClient:
         session_id: str | None,
         parent_call_id: str | None,
     ) -> Outcome[_Batch]:
+        """One batch, one governed call: its rows share a root_call_id of their own (a batch
+        is answered or fails by itself)."""
         transports = self._transports
         clock = self._clock
         normalize = self._normalize
@@ -359,6 +324,7 @@ class EmbeddingClient:
             if rows is not None
             else None
         )
+        started = clock.monotonic()
         if observer is None:
             return await self._governor.run(attempt, est_tokens=estimate_tokens(texts))
         watcher: AttemptObserver[_Batch] = observer
@@ -369,7 +335,11 @@ class EmbeddingClient:
                 observer=watcher,
                 events=observer.events,
             )
-        except BaseException as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            # A batch that never reached an attempt (no quota, breakers open, cancelled while
+            # waiting) still leaves its row.
+            if observer.attempts == 0:
+                observer.no_attempt(exc, latency_ms=elapsed_ms(started, clock.monotonic()))
             observer.close(exc)
             raise
         observer.close(None)
@@ -414,11 +384,11 @@ class EmbeddingClient:
     @property
     def limiter(self) -> RateLimiter:
         """Pass it to another client to share its gates."""
-        return self._limiter
+        return self._parts.limiter
 
     @property
     def breaker(self) -> ProviderGate:
-        return self._breaker
+        return self._parts.breaker
 
     @property
     def transports(self) -> Mapping[str, EmbeddingTransport]:
@@ -427,19 +397,11 @@ class EmbeddingClient:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._parts.closed
 
     async def aclose(self) -> None:
         """Close what this client built and flush telemetry. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        await close_client_parts(
-            owned=self._owned,
-            drains=() if self._rows is None else (self._rows.drain,),
-            telemetry=self._telemetry,
-            owns_telemetry=self._owns_telemetry,
-        )
+        await self._parts.aclose()
 
     async def __aenter__(self) -> EmbeddingClient:
         return self
@@ -454,7 +416,7 @@ class EmbeddingClient:
 
     def __repr__(self) -> str:
         names = [s.name for s in self._settings.sources]
-        state = "closed" if self._closed else "open"
+        state = "closed" if self._parts.closed else "open"
         return (
             f"<EmbeddingClient scope={self._settings.scope!r} sources={names} "
             f"batch_size={self._batch_size} {state}>"

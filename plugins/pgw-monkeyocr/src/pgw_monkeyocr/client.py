@@ -31,14 +31,13 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from os import PathLike
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, TypeVar
 
-from polygateway.assembly import build_governance
-from polygateway.clock import SystemClock
-from polygateway.errors import ConfigError, PluginError
+from polygateway.config import CallKind
+from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, AttemptObserver, Governor
-from polygateway.ids import elapsed_ms, new_call_id
-from polygateway.lifecycle import close_client_parts
+from polygateway.governed import GovernedParts, load_kind_scope
+from polygateway.ids import elapsed_ms
 from polygateway.plugins import Registry
 from polygateway.ports import (
     Clock,
@@ -49,7 +48,7 @@ from polygateway.ports import (
     SourceSelector,
     TelemetryRecorder,
 )
-from polygateway.records import AttemptRows, AttemptSummary, RowWriter
+from polygateway.records import AttemptRows, AttemptSummary
 from polygateway.settings import BackpressureSettings, BreakerSettings, ScopeSettings, SourceConfig
 from polygateway.types import OcrLayoutResult, OcrTextResult
 
@@ -60,8 +59,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_SCOPE: Final = "OCR"
 DEFAULT_TRANSPORT: Final = "monkeyocr"
 DEFAULT_MODEL: Final = "monkeyocr"
-_CHAT_DEFAULT_TRANSPORT: Final = "openai-compat"
-"""What ``SourceConfig.transport`` says when a source names no transport (the chat default)."""
 _DIGEST_IN_THREAD: Final = 1024 * 1024
 """Images larger than this are hashed off the event loop."""
 
@@ -79,41 +76,17 @@ ENV_OPTIONS: Final[dict[str, str]] = {
 }
 """``{SCOPE}__{P}__{N}__{FIELD}`` source keys that set a transport option (``FIELD`` -> option)."""
 
+OCR_CALLS: Final = CallKind(
+    transport_kind="ocr_transport",
+    default_transport=DEFAULT_TRANSPORT,
+    default_model=DEFAULT_MODEL,
+    source_options=ENV_OPTIONS,
+    provider_profiles=False,
+)
+"""How the loader reads an OCR scope: OCR transports (``monkeyocr`` when a source names none),
+``MODEL`` optional, the transport's options as source keys, the provider only a family name."""
+
 R = TypeVar("R", OcrTextResult, OcrLayoutResult)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _OcrEnv:
-    """The env split for the core loader: ``plain`` (transport options taken out, ``MODEL``
-    defaulted), the transport options per source name and the keys that set them."""
-
-    plain: dict[str, str]
-    options: dict[str, dict[str, str]]
-    keys: dict[str, list[str]]
-
-
-def _split_env(scope: str, values: Mapping[str, str]) -> _OcrEnv:
-    prefix = f"{scope}__"
-    split = _OcrEnv({}, {}, {})
-    sources: set[tuple[str, str]] = set()
-    models: set[tuple[str, str]] = set()
-    for key, value in values.items():
-        parts = key.split("__")
-        if key.startswith(prefix) and len(parts) == 4 and parts[2].isdigit():
-            provider, number, field = parts[1], parts[2], parts[3]
-            if field in ENV_OPTIONS:
-                if value.strip():
-                    name = f"{provider.lower()}-{number}"
-                    split.options.setdefault(name, {})[ENV_OPTIONS[field]] = value.strip()
-                    split.keys.setdefault(name, []).append(key)
-                continue
-            sources.add((provider, number))
-            if field == "MODEL":
-                models.add((provider, number))
-        split.plain[key] = value
-    for provider, number in sources - models:
-        split.plain[f"{prefix}{provider}__{number}__MODEL"] = DEFAULT_MODEL
-    return split
 
 
 def _ocr_settings(settings: ScopeSettings, transports: Mapping[str, Any]) -> ScopeSettings:
@@ -141,23 +114,6 @@ def _summarise(result: OcrTextResult | OcrLayoutResult) -> AttemptSummary:
         source_name=result.source_name,
         latency_ms=result.usage.elapsed_ms,
     )
-
-
-class _Counted(Generic[R]):
-    """``AttemptRows`` that also counts the attempts it saw (a call with none still gets its
-    row, written by the client)."""
-
-    __slots__ = ("attempts", "rows")
-
-    def __init__(self, rows: AttemptRows[R]) -> None:
-        self.rows: AttemptRows[R] = rows
-        self.attempts = 0
-
-    def on_attempt(
-        self, source: SourceConfig, call_id: str, outcome: R | BaseException, latency_ms: int
-    ) -> None:
-        self.attempts += 1
-        self.rows.on_attempt(source, call_id, outcome, latency_ms)
 
 
 def _describe(result: OcrTextResult | OcrLayoutResult) -> str:
@@ -200,70 +156,25 @@ class OcrClient:
                 f"{settings.scope}: no OCR sources configured; set "
                 f"{settings.scope}__MONKEY__1__BASE_URL"
             )
-        if registry is None:
-            from polygateway.plugins import load_registry
-
-            registry = load_registry()
-        self._clock: Clock = clock or SystemClock()
-        owned: list[tuple[str, Any]] = []
-        built: dict[str, Any] = {}
-        for source in settings.sources:
-            given = transports.get(source.name) if transports is not None else None
-            if given is None:
-                given = self._make_transport(registry, settings.scope, source)
-                owned.append((f"transport {source.name!r}", given))
-            built[source.name] = given
-        settings = _ocr_settings(settings, built)
-        self._settings = settings
-        parts = build_governance(
+        parts = GovernedParts(
             settings,
-            registry,
-            clock=self._clock,
+            call_kind=OCR_CALLS,
+            registry=registry,
+            clock=clock,
             limiter=limiter,
             breaker=breaker,
             selector=selector,
             telemetry=telemetry,
-        )
-        owned.extend(
-            (name, getattr(parts, name)) for name in ("limiter", "breaker") if name in parts.built
-        )
-        self._transports: Mapping[str, Any] = built
-        self._limiter = parts.limiter
-        self._breaker = parts.breaker
-        self._telemetry = parts.telemetry
-        self._owns_telemetry = "telemetry" in parts.built
-        self._rows = (
-            RowWriter(parts.telemetry, clock=self._clock, pricing=parts.pricing)
-            if parts.telemetry is not None
-            else None
-        )
-        self._owned = tuple(owned)
-        self._governor = Governor(
-            sources=settings.sources,
-            limiter=parts.limiter,
-            breaker=parts.breaker,
-            selector=parts.selector,
-            retry=settings.retry,
-            breaker_settings=settings.breaker,
-            backpressure=settings.backpressure,
-            clock=self._clock,
+            transports=transports,
             rng=rng,
+            adjust=_ocr_settings,
         )
-        self._closed = False
-
-    @staticmethod
-    def _make_transport(registry: Registry, scope: str, source: SourceConfig) -> Any:
-        name = source.transport
-        if name == _CHAT_DEFAULT_TRANSPORT:
-            name = DEFAULT_TRANSPORT
-        try:
-            return registry.build_source_port("ocr_transport", name, source)
-        except PluginError as exc:
-            number = source.name.rpartition("-")[2]
-            key = f"{scope}__{source.provider.upper()}__{number}__TRANSPORT"
-            raise PluginError(
-                [f"{key} (source {source.name}): {p}" for p in exc.problems]
-            ) from None
+        self._parts = parts
+        self._clock = parts.clock
+        self._settings = parts.settings
+        self._transports: Mapping[str, Any] = parts.transports
+        self._rows = parts.rows
+        self._governor = parts.governor
 
     # ------------------------------------------------------------------ construction
 
@@ -279,33 +190,14 @@ class OcrClient:
     ) -> OcrClient:
         """The client of ``scope`` from the environment, ``.env`` and the pipeline file (``env``
         replaces ``os.environ``; ``parts`` as for the constructor)."""
-        from polygateway.config import load_scope, plugin_filter, read_env
-
-        name = scope.upper()
-        values = read_env(env, dotenv_path=dotenv_path)
-        split = _split_env(name, values)
-        settings = load_scope(name, split.plain, pipeline_path=pipeline_path)
-        known = {s.name for s in settings.sources}
-        orphans = [
-            f"{key}: sets an option of source {source}, which has no "
-            f"{key.rpartition('__')[0]}__BASE_URL"
-            for source in sorted(set(split.options) - known)
-            for key in sorted(split.keys[source])
-        ]
-        if orphans:
-            raise ConfigError(orphans)
-        options = split.options
-        settings = dataclasses.replace(
-            settings,
-            sources=tuple(
-                dataclasses.replace(s, options={**s.options, **options.get(s.name, {})})
-                for s in settings.sources
-            ),
+        settings, parts["registry"] = load_kind_scope(
+            scope.upper(),
+            call_kind=OCR_CALLS,
+            env=env,
+            pipeline_path=pipeline_path,
+            dotenv_path=dotenv_path,
+            registry=parts.get("registry"),
         )
-        if parts.get("registry") is None:
-            from polygateway.plugins import load_registry
-
-            parts["registry"] = load_registry(allowed=plugin_filter(values))
         return cls(settings, **parts)
 
     @classmethod
@@ -354,7 +246,7 @@ class OcrClient:
         session_id: str | None,
         parent_call_id: str | None,
     ) -> R:
-        if self._closed:
+        if self._parts.closed:
             raise RuntimeError("this OcrClient is closed")
         upload = describe_upload(image)  # bad input is refused before any attempt
         digest = (
@@ -373,17 +265,15 @@ class OcrClient:
             separators=(",", ":"),
         )
         writer = self._rows
-        observer: _Counted[R] | None = None
+        observer: AttemptRows[R] | None = None
         if writer is not None:
-            observer = _Counted(
-                AttemptRows(
-                    writer,
-                    messages=messages,
-                    summarise=_summarise,
-                    parent_call_id=parent_call_id,
-                    session_id=session_id,
-                    operation="ocr",
-                )
+            observer = AttemptRows(
+                writer,
+                messages=messages,
+                summarise=_summarise,
+                parent_call_id=parent_call_id,
+                session_id=session_id,
+                operation="ocr",
             )
         watcher: AttemptObserver[R] | None = observer
         transports = self._transports
@@ -397,22 +287,20 @@ class OcrClient:
                 attempt,
                 est_tokens=0,
                 observer=watcher,
-                events=observer.rows.events if observer is not None else None,
+                events=observer.events if observer is not None else None,
             )
         except (Exception, asyncio.CancelledError) as exc:
             if observer is not None:
                 # A call that never reached an attempt (no quota, breakers open, cancelled
                 # while waiting) still leaves its row.
                 if observer.attempts == 0:
-                    observer.rows.refused(
-                        exc,
-                        call_id=new_call_id(),
-                        latency_ms=elapsed_ms(started, self._clock.monotonic()),
+                    observer.no_attempt(
+                        exc, latency_ms=elapsed_ms(started, self._clock.monotonic())
                     )
-                observer.rows.close(exc)
+                observer.close(exc)
             raise
         if observer is not None:
-            observer.rows.close(None)
+            observer.close(None)
         return outcome.value
 
     # ------------------------------------------------------------------ health, parts, lifecycle
@@ -441,11 +329,11 @@ class OcrClient:
 
     @property
     def limiter(self) -> RateLimiter:
-        return self._limiter
+        return self._parts.limiter
 
     @property
     def breaker(self) -> ProviderGate:
-        return self._breaker
+        return self._parts.breaker
 
     async def __aenter__(self) -> OcrClient:
         return self
@@ -455,15 +343,7 @@ class OcrClient:
 
     async def aclose(self) -> None:
         """Close what this client built and flush telemetry. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        await close_client_parts(
-            owned=self._owned,
-            drains=() if self._rows is None else (self._rows.drain,),
-            telemetry=self._telemetry,
-            owns_telemetry=self._owns_telemetry,
-        )
+        await self._parts.aclose()
 
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_SCOPE", "DEFAULT_TRANSPORT", "ENV_OPTIONS", "OcrClient"]

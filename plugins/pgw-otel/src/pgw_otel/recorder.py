@@ -331,6 +331,8 @@ class OtelRecorder:
             "pgw.usage.source": final.usage_source,
             "pgw.call_id": final.call_id,
         }
+        if final.root_call_id:
+            attrs["pgw.root_call_id"] = final.root_call_id
         if request_model:
             attrs["gen_ai.request.model"] = request_model
         if final.source_name:

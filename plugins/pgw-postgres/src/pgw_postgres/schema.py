@@ -72,6 +72,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("scope", "text", since=2),
     Column("cache_namespace", "text", since=2),
     Column("params", "text", since=2),
+    # The call a row belongs to (the call_id of its first row): calls are counted by it.
+    Column("root_call_id", "text", since=3),
 )
 """The telemetry columns, in row order; ``created_at`` follows them."""
 
@@ -149,7 +151,8 @@ class Schema:
     def create_indexes(self) -> list[str]:
         return [
             f"CREATE INDEX IF NOT EXISTS {self.table}_{name} ON {self.table} ({name})"
-            for name in ("session_id", "created_at")
+            for name in ("session_id", "created_at", "root_call_id")
+            if name in self.names
         ]
 
     # ------------------------------------------------------------------ writes

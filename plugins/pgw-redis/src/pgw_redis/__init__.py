@@ -58,7 +58,7 @@ def pgw_register_breakers(register: Register) -> None:
             fail_threshold=breaker.fail_threshold,
             cooldown_s=breaker.cooldown_s,
             probe_ttl_s=ctx.settings.probe_ttl_s,
-            max_cooldown_s=breaker.max_cooldown_s,
+            max_cooldown_s=breaker.cooldown_cap_s,
             elide_clean_success=ctx.options.elide_clean_success,
             owns_client=True,
         )

@@ -17,6 +17,7 @@ from polygateway.chat.messages import check_message_fields
 from polygateway.errors import ConfigError
 from polygateway.governance import Attempted, AttemptObserver, Governor, governor_problems
 from polygateway.ids import elapsed_ms
+from polygateway.params import ChatParams
 from polygateway.ports import (
     CallObserver,
     Clock,
@@ -85,6 +86,7 @@ class ChatDispatcher:
             backpressure=backpressure,
             clock=clock,
             rng=rng,
+            health_probe=functools.partial(_health_probe, dict(transports)),
         )
         return cls(governor, transports, clock=clock)
 
@@ -152,6 +154,23 @@ class ChatDispatcher:
             # conservative fallback (ARCHITECTURE §7.7), not a chars/4 guess that undercharges.
             return Attempted(response, None)
         return Attempted(response, result.prompt_tokens + result.completion_tokens)
+
+
+_HEALTH_PROBE_REQUEST = ChatRequest(
+    messages=({"role": "user", "content": "ping"},),
+    stream=False,
+    params=ChatParams(max_tokens=1),
+)
+"""The background health probe: the cheapest answer a chat source can give."""
+
+
+async def _health_probe(
+    transports: Mapping[str, Transport], source: SourceConfig, call_id: str
+) -> Attempted[None]:
+    result = await transports[source.name].send(_HEALTH_PROBE_REQUEST, source, call_id=call_id)
+    if result.usage_source == "estimated":
+        return Attempted(None, None)  # TPM keeps the pre-charge, as for a call
+    return Attempted(None, result.prompt_tokens + result.completion_tokens)
 
 
 def _transport_problems(

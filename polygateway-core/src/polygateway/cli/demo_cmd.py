@@ -1,9 +1,10 @@
 """``pgw demo``: the main job on embedded defaults, end to end, in about ten seconds.
 
-Starts the fake upstream in-process with three sources (healthy, flaky with 429/5xx, one with a
-dead key), runs a few hundred concurrent governed calls with in-memory limiter, breaker and
-cache and SQLite telemetry, repeats prompts to hit the cache, makes one structured call that
-needs a re-ask, then prints what happened, read back from the telemetry database.
+Starts the fake upstream in-process with three sources (healthy but for a few requests it
+rejects, flaky with 429/5xx, one with a dead key), runs a few hundred concurrent governed calls
+with in-memory limiter, breaker and cache and SQLite telemetry, repeats prompts to hit the
+cache, makes one structured call that needs a re-ask, then prints what happened, read back from
+the telemetry database.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 ROLES = {"openai-1": "healthy", "qwen-1": "flaky (429/5xx)", "deepseek-1": "dead key (401)"}
+REJECTED = 2
+"""Requests the healthy source rejects (400): each fails its call at once (never retried)."""
 PRICES: dict[str, Any] = {
     "currency": "USD",
     "demo-healthy": {"input_per_1m": 0.15, "output_per_1m": 0.60},
@@ -136,6 +139,7 @@ async def _demo(args: argparse.Namespace, pricing: str) -> int:
     rng = random.Random(args.seed)
 
     async with FakeUpstream() as fake:
+        fake.script("healthy", *[Reply.error(400) for _ in range(REJECTED)])
         fake.set_default(
             "healthy", Reply.ok(content=_answer, first_token_delay=0.05, inter_token_delay=0.002)
         )
@@ -206,7 +210,8 @@ async def _demo(args: argparse.Namespace, pricing: str) -> int:
 
         print(
             f"PolyGateway demo: {args.calls} calls, concurrency {args.concurrency}, "
-            "3 sources (healthy, flaky, dead key)"
+            "3 sources (healthy, flaky, dead key); the healthy one rejects its first "
+            f"{REJECTED} requests (400: the call fails, not retried)"
         )
         from polygateway import gather_bounded
 
@@ -254,8 +259,7 @@ def _summary(
     print("from the telemetry database (what `pgw telemetry report` prints for it):")
     for line in summary_lines(report):
         print(f"  {line}")
-    print(f"  cache hit rate {total.cache_hits / max(1, total.calls):.0%} of answered calls")
-    print(f"  retries/switches {total.attempts - total.ok}")
+    print(f"  cache hit rate {total.cache_hits / max(1, total.answered):.0%} of answered calls")
     print(
         f"  latency p50 {fmt_ms(percentile(total.latencies, 50))}, p95 "
         f"{fmt_ms(percentile(total.latencies, 95))}; TTFT p50 "

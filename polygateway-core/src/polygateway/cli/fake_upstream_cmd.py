@@ -2,13 +2,20 @@
 
 For benchmarks and soak runs: prints its base URL, serves until SIGINT/SIGTERM. ``--chunks``,
 ``--content-bytes`` and ``--inter-token-delay`` set the default reply of every source;
-``--embedding-dim`` the size of its ``/v1/embeddings`` vectors.
+``--embedding-dim`` the size of its ``/v1/embeddings`` vectors. ``--sources FILE`` gives
+sources their own behaviour (a fault mix, see ``polygateway.testing.fake_upstream.faultmix``);
+``--arrivals-log PATH`` writes one JSON line per request. ``GET /_fake/counters`` answers the
+counters (requests, in flight, max in flight per source and route).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from polygateway.testing.fake_upstream.faultmix import ArrivalLog
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -29,6 +36,21 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
         "--embedding-dim",
         type=_positive_int,
         help="vector size of /v1/embeddings (default: the fake upstream's own)",
+    )
+    parser.add_argument(
+        "--sources",
+        metavar="FILE",
+        help="JSON file: per source, its reply or a weighted mix of replies (a fault mix)",
+    )
+    parser.add_argument(
+        "--arrivals-log",
+        metavar="PATH",
+        help="append one JSON line per request (time, source, route, tag, reply, usage)",
+    )
+    parser.add_argument(
+        "--tag-pattern",
+        help="regex whose first group, found in a request's text, is logged as its tag "
+        r"(default \[tag:...\])",
     )
     return run
 
@@ -54,16 +76,31 @@ def _content(size: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import json
+    from contextlib import ExitStack
 
-    return asyncio.run(_serve(args))
+    sources = None
+    if args.sources:
+        with open(args.sources, encoding="utf-8") as f:
+            sources = json.load(f)
+    with ExitStack() as files:
+        log = None
+        if args.arrivals_log:
+            from polygateway.testing.fake_upstream.faultmix import DEFAULT_TAG_PATTERN, ArrivalLog
+
+            out = files.enter_context(open(args.arrivals_log, "a", encoding="utf-8"))
+            log = ArrivalLog(out, args.tag_pattern or DEFAULT_TAG_PATTERN)
+        return asyncio.run(_serve(args, sources, log))
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, sources: Any, log: ArrivalLog | None) -> int:
     import asyncio
+    import contextlib
     import signal
 
     from polygateway.testing.fake_upstream import DEFAULT_CONTENT, FakeUpstream, Reply
     from polygateway.testing.fake_upstream.embeddings import DEFAULT_EMBEDDING_DIM
+    from polygateway.testing.fake_upstream.faultmix import apply_sources
 
     content = _content(args.content_bytes) if args.content_bytes else DEFAULT_CONTENT
     default_reply = Reply.ok(content, chunks=args.chunks, inter_token_delay=args.inter_token_delay)
@@ -78,7 +115,15 @@ async def _serve(args: argparse.Namespace) -> int:
         default_reply=default_reply,
         embedding_dim=args.embedding_dim or DEFAULT_EMBEDDING_DIM,
         keep_received=False,
+        on_arrival=log,
     ) as fake:
+        if sources is not None:
+            apply_sources(fake, sources)
         print(fake.base_url(), flush=True)
-        await stop.wait()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await stop.wait()
+            if log is not None:
+                log.flush()
     return 0

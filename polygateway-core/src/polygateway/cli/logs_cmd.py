@@ -1,9 +1,9 @@
 """``pgw logs``: browse recorded rows, in the manner of ``llm logs``.
 
-``pgw logs`` prints the newest rows (``-n``), filtered by session, source, model, errors or
-age; ``pgw logs show CALL_ID`` prints one row in full; ``pgw logs path`` the database file.
-Rows come from the database the configuration names (``pgw telemetry report`` finds it the
-same way), or ``--db``.
+``pgw logs`` prints the newest rows (``-n``), filtered by session, source, model, errors, age
+or call (``--call``: every attempt of one call); ``pgw logs show CALL_ID`` prints one row in
+full; ``pgw logs path`` the database file. Rows come from the database the configuration
+names (``pgw telemetry report`` finds it the same way), or ``--db``.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ def _filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", help="only rows of this source (e.g. qwen-1)")
     parser.add_argument("-m", "--model", help="only rows of this model")
     parser.add_argument("--errors", action="store_true", help="only rows with an error")
+    parser.add_argument(
+        "--call",
+        metavar="CALL_ID",
+        help="only the rows of this call (its root_call_id: retries, switches, re-asks)",
+    )
     parser.add_argument("--since", help="only rows newer than this: 30m, 2h, 7d or an ISO date")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print a JSON array")
     parser.add_argument(
@@ -95,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
 def select(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[Mapping[str, Any]]:
     """The newest ``args.count`` rows passing the filters, newest first."""
+    from polygateway.telemetry.report import call_of
+
     wanted = [
         row
         for row in rows
@@ -102,6 +109,7 @@ def select(rows: Sequence[Mapping[str, Any]], args: argparse.Namespace) -> list[
         and (args.source is None or row.get("source_name") == args.source)
         and (args.model is None or row.get("model") == args.model)
         and (not args.errors or row.get("error"))
+        and (args.call is None or call_of(row) == args.call)
     ]
     wanted.reverse()
     return wanted if args.count <= 0 else wanted[: args.count]
@@ -131,11 +139,13 @@ def _decoded(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def render_row(row: Mapping[str, Any], *, truncate: bool, full: bool = False) -> str:
-    from polygateway.telemetry.report import fmt_cost, fmt_ms, fmt_time
+    from polygateway.telemetry.report import call_of, fmt_cost, fmt_ms, fmt_time
 
     status = f"error {row['error']}" if row.get("error") else "ok"
     if row.get("cache_hit"):
         status = "cache hit"
+    if call_of(row) != row.get("call_id"):  # not the call's first attempt
+        status += f"  (call {call_of(row)})"
     head = (
         f"## {fmt_time(row.get('created_at'))}  {row.get('call_id')}  {status}\n"
         f"model {row.get('model') or '-'}  source {row.get('source_name') or '-'}  "

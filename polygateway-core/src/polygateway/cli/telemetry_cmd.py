@@ -16,9 +16,10 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     report = sub.add_parser(
         "report",
         help="calls, attempts, cache hits, errors, latency, tokens and cost",
-        description="Aggregate the telemetry rows: answered calls, attempts, cache hits and "
-        "refused calls counted apart, latency of successful attempts, tokens and cost (in the "
-        "price table's currency), by model, source or session.",
+        description="Aggregate the telemetry rows: calls (answered or failed, each counted once "
+        "by its root_call_id), attempts, cache hits and refused calls counted apart, latency "
+        "of successful attempts, tokens and cost (in the price table's currency), by model, "
+        "source, session, scope or namespace.",
         formatter_class=HelpFormatter,
     )
     add_source_arguments(report)

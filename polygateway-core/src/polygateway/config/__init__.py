@@ -23,9 +23,12 @@ from polygateway.config.guards import (
     validate_against_registry,
 )
 from polygateway.config.inputs import plugin_filter
+from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.config.loader import load_scope, load_settings
 
 __all__ = [
+    "CHAT_CALLS",
+    "CallKind",
     "NameRegistry",
     "check_guards",
     "describe_settings",

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ SCOPE_GROUPS: dict[str, tuple[str, dict[str, str]]] = {
             "COOLDOWN_S": "cooldown_s",
             "PROBE_TTL_S": "probe_ttl_s",
             "MAX_COOLDOWN_S": "max_cooldown_s",
+            "HEALTH_PROBE": "health_probe",
         },
     ),
     "BACKPRESSURE": (
@@ -145,9 +147,16 @@ FLAT_KEYS: dict[str, Loc] = {
 
 CONFIG_PATH_KEY = "PGW_CONFIG"
 PLUGINS_KEY = "PGW_PLUGINS"
-OTHER_KEYS: frozenset[str] = frozenset({CONFIG_PATH_KEY, PLUGINS_KEY, "PGW_REQUIRE_SERVICES"})
-"""``PGW_*`` keys read outside ``FLAT_KEYS``: the file's path, the plugin filter, and the test
-suite's switch (``tools/test.sh``); known, so never reported as typos."""
+IGNORE_KEYS_KEY = "PGW_CONFIG_IGNORE_KEYS"
+OTHER_KEYS: frozenset[str] = frozenset(
+    {CONFIG_PATH_KEY, PLUGINS_KEY, IGNORE_KEYS_KEY, "PGW_REQUIRE_SERVICES"}
+)
+"""``PGW_*`` keys read outside ``FLAT_KEYS``: the file's path, the plugin filter, the keys
+other tools own, and the test suite's switch (``tools/test.sh``); known, so never reported as
+typos."""
+
+_IGNORE_PATTERN = re.compile(r"^[A-Za-z0-9_*?]+$")
+IGNORE_HINT = f"another tool's key? list it in {IGNORE_KEYS_KEY}"
 
 _SEGMENT = re.compile(r"^[A-Z0-9]+(?:_[A-Z0-9]+)*$")
 _SCOPE_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*$")
@@ -180,6 +189,29 @@ def read_env(
     return merged
 
 
+def parse_ignore_keys(raw: str) -> tuple[list[str], list[str]]:
+    """A ``PGW_CONFIG_IGNORE_KEYS`` value (comma-separated key names, ``*``/``?`` wildcards):
+    the patterns and the problems (an entry that is no key name or pattern)."""
+    patterns: list[str] = []
+    problems: list[str] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        if _IGNORE_PATTERN.match(item):
+            patterns.append(item)
+        else:
+            problems.append(
+                f"{IGNORE_KEYS_KEY}: {item!r} is not a key name or pattern (letters, digits, "
+                "_, and the wildcards * and ?; entries separated by commas)"
+            )
+    return patterns, problems
+
+
+def is_ignored(key: str, patterns: Sequence[str]) -> bool:
+    """Whether ``key`` is one of the keys other tools own (``PGW_CONFIG_IGNORE_KEYS``)."""
+    return any(fnmatchcase(key, pattern) for pattern in patterns)
+
+
 def parse_plugins(raw: str | None) -> list[str] | None:
     """A ``PGW_PLUGINS`` value: unset -> ``None`` (every plugin), empty -> ``[]`` (builtin only)."""
     if raw is None:
@@ -194,7 +226,8 @@ class EnvSource:
     prefix: str
     provider: str
     name: str
-    values: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    """Source field -> its raw string (``options``: option name -> raw string)."""
     keys: dict[str, str] = field(default_factory=dict)
     """Source field -> env key."""
 
@@ -239,12 +272,22 @@ def _allowed(names: Iterable[str]) -> str:
     return ", ".join(sorted(names))
 
 
-def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> EnvConfig:
+def parse_env(
+    values: Mapping[str, str],
+    known_scopes: Iterable[str] = (),
+    source_options: Mapping[str, Mapping[str, str]] | None = None,
+    ignore: Sequence[str] = (),
+) -> EnvConfig:
     """Sort the env into flat keys, scope settings and sources.
+
+    ``source_options``: scope -> the source fields (``MODE``) its call kind reads as transport
+    options (``mode``), kept in the source's ``options``.
 
     Keys that are not PolyGateway's are ignored, except malformed keys of a scope that is
     configured (from a source key, a scope setting key or the pipeline file): those are
-    problems, so that a typo is not silently dropped. Empty values count as unset.
+    problems, so that a typo is not silently dropped. Empty values count as unset. Keys
+    matching ``ignore`` (``PGW_CONFIG_IGNORE_KEYS``: other tools') are never a problem and
+    configure no scope; a well-formed one of a configured scope is still read.
     """
     config = EnvConfig()
     items = sorted((k, v.strip()) for k, v in values.items() if v is not None and v.strip())
@@ -263,6 +306,8 @@ def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> En
         if not _SCOPE_NAME.match(parts[0]):
             continue
         family.append((key, parts, value))
+        if is_ignored(key, ignore):
+            continue
         if (len(parts) == 4 and parts[2].isdigit()) or parts[1] in RESERVED_SEGMENTS:
             scopes_seen.add(parts[0])
 
@@ -271,24 +316,34 @@ def parse_env(values: Mapping[str, str], known_scopes: Iterable[str] = ()) -> En
         if scope_name not in scopes_seen:
             continue  # not ours: some other tool's double-underscore key
         scope = config.scopes.setdefault(scope_name, EnvScope(scope_name))
-        _parse_scope_key(scope, key, parts, value)
+        options = (source_options or {}).get(scope_name, {})
+        before = len(scope.problems)
+        _parse_scope_key(scope, key, parts, value, options)
+        if is_ignored(key, ignore):
+            del scope.problems[before:]
     return config
 
 
 def unknown_key_problems(
-    values: Mapping[str, str], scopes: Iterable[str], declared: Iterable[str] = ()
+    values: Mapping[str, str],
+    scopes: Iterable[str],
+    declared: Iterable[str] = (),
+    ignore: Sequence[str] = (),
 ) -> list[str]:
     """Every set ``PGW_*`` key, and every ``{SCOPE}_*`` key of a configured scope, that no one
     reads: a typo (``PGW_CACHE_TTL``, ``LLM_TIMOUT``) would otherwise leave a default in place.
 
-    ``declared``: the flat keys plugins' options models declare (``REDIS_URL``...). Keys of the
-    ``{SCOPE}__...`` families are ``parse_env``'s. Each problem suggests the nearest known key.
+    Only those prefixes are checked: ``OPENAI_API_KEY`` is some other tool's unless a scope is
+    named ``OPENAI``. ``declared``: the flat keys plugins' options models declare
+    (``REDIS_URL``...); ``ignore``: the patterns of ``PGW_CONFIG_IGNORE_KEYS`` (other tools'
+    keys under a scope's prefix, ``LLM_USER_PATH``). Keys of the ``{SCOPE}__...`` families are
+    ``parse_env``'s. Each problem suggests the nearest known key.
     """
     names = sorted({scope.upper() for scope in scopes})
     known = set(FLAT_KEYS) | OTHER_KEYS | set(declared)
     problems: list[str] = []
     for key, value in sorted(values.items()):
-        if key in known or value is None or not value.strip():
+        if key in known or value is None or not value.strip() or is_ignored(key, ignore):
             continue
         if any(key.startswith(f"{name}__") for name in names):
             continue
@@ -296,13 +351,21 @@ def unknown_key_problems(
         owner = owner or next((n for n in names if key.startswith(f"{n}_")), None)
         if owner is None:
             continue
-        candidates = sorted(k for k in known if k.startswith(f"{owner}_")) or sorted(known)
-        hint = did_you_mean(key, candidates) or did_you_mean(key, sorted(known))
-        problems.append(f"{key}: unknown key{hint}; known {owner}_* keys: {_allowed(candidates)}")
+        own = sorted(k for k in known if k.startswith(f"{owner}_"))
+        hint = did_you_mean(key, own) or did_you_mean(key, sorted(known))
+        if own:
+            where = f"known {owner}_* keys: {_allowed(own)}"
+        else:  # a scope without flat keys of its own (only LLM_* and PGW_* are flat)
+            where = (
+                f"scope {owner} is set with {owner}__... keys (e.g. {owner}__RETRY__MAX_ATTEMPTS)"
+            )
+        problems.append(f"{key}: unknown key{hint}; {where} ({IGNORE_HINT})")
     return problems
 
 
-def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
+def _parse_scope_key(
+    scope: EnvScope, key: str, parts: list[str], value: str, options: Mapping[str, str]
+) -> None:
     second = parts[1]
     shapes = (
         f"sources are {scope.name}__<PROVIDER>__<N>__<FIELD>, scope settings "
@@ -324,7 +387,9 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
                 + " or ".join(choices)
             )
         else:
-            scope.problems.append(f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes}")
+            scope.problems.append(
+                f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes} ({IGNORE_HINT})"
+            )
         return
     if len(parts) == 3:
         if second in SCOPE_GROUPS:
@@ -347,7 +412,9 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
         elif second in SCOPE_SCALARS:
             scope.problems.append(f"{key}: {scope.name}__{second} takes no field")
         else:
-            scope.problems.append(f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes}")
+            scope.problems.append(
+                f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes} ({IGNORE_HINT})"
+            )
         return
     if len(parts) == 4 and second == "TELEMETRY":
         # An option of one backend of a telemetry fan-out: {SCOPE}__TELEMETRY__{NAME}__{OPTION}.
@@ -356,7 +423,7 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
         scope.keys[path] = key
         return
     if len(parts) == 4 and second not in RESERVED_SEGMENTS and parts[2].isdigit():
-        _parse_source_key(scope, key, parts, value)
+        _parse_source_key(scope, key, parts, value, options)
         return
     if second in RESERVED_SEGMENTS:
         scope.problems.append(
@@ -365,7 +432,9 @@ def _parse_scope_key(scope: EnvScope, key: str, parts: list[str], value: str) ->
     elif len(parts) == 4:
         scope.problems.append(f"{key}: the source number {parts[2]!r} must be an integer; {shapes}")
     else:
-        scope.problems.append(f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes}")
+        scope.problems.append(
+            f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes} ({IGNORE_HINT})"
+        )
 
 
 def _segment_hint(parts: list[str]) -> str:
@@ -374,13 +443,16 @@ def _segment_hint(parts: list[str]) -> str:
     return f" (did you mean {'__'.join([parts[0], found, *parts[2:]])}?)" if found else ""
 
 
-def _parse_source_key(scope: EnvScope, key: str, parts: list[str], value: str) -> None:
+def _parse_source_key(
+    scope: EnvScope, key: str, parts: list[str], value: str, options: Mapping[str, str]
+) -> None:
     provider, number, field_name = parts[1], parts[2], parts[3]
     source_field = SOURCE_FIELDS.get(field_name)
-    if source_field is None:
+    if source_field is None and field_name not in options:
+        fields = {**SOURCE_FIELDS, **options}
         scope.problems.append(
             f"{key}: unknown source field {field_name}"
-            f"{did_you_mean(field_name, SOURCE_FIELDS)}; allowed: {_allowed(SOURCE_FIELDS)}"
+            f"{did_you_mean(field_name, fields)}; allowed: {_allowed(fields)}"
         )
         return
     prefix = f"{scope.name}__{provider}__{number}"
@@ -388,6 +460,10 @@ def _parse_source_key(scope: EnvScope, key: str, parts: list[str], value: str) -
         (provider, number),
         EnvSource(prefix=prefix, provider=provider.lower(), name=f"{provider.lower()}-{number}"),
     )
+    if source_field is None:  # a transport option of the scope's call kind
+        source.values.setdefault("options", {})[options[field_name]] = value
+        source.keys.setdefault("options", key)
+        return
     if source_field in source.values:
         scope.problems.append(
             f"{key}: {source.keys[source_field]} is set too; set only one of "

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 
 NO_BACKEND = "none"
@@ -178,14 +179,20 @@ def check_guards(scope: ScopeSettings, written: WrittenKeys = _NOTHING_WRITTEN) 
 
 
 def scope_registry_problems(
-    scope: ScopeSettings, registry: NameRegistry, chosen_by: Mapping[str, str] | None = None
+    scope: ScopeSettings,
+    registry: NameRegistry,
+    chosen_by: Mapping[str, str] | None = None,
+    *,
+    call_kind: CallKind = CHAT_CALLS,
 ) -> list[str]:
     """Every implementation ``scope`` names must be registered under its kind.
 
     ``chosen_by`` (kind -> key), when the loader knows it, names the key that made a choice
-    instead of every key that could have.
+    instead of every key that could have. ``call_kind``: the call kind the scope serves (where
+    its sources' ``transport`` names are looked up, whether their providers are profiles).
     """
     name = scope.scope
+    transport_kind = call_kind.transport_kind
     cached: dict[str, list[str]] = {}
 
     def registered(kind: str) -> list[str]:
@@ -225,7 +232,9 @@ def scope_registry_problems(
         for backend in scope.telemetry.backends
     )
     for source in scope.sources:
-        wanted.append(("transport", source.transport, source_key(name, source, "transport")))
+        wanted.append((transport_kind, source.transport, source_key(name, source, "transport")))
+        if not call_kind.provider_profiles:
+            continue
         match = _NUMBERED.match(source.name)
         provider_key = (
             f"{name}__{source.provider.upper()}__{match.group(2)}__*"
@@ -239,7 +248,7 @@ def scope_registry_problems(
     hints: list[str] | None = None
     for kind, chosen, generic_key in wanted:
         key = generic_key
-        if chosen_by and kind in chosen_by and kind not in ("transport", "provider"):
+        if chosen_by and kind in chosen_by and kind not in (transport_kind, "provider"):
             key = chosen_by[kind]
         names = registered(kind)
         if chosen in names:
@@ -258,11 +267,20 @@ def scope_registry_problems(
     return problems
 
 
-def validate_against_registry(settings: GatewaySettings, registry: NameRegistry) -> list[str]:
+def validate_against_registry(
+    settings: GatewaySettings,
+    registry: NameRegistry,
+    *,
+    call_kinds: Mapping[str, CallKind] | None = None,
+) -> list[str]:
     """Every chosen implementation exists in ``registry.names(kind)``, and the middleware order
-    is valid; one line per problem, naming the key and the registered names."""
+    is valid; one line per problem, naming the key and the registered names.
+
+    ``call_kinds``: scope name -> the call kind it serves (scopes not named serve chat)."""
+    kinds = call_kinds or {}
     problems: list[str] = []
-    for scope in settings.scopes.values():
-        problems.extend(scope_registry_problems(scope, registry))
+    for name, scope in settings.scopes.items():
+        kind = kinds.get(name, CHAT_CALLS)
+        problems.extend(scope_registry_problems(scope, registry, call_kind=kind))
         problems.extend(middleware_problems(scope))
     return problems

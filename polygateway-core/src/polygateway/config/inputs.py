@@ -38,7 +38,10 @@ def read_inputs(
     pipeline_path: str | os.PathLike[str] | None,
     dotenv_path: str | os.PathLike[str] | None,
     registry: OptionsRegistry | None = None,
+    source_options: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Inputs:
+    """``source_options``: scope -> the source fields its call kind reads as transport
+    options (see ``CallKind.source_options``)."""
     problems: list[str] = []
     try:
         values = envkeys.read_env(env, dotenv_path=dotenv_path)
@@ -55,7 +58,11 @@ def read_inputs(
         problems.extend(file_problems)
 
     known = list(pipeline.scopes) if pipeline else []
-    env_config = envkeys.parse_env(values, known_scopes=known)
+    ignore, ignore_problems = _ignored_keys(values, pipeline)
+    problems.extend(ignore_problems)
+    env_config = envkeys.parse_env(
+        values, known_scopes=known, source_options=source_options, ignore=ignore
+    )
     problems.extend(env_config.problems)
     shared_problems: list[str] = []
     rejected: set[str] = set()
@@ -88,7 +95,7 @@ def read_inputs(
     shared_problems.extend(flat_key_problems(registry, values))
     declared = [key for _k, _n, model in registry.schemas() for key in env_keys(model).values()]
     configured = [*env_config.scopes, *(pipeline.scopes if pipeline else ())]
-    shared_problems.extend(envkeys.unknown_key_problems(values, configured, declared))
+    shared_problems.extend(envkeys.unknown_key_problems(values, configured, declared, ignore))
     problems.extend(shared_problems)
     return Inputs(
         env=values,
@@ -100,6 +107,20 @@ def read_inputs(
         shared_invalid=bool(rejected & GUARD_FIELDS),
         registry=registry,
     )
+
+
+def _ignored_keys(
+    values: Mapping[str, str], pipeline: pipefile.PipelineFile | None
+) -> tuple[list[str], list[str]]:
+    """Other tools' keys: ``PGW_CONFIG_IGNORE_KEYS`` (env, then ``.env``), else the file's
+    top-level ``ignore_keys``, as every other key is read. The patterns and their problems."""
+    if envkeys.IGNORE_KEYS_KEY in values:
+        return envkeys.parse_ignore_keys(values[envkeys.IGNORE_KEYS_KEY])
+    if pipeline is None or pipeline.ignore_keys is None:
+        return [], []
+    patterns, problems = envkeys.parse_ignore_keys(",".join(pipeline.ignore_keys))
+    label = pipeline.key(("ignore_keys",))
+    return patterns, [p.replace(envkeys.IGNORE_KEYS_KEY, label, 1) for p in problems]
 
 
 def _plugins_of(

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from polygateway.config.inputs import Inputs, read_inputs
+from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.config.scope import build_scope
 from polygateway.errors import ConfigError, PluginError
 from polygateway.settings import GatewaySettings, ScopeSettings
@@ -51,6 +52,7 @@ def load_settings(
     pipeline_path: str | os.PathLike[str] | None = None,
     dotenv_path: str | os.PathLike[str] | None = None,
     registry: ConfigRegistry | None = None,
+    call_kinds: Mapping[str, CallKind] | None = None,
 ) -> GatewaySettings:
     """Every scope found in env, ``.env`` and the pipeline file, validated and guarded.
 
@@ -61,13 +63,18 @@ def load_settings(
     :param registry: when given, every implementation name is checked against it. Options
         models come from it, else from the installed plugins (``PGW_PLUGINS`` applies): the
         options of every picked component with a model are validated either way.
+    :param call_kinds: scope name -> the call kind it serves (``CallKind``: where its sources'
+        ``transport`` names are looked up, their defaults, extra source fields); scopes not
+        named serve chat.
     :raises ConfigError: with one line per problem, naming the key; secrets never shown.
     """
-    inputs = read_inputs(env, pipeline_path, dotenv_path, registry)
+    kinds = {k.upper(): v for k, v in (call_kinds or {}).items()}
+    options = {name: kind.source_options for name, kind in kinds.items()}
+    inputs = read_inputs(env, pipeline_path, dotenv_path, registry, options)
     problems = list(inputs.problems)
     scopes: dict[str, ScopeSettings] = {}
     for name in _scope_names(inputs):
-        scope, found = build_scope(name, inputs, registry)
+        scope, found = build_scope(name, inputs, registry, kinds.get(name, CHAT_CALLS))
         problems.extend(found)
         if scope is not None:
             scopes[name] = scope
@@ -83,19 +90,23 @@ def load_scope(
     pipeline_path: str | os.PathLike[str] | None = None,
     dotenv_path: str | os.PathLike[str] | None = None,
     registry: ConfigRegistry | None = None,
+    call_kind: CallKind = CHAT_CALLS,
 ) -> ScopeSettings:
-    """One scope's settings (same arguments as ``load_settings``).
+    """One scope's settings (same arguments as ``load_settings``; ``call_kind``: the call kind
+    the scope serves, see ``CallKind``).
 
     Only this scope's problems (and those of shared keys) are raised: a half-configured other
     scope does not stop this one. A scope without sources is a ``ConfigError`` naming the keys
     that would define one.
     """
     name = scope.upper()
-    inputs = read_inputs(env, pipeline_path, dotenv_path, registry)
+    inputs = read_inputs(
+        env, pipeline_path, dotenv_path, registry, {name: call_kind.source_options}
+    )
     problems = list(inputs.problems)
     built: ScopeSettings | None = None
     if name in _scope_names(inputs):
-        built, found = build_scope(name, inputs, registry)
+        built, found = build_scope(name, inputs, registry, call_kind)
         problems.extend(found)
         if built is not None and not built.sources:
             problems.append(no_sources_problem(name))

@@ -145,6 +145,7 @@ class BreakerLayer(LayerModel):
     cooldown_s: PositiveFloat | None = None
     probe_ttl_s: PositiveFloat | None = None
     max_cooldown_s: PositiveFloat | None = None
+    health_probe: Bool | None = None
     backend: Name | None = None
     options: Options | None = None
 

@@ -26,7 +26,7 @@ from polygateway.config.models import Loc
 from polygateway.config.suggest import did_you_mean
 
 DEFAULT_FILE = "pgw.toml"
-TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "plugins", "scopes")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "ignore_keys", "plugins", "scopes")
 _SCOPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -53,6 +53,9 @@ class PipelineFile:
     scopes: dict[str, FileScope] = field(default_factory=dict)
     plugins: list[str] | None = None
     """Top-level ``plugins = [...]``: the plugin filter when ``PGW_PLUGINS`` is not set."""
+    ignore_keys: list[str] | None = None
+    """Top-level ``ignore_keys = [...]``: other tools' env keys (``PGW_CONFIG_IGNORE_KEYS``
+    when that is not set)."""
 
     def key(self, loc: Loc) -> str:
         """``path:[table.path].key`` for a path from the file's root."""
@@ -125,6 +128,19 @@ def locate(
     return (default, None) if default.is_file() else (None, None)
 
 
+def _string_list(
+    pipeline: PipelineFile, key: str, problems: list[str], what: str
+) -> list[str] | None:
+    """A top-level list of strings (blank items dropped); ``None`` when absent or refused."""
+    value = pipeline.root.get(key)
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [item.strip() for item in value if item.strip()]
+    problems.append(f"{pipeline.key((key,))}: must be a list of {what}")
+    return None
+
+
 def read(path: Path) -> tuple[PipelineFile | None, list[str]]:
     """Parse the file and split it into defaults and scopes; problems name the file's keys."""
     label = str(path)
@@ -145,15 +161,18 @@ def read(path: Path) -> tuple[PipelineFile | None, list[str]]:
                 f"allowed: {', '.join(TOP_LEVEL_KEYS)}"
             )
 
-    plugins = root.get("plugins")
-    if plugins is not None:
-        if isinstance(plugins, list) and all(isinstance(item, str) for item in plugins):
-            pipeline.plugins = [item.strip() for item in plugins if item.strip()]
-        else:
-            problems.append(
-                f"{pipeline.key(('plugins',))}: must be a list of distribution or entry-point "
-                'names, e.g. plugins = ["my-plugin"]'
-            )
+    pipeline.plugins = _string_list(
+        pipeline,
+        "plugins",
+        problems,
+        'distribution or entry-point names, e.g. plugins = ["my-plugin"]',
+    )
+    pipeline.ignore_keys = _string_list(
+        pipeline,
+        "ignore_keys",
+        problems,
+        'env key names or patterns, e.g. ignore_keys = ["LLM_USER_PATH", "LLM_LOG_*"]',
+    )
 
     defaults = root.get("defaults")
     if defaults is not None:

@@ -19,6 +19,7 @@ from polygateway.config.guards import (
     check_guards,
     scope_registry_problems,
 )
+from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.config.merge import Layer, Resolved, get_path, rejected_names, resolve_layers
 from polygateway.config.models import Loc, MaskedOptions, ScopeCommonLayer, validate_layer
 from polygateway.config.sources import build_source, source_drafts
@@ -71,9 +72,13 @@ REGISTRY_CHOICES: dict[str, Loc] = {
 
 
 def build_scope(
-    name: str, inputs: Inputs, registry: ConfigRegistry | None
+    name: str,
+    inputs: Inputs,
+    registry: ConfigRegistry | None,
+    call_kind: CallKind = CHAT_CALLS,
 ) -> tuple[ScopeSettings | None, list[str]]:
-    """One scope's settings, or ``None`` with the problems that prevent it."""
+    """One scope's settings, or ``None`` with the problems that prevent it (its sources read
+    as ``call_kind`` says)."""
     problems: list[str] = []
     invalid = inputs.shared_invalid
 
@@ -119,7 +124,7 @@ def build_scope(
 
     sources: list[SourceConfig] = []
     for draft in drafts:
-        source, found = build_source(name, draft)
+        source, found = build_source(name, draft, call_kind)
         problems.extend(found)
         if source is not None:
             sources.append(source)
@@ -146,7 +151,7 @@ def build_scope(
             for kind, path in REGISTRY_CHOICES.items()
             if path in resolved.keys
         }
-        problems.extend(scope_registry_problems(scope, registry, chosen_by))
+        problems.extend(scope_registry_problems(scope, registry, chosen_by, call_kind=call_kind))
     return (None if problems else scope), problems
 
 
@@ -177,10 +182,22 @@ def _build_scope_settings(
     breaker = BreakerSettings(
         **{
             k: breaker_table[k]
-            for k in ("fail_threshold", "cooldown_s", "probe_ttl_s", "max_cooldown_s")
+            for k in (
+                "fail_threshold",
+                "cooldown_s",
+                "probe_ttl_s",
+                "max_cooldown_s",
+                "health_probe",
+            )
             if k in breaker_table
         }
     )
+    if breaker.max_cooldown_s is not None and breaker.max_cooldown_s < breaker.cooldown_s:
+        key = resolved.keys.get(("breaker", "max_cooldown_s"), f"{name}__BREAKER__MAX_COOLDOWN_S")
+        problems.append(
+            f"{key}: max_cooldown_s {breaker.max_cooldown_s:g} must be >= cooldown_s "
+            f"{breaker.cooldown_s:g}"
+        )
     limiter_table = resolved.table("limiter")
     limiter = ComponentChoice(
         str(limiter_table.get("name", DEFAULT_BACKEND)), options(("limiter", "options"))

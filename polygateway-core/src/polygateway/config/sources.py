@@ -15,6 +15,7 @@ from typing import Any
 
 from polygateway.config import env as envkeys
 from polygateway.config import pipeline as pipefile
+from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.config.merge import Label, Resolved, merge, with_env_refs
 from polygateway.config.models import Loc, MaskedOptions, SourceLayer, validate_layer
 from polygateway.params import ChatParams
@@ -163,8 +164,16 @@ def _file_source_label(file: pipefile.PipelineFile, scope: pipefile.FileScope, i
     return label
 
 
-def build_source(scope: str, draft: SourceDraft) -> tuple[SourceConfig | None, list[str]]:
+def build_source(
+    scope: str, draft: SourceDraft, call_kind: CallKind = CHAT_CALLS
+) -> tuple[SourceConfig | None, list[str]]:
     values = draft.values
+    for name, default in (
+        ("model", call_kind.default_model),
+        ("transport", call_kind.default_transport),
+    ):
+        if default is not None and values.get(name) is None and name not in draft.rejected:
+            values[name] = default
     problems = [
         f"{draft.key(name)}: required (source {draft.name})"
         for name in ("base_url", "model")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from polygateway.errors import ResultInvalidError, SourceDeadError, TransientError
@@ -52,6 +52,7 @@ class Admission:
         "_thresholds",
         "_warned",
         "inflight",
+        "on_open",
     )
 
     def __init__(
@@ -78,6 +79,8 @@ class Admission:
         self._progress_every_s = min(1.0, stall_window_s / 10.0)
         self._progress_marked_at = -math.inf
         self._warned: set[tuple[str, str]] = set()
+        self.on_open: Callable[[str], None] | None = None
+        """Told the name of a source found open (refused, or opened by a failure)."""
 
     async def attempt(
         self,
@@ -98,6 +101,8 @@ class Admission:
         breaker = self._breaker
         decision = await breaker.try_enter(name)
         if not decision.allowed:
+            if self.on_open is not None:
+                self.on_open(name)
             return decision
         # A probe decision must end with a verdict or be handed back, whatever happens.
         probe_pending = decision.probe_owner is not None
@@ -219,9 +224,14 @@ class Admission:
         self, decision: GateDecision, *, threshold: int | None = None, force_open: bool = False
     ) -> None:
         try:
-            await self._breaker.record_failure(decision, threshold=threshold, force_open=force_open)
+            update = await self._breaker.record_failure(
+                decision, threshold=threshold, force_open=force_open
+            )
         except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
             self._warn("breaker.record_failure", exc)
+            return
+        if update.state == "open" and self.on_open is not None:
+            self.on_open(decision.source)
 
     def _warn(self, operation: str, exc: Exception) -> None:
         """One warning per (operation, error class); repeats go to debug to spare the log."""

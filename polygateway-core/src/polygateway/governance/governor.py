@@ -29,7 +29,7 @@ import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from polygateway.errors import (
     AllSourcesExhausted,
@@ -52,6 +52,7 @@ from polygateway.governance.decisions import (
     retry_after_hint,
     scope_retry_after,
 )
+from polygateway.governance.health import HealthProber
 from polygateway.governance.stall import Blocked, backpressure_problems
 from polygateway.ports import Clock, Denial, GateDecision, ProviderGate, RateLimiter, SourceSelector
 from polygateway.settings import (
@@ -146,6 +147,7 @@ class Governor:
         "_max_retry_after_s",
         "_memo",
         "_names",
+        "_prober",
         "_same_source_attempts",
         "_selector",
         "_sources",
@@ -165,7 +167,10 @@ class Governor:
         backpressure: BackpressureSettings,
         clock: Clock,
         rng: random.Random | None = None,
+        health_probe: Attempt[Any] | None = None,
     ) -> None:
+        """:param health_probe: the call kind's cheap request, sent in the background to an
+        open source when ``breaker_settings.health_probe`` is on (``aclose`` stops them)."""
         self._sources: tuple[SourceConfig, ...] = tuple(sources)
         self._names: tuple[str, ...] = tuple(s.name for s in self._sources)
         problems = governor_problems(self._sources, retry, backpressure)
@@ -203,6 +208,17 @@ class Governor:
             clock=clock,
             stall_window_s=self._blocked.stall_window_s,
         )
+        self._prober: HealthProber | None = None
+        if health_probe is not None and breaker_settings.health_probe:
+            self._prober = HealthProber(
+                sources={s.name: s for s in self._sources},
+                admission=self._admission,
+                breaker=breaker,
+                probe=health_probe,
+                clock=clock,
+                poll_interval_s=self._blocked.poll_interval_s,
+            )
+            self._admission.on_open = self._prober.watch
 
     @property
     def sources(self) -> tuple[SourceConfig, ...]:
@@ -217,6 +233,16 @@ class Governor:
     def cooldowns(self) -> CooldownMemo:
         """The local cooldown memo (read it; the governor writes it)."""
         return self._memo
+
+    @property
+    def health_prober(self) -> HealthProber | None:
+        """The background probes of open sources (``None``: off)."""
+        return self._prober
+
+    async def aclose(self) -> None:
+        """Stop the background health probes (nothing else runs in the background)."""
+        if self._prober is not None:
+            await self._prober.aclose()
 
     def __repr__(self) -> str:
         mode = "fail_fast" if self._blocked.fail_fast else "wait"

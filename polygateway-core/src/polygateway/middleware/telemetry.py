@@ -14,6 +14,8 @@ How rows are produced:
 - When the call ends without any attempt observed (a cache hit, a request refused before
   admission, every breaker open, a cancellation while waiting for quota), the layer writes
   the one row itself.
+- Every row of one call (its attempts, retries, switches and re-asks) carries the call's
+  ``root_call_id``: the ``call_id`` of its first attempt (``polygateway.records.CallRoot``).
 - Structured calls: the structured layer reports attempts whose output failed the ladder via
   ``CallContext.result_invalid(call_id, error)``; such an attempt's row carries
   ``error="ResultInvalidError"``. To make that possible the row of a successful structured
@@ -41,7 +43,14 @@ from polygateway.ports import (
     Pricing,
     TelemetryRecorder,
 )
-from polygateway.records import CANCELLED, RowWriter, build_record, error_name, outcome_cost
+from polygateway.records import (
+    CANCELLED,
+    CallRoot,
+    RowWriter,
+    build_record,
+    error_name,
+    outcome_cost,
+)
 from polygateway.settings import SourceConfig, TelemetryContent
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
 
@@ -226,6 +235,7 @@ class TelemetryMiddleware:
         latency_ms: int,
         source: SourceConfig | None = None,
         messages: str | None = None,
+        root_call_id: str = "",
     ) -> TelemetryRecord | None:
         """One row via the single helper, stamped with this layer's clock and pricing."""
         try:
@@ -245,6 +255,7 @@ class TelemetryMiddleware:
             scope=self._scope,
             cache_namespace=request.cache_namespace or self._namespace,
             params=params_json(request) if request.params is not None else "",
+            root_call_id=root_call_id,
         )
 
     def _emit(
@@ -312,6 +323,7 @@ class _CallObserver:
         "_layer",
         "_pending",
         "_pending_outcome",
+        "_root",
         "attempts",
         "context",
         "last_call_id",
@@ -325,6 +337,7 @@ class _CallObserver:
         self._layer = layer
         self.context = context
         self.trace = trace
+        self._root = CallRoot()
         self.attempts = 0
         self._pending: TelemetryRecord | None = None
         self._pending_outcome: object = None
@@ -350,6 +363,7 @@ class _CallObserver:
                 latency_ms=latency_ms,
                 source=source,
                 messages=self.context.canonical_messages(request.messages),
+                root_call_id=self._root.of(call_id),
             )
             if record is None:
                 return

@@ -6,11 +6,14 @@ can hand back rows. Charts are inline SVG: the HTML file needs nothing else.
 What the rows can tell (one row per attempt, per cache hit, per call refused before any
 attempt; ARCHITECTURE §7.8), counted apart and never mixed:
 
-- attempts: rows that reached a source (``source_name`` set, not a cache hit);
-- answered calls: successful attempts plus cache hits (a call has one successful row at most);
+- calls: the rows of one call share its ``root_call_id`` (a row without one, written before
+  the column existed, is a call of its own). A call is answered when one of its rows succeeded
+  (an attempt or a cache hit), failed when every row has an error (every attempt failed, or it
+  was refused or cancelled before any attempt). A call is counted in the group of the row that
+  answered it, else of its last row;
+- attempts: rows that reached a source (``source_name`` set, not a cache hit), ok or failed;
 - cache hits; refused calls (rows without a source: refused before any attempt);
-- failed attempts by error class. How many calls failed after several attempts is not in the
-  rows (attempts of one call share no id), so the report does not pretend to know it.
+- failed attempts by error class.
 """
 
 from __future__ import annotations
@@ -89,10 +92,23 @@ def is_attempt(row: Mapping[str, Any]) -> bool:
     return not row.get("cache_hit") and bool(row.get("source_name"))
 
 
+def call_of(row: Mapping[str, Any]) -> str:
+    """The call a row belongs to: its ``root_call_id``, else (older rows) its own id."""
+    return str(row.get("root_call_id") or row.get("call_id") or "")
+
+
 @dataclass
 class GroupStats:
     key: str
     rows: int = 0
+    calls: int = 0
+    """Calls (each counted once, however many attempts it made)."""
+    answered: int = 0
+    """Calls answered by a source or from the cache."""
+    failed_calls: int = 0
+    """Calls without an answer: every attempt failed, or refused or cancelled before one."""
+    retries: int = 0
+    """Attempts after a call's first (retries, switches to another source, re-asks)."""
     attempts: int = 0
     ok: int = 0
     """Successful attempts."""
@@ -108,11 +124,6 @@ class GroupStats:
     """Successful attempts without a price (cost unknown: not counted as zero)."""
     latencies: list[float] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
-
-    @property
-    def calls(self) -> int:
-        """Answered calls: successful attempts plus cache hits."""
-        return self.ok + self.cache_hits
 
     @property
     def errors(self) -> int:
@@ -143,10 +154,20 @@ class GroupStats:
         elif not error and not row.get("cache_hit"):
             self.unpriced += 1
 
+    def add_call(self, *, answered: bool, attempts: int) -> None:
+        self.calls += 1
+        if answered:
+            self.answered += 1
+        else:
+            self.failed_calls += 1
+        self.retries += max(0, attempts - 1)
+
     def as_row(self) -> dict[str, Any]:
         return {
             "key": self.key,
             "calls": self.calls,
+            "answered": self.answered,
+            "failed_calls": self.failed_calls,
             "attempts": self.attempts,
             "failed_attempts": self.failed_attempts,
             "cache_hits": self.cache_hits,
@@ -199,6 +220,18 @@ def build_report(
             errors_by_class[str(row["error"])] += 1
             errors_by_source[str(row.get("source_name") or "-")][str(row["error"])] += 1
     kept.sort(key=lambda r: float(r.get("created_at") or 0))
+    calls: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in kept:
+        calls[call_of(row)].append(row)
+    for members in calls.values():
+        answer = next((r for r in members if not r.get("error")), None)
+        # The group of the row that answered, else of the last attempt.
+        key = str((answer or members[-1]).get(column) or "-")
+        attempts = sum(1 for r in members if is_attempt(r))
+        total.add_call(answered=answer is not None, attempts=attempts)
+        groups.setdefault(key, GroupStats(key)).add_call(
+            answered=answer is not None, attempts=attempts
+        )
     ordered = sorted(groups.values(), key=lambda g: (-g.rows, g.key))
     return Report(total, ordered, errors_by_class, dict(errors_by_source), by, kept, currency)
 
@@ -238,16 +271,19 @@ def summary_lines(report: Report) -> list[str]:
     """The totals, one fact per line: what ``pgw demo`` prints too, from the same rows."""
     t = report.total
     lines = [
-        f"answered calls {fmt_count(t.calls)} ({fmt_count(t.ok)} by a source, "
-        f"{fmt_count(t.cache_hits)} from the cache)",
+        f"calls {fmt_count(t.calls)}: {fmt_count(t.answered)} answered, "
+        f"{fmt_count(t.failed_calls)} failed",
+        f"answered calls {fmt_count(t.answered)} ({fmt_count(t.answered - t.cache_hits)} by a "
+        f"source, {fmt_count(t.cache_hits)} from the cache)",
         f"attempts {fmt_count(t.attempts)} ({fmt_count(t.ok)} ok, "
-        f"{fmt_count(t.failed_attempts)} failed)",
+        f"{fmt_count(t.failed_attempts)} failed; {fmt_count(t.retries)} after a call's first)",
         f"cache hits {fmt_count(t.cache_hits)}",
         f"refused before any attempt {fmt_count(t.refused)}",
         f"tokens {fmt_count(t.prompt_tokens)} prompt + {fmt_count(t.completion_tokens)} completion",
     ]
     cost = fmt_cost(t.cost if t.priced else None, report.currency)
-    unpriced = f" ({fmt_count(t.unpriced)} attempts without a price)" if t.unpriced else ""
+    noun = "attempt" if t.unpriced == 1 else "attempts"
+    unpriced = f" ({fmt_count(t.unpriced)} {noun} without a price)" if t.unpriced else ""
     lines.append(f"cost {cost}{unpriced}")
     return lines
 
@@ -255,8 +291,9 @@ def summary_lines(report: Report) -> list[str]:
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("key", "group"),
     ("calls", "calls"),
+    ("failed_calls", "failed calls"),
     ("attempts", "attempts"),
-    ("failed_attempts", "failed"),
+    ("failed_attempts", "failed attempts"),
     ("cache_hits", "cache hits"),
     ("p50_ms", "latency p50"),
     ("p95_ms", "latency p95"),
@@ -304,7 +341,12 @@ def render_text(report: Report, *, source: str = "") -> str:
             f"{fmt_time(report.first_at)} to {fmt_time(report.last_at)}"
         )
         out.append("")
-    out += [f"By {report.by} (calls = answered calls; latency of successful attempts)", *lines, ""]
+    out += [
+        f"By {report.by} (a call in the group of the row that answered it, else of its last "
+        "attempt; latency of successful attempts)",
+        *lines,
+        "",
+    ]
     out += summary_lines(report)
     out += ["", "Errors by class"]
     if report.errors_by_class:
@@ -322,19 +364,38 @@ Bar = tuple[str, float | None]
 """A label and its value; ``None`` draws an explicit "no data" bar (never a zero)."""
 
 
+def axis_ticks(peak: float, *, whole: bool) -> tuple[float, int]:
+    """A round tick step (1, 2 or 5 times a power of ten; at least 1 for counts) and the number
+    of steps (at most 5) that reach ``peak``."""
+    if peak <= 0:
+        return 1.0, 1
+    rough = peak / 5
+    power = 10.0 ** math.floor(math.log10(rough))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)
+    if whole:
+        step = max(1.0, float(math.ceil(step)))
+    return step, max(1, math.ceil(peak / step - 1e-9))
+
+
+def _tick_text(value: float, step: float) -> str:
+    """A tick label with as many decimals as the step needs (``0.00005``, ``250``)."""
+    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
+    return f"{value:,.{decimals}f}"
+
+
 def _svg_bars(
     items: Sequence[Bar], *, title: str, value_label: str, category_label: str, fmt: Any = None
 ) -> str:
-    """Horizontal bars with a value axis (ticks, unit) and a category axis caption."""
+    """Horizontal bars with a value axis (round ticks, unit) and a category axis caption."""
     show = fmt or (lambda v: fmt_count(int(v)) if float(v).is_integer() else f"{v:g}")
     heading = f"<h3>{html.escape(title)}</h3>"
     if not items:
         return heading + "<p>(no data)</p>"
     width, bar_h, label_w, right = 720, 18, 190, 110
     plot_w = width - label_w - right
-    peak = max((v for _, v in items if v is not None), default=0.0) or 1.0
-    if all(v is None or float(v).is_integer() for _, v in items):
-        peak = float(math.ceil(peak / 4) * 4)  # counts: whole-number ticks
+    whole = all(v is None or float(v).is_integer() for _, v in items)
+    step, steps = axis_ticks(max((v for _, v in items if v is not None), default=0.0), whole=whole)
+    peak = step * steps
     top = 8
     height = top + len(items) * (bar_h + 4) + 44
     parts = [
@@ -366,12 +427,12 @@ def _svg_bars(
         f'<line x1="{label_w}" y1="{axis_y}" x2="{label_w + plot_w}" y2="{axis_y}" '
         'stroke="#444"/>'
     )
-    for k in range(5):
-        x = label_w + plot_w * k / 4
+    for k in range(steps + 1):
+        x = label_w + plot_w * k / steps
         parts.append(
             f'<line x1="{x:.1f}" y1="{axis_y}" x2="{x:.1f}" y2="{axis_y + 4}" stroke="#444"/>'
             f'<text x="{x:.1f}" y="{axis_y + 16}" font-size="11" text-anchor="middle">'
-            f"{html.escape(show(peak * k / 4))}</text>"
+            f"{html.escape(_tick_text(step * k, step))}</text>"
         )
     parts.append(
         f'<text x="{label_w + plot_w / 2:.1f}" y="{axis_y + 34}" font-size="12" '
@@ -455,6 +516,10 @@ def _bucket_name(bucket_s: int) -> str:
     return f"{bucket_s} s"
 
 
+_NO_SOURCE = "(none: refused)"
+"""How the errors chart names calls refused before any attempt."""
+
+
 def render_html(report: Report, *, title: str = "PolyGateway telemetry", source: str = "") -> str:
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _COLUMNS)
     body_rows = []
@@ -465,7 +530,10 @@ def render_html(report: Report, *, title: str = "PolyGateway telemetry", source:
         )
         body_rows.append(f"<tr>{cells}</tr>")
     by_source = sorted(
-        ((src, float(sum(c.values()))) for src, c in report.errors_by_source.items()),
+        (
+            (_NO_SOURCE if src == "-" else src, float(sum(c.values())))
+            for src, c in report.errors_by_source.items()
+        ),
         key=lambda kv: -(kv[1] or 0.0),
     )
     errors: list[Bar] = [(name, float(n)) for name, n in report.errors_by_class.most_common()]
@@ -497,9 +565,10 @@ def render_html(report: Report, *, title: str = "PolyGateway telemetry", source:
     ]
     style = (
         "body{font-family:system-ui,sans-serif;margin:2em;color:#222}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
-        "text-align:right}td:first-child,th:first-child{text-align:left}"
-        "ul.totals{line-height:1.5}"
+        "table{border-collapse:collapse;font-size:14px}td,th{border:1px solid #ccc;"
+        "padding:4px 8px;text-align:right}td{white-space:nowrap}th{vertical-align:bottom}"
+        "td:first-child,th:first-child{text-align:left}"
+        "ul.totals{line-height:1.5}svg line{shape-rendering:crispEdges}"
     )
     where = html.escape(source or "telemetry rows")
     span = f"{fmt_time(report.first_at)} to {fmt_time(report.last_at)}"

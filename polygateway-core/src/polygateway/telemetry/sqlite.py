@@ -62,12 +62,14 @@ COLUMNS: tuple[str, ...] = (
     "scope",
     "cache_namespace",
     "params",
+    "root_call_id",
 )
 
 ADDED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("scope", "TEXT NOT NULL DEFAULT ''"),
     ("cache_namespace", "TEXT NOT NULL DEFAULT ''"),
     ("params", "TEXT NOT NULL DEFAULT ''"),
+    ("root_call_id", "TEXT NOT NULL DEFAULT ''"),
 )
 """Columns added after the first schema: a database made before them gets them in place
 (``ALTER TABLE ... ADD COLUMN``, old rows read ``''``) when it is opened."""
@@ -95,10 +97,16 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     created_at REAL NOT NULL,
     scope TEXT NOT NULL DEFAULT '',
     cache_namespace TEXT NOT NULL DEFAULT '',
-    params TEXT NOT NULL DEFAULT ''
+    params TEXT NOT NULL DEFAULT '',
+    root_call_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS {TABLE}_created_at ON {TABLE} (created_at);
 """
+
+INDEXES = f"""
+CREATE INDEX IF NOT EXISTS {TABLE}_root_call_id ON {TABLE} (root_call_id);
+"""
+"""Indexes on ``ADDED_COLUMNS``: made once ``migrate`` has added the columns to an old table."""
 
 _ROW_PARAMS = f"({', '.join('?' for _ in COLUMNS)})"
 INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PARAMS}"
@@ -141,6 +149,7 @@ def _row(record: TelemetryRecord) -> Row:
         record.scope,
         record.cache_namespace,
         record.params,
+        record.root_call_id,
     )
 
 
@@ -343,6 +352,7 @@ class SQLiteRecorder:
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.executescript(SCHEMA)
             migrate(conn)
+            conn.executescript(INDEXES)
             conn.commit()
             # SQLite builds before 3.32 bind at most 999 parameters to one statement.
             fit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)

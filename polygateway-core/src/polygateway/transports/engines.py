@@ -52,8 +52,8 @@ DEFAULT_ENGINE = "aiohttp"
 
 # Engines that need an optional distribution: engine name -> (module, pip extra).
 _OPTIONAL: dict[str, tuple[str, str]] = {
-    "httpx-aiohttp": ("httpx_aiohttp", "httpx-aiohttp"),
-    "httpx2": ("httpx2", "httpx2"),
+    "httpx-aiohttp": ("httpx_aiohttp", "httpx-aiohttp>=0.1"),
+    "httpx2": ("httpx2", "httpx2>=2"),
 }
 
 
@@ -126,13 +126,14 @@ def make_engine(name: str, config: EngineConfig) -> HttpEngine:
     if name == "httpx":
         return HttpxEngine(config)
     if name in _OPTIONAL:
-        module_name, extra = _OPTIONAL[name]
+        module_name, requirement = _OPTIONAL[name]
         try:
             importlib.import_module(module_name)
         except ImportError as exc:
+            # The package itself (on PyPI), as the core's extra of the same name lists it.
             raise ConfigError(
                 f"source {config.source_name!r}: engine {name!r} needs the optional package: "
-                f"pip install 'polygateway-core[{extra}]'"
+                f"pip install '{requirement}'"
             ) from exc
         if name == "httpx2":
             return HttpxEngine(config, api="httpx2")

@@ -60,11 +60,11 @@ from polygateway.transports.engines import (
     make_engine,
 )
 from polygateway.transports.errors import Secrets, error_for_status, sanitize_message
+from polygateway.transports.json_body import JsonBodyParser
 from polygateway.transports.openai_chunks import (
     ChatStreamParser,
     DeltaTap,
     ParsedCompletion,
-    json_loads,
     parse_completion,
 )
 from polygateway.transports.sse import SSEDecoder, SSEProtocolError
@@ -307,6 +307,18 @@ def monitor_for_loop(
     return LivenessMonitor()
 
 
+async def read_json_body(response: EngineResponse, first: bytes = b"") -> JsonBodyParser:
+    """The rest of the body (after ``first``, already read) fed to a ``JsonBodyParser`` as it
+    arrives: a large body is parsed a chunk at a time, never in one step that stops the loop.
+    Call ``result()`` on what it returns (``ValueError`` when the body is not JSON)."""
+    parser = JsonBodyParser()
+    parser.feed(first)
+    read_chunk = response.read_chunk
+    while chunk := await read_chunk():
+        parser.feed(chunk)
+    return parser
+
+
 async def drain_response(response: EngineResponse) -> None:
     """Read the (normally empty) rest after ``[DONE]`` so the connection can be reused."""
     drained = 0
@@ -525,8 +537,8 @@ class OpenAICompatTransport:
                 if chunk.lstrip()[:1] == b"{":
                     # Some gateways ignore stream=true and answer a plain completion.
                     with liveness:
-                        raw = chunk + await response.read()
-                    completion = self._parse_json(raw, source, profile)
+                        parsed = await read_json_body(response, chunk)
+                    completion = self._parse_json(parsed, source, profile)
                     liveness.token()
                 # Otherwise labelled JSON but not a JSON object: read it as the stream it
                 # probably is.
@@ -630,12 +642,12 @@ class OpenAICompatTransport:
                 response = await self._engine.post(self._url, body)
                 if not 200 <= response.status < 300:
                     await self._raise_status_error(response, source, profile)
-                raw = await response.read()
+                parsed = await read_json_body(response)
         finally:
             deadline.close()
             if response is not None:
                 await response.aclose()
-        completion = self._parse_json(raw, source, profile)
+        completion = self._parse_json(parsed, source, profile)
         return transport_result(
             completion,
             complete=True,
@@ -647,14 +659,14 @@ class OpenAICompatTransport:
         )
 
     def _parse_json(
-        self, raw: bytes, source: SourceConfig, profile: ProviderProfile | None
+        self, parsed: JsonBodyParser, source: SourceConfig, profile: ProviderProfile | None
     ) -> ParsedCompletion:
         try:
-            payload = json_loads(raw)
+            payload = parsed.result()
         except ValueError:
             error = TransientError(
                 f"source {source.name!r}: malformed completion body (not JSON): "
-                f"{sanitize_message(repr(raw[:80]), self._secret)}",
+                f"{sanitize_message(repr(parsed.head), self._secret)}",
                 source_name=source.name,
             )
         else:
@@ -691,6 +703,7 @@ __all__ = [
     "option_bool",
     "option_float",
     "option_headers",
+    "read_json_body",
     "source_secrets",
     "transport_result",
 ]

@@ -72,6 +72,7 @@ def sample_record(**overrides: Any) -> TelemetryRecord:
         "created_at": 1_700_000_000.25,
     }
     values.update(overrides)
+    values.setdefault("root_call_id", values["call_id"])  # a call of one row
     return TelemetryRecord(**values)
 
 

@@ -32,6 +32,13 @@ from polygateway.testing.fake_upstream.replies import (
     Reply,
     estimate_tokens,
 )
-from polygateway.testing.fake_upstream.server import FakeUpstream
+from polygateway.testing.fake_upstream.server import Arrival, FakeUpstream
 
-__all__ = ["DEFAULT_CONTENT", "FakeUpstream", "ReceivedRequest", "Reply", "estimate_tokens"]
+__all__ = [
+    "DEFAULT_CONTENT",
+    "Arrival",
+    "FakeUpstream",
+    "ReceivedRequest",
+    "Reply",
+    "estimate_tokens",
+]

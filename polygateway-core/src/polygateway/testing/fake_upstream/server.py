@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +38,10 @@ logger = logging.getLogger("polygateway.testing.fake_upstream")
 
 DEFAULT_SOURCE: Final = "default"
 
+COUNTERS_PATH: Final = "/_fake/counters"
+"""``GET`` answers the server's counters as JSON (see :meth:`FakeUpstream.counters`); it is
+not a route of any protocol and is itself never counted."""
+
 # (method, path after /v1) -> route, of every protocol served. A new protocol adds its module's
 # ROUTES here and its answers in FakeUpstream.__init__.
 _ROUTE_BY_PATH: Final[dict[tuple[str, str], str]] = {**openai.ROUTES, **anthropic.ROUTES}
@@ -63,6 +68,32 @@ class _Flap:
         return self.down if phase < self.down_s else self.up
 
 
+@dataclass(slots=True)
+class _Mix:
+    replies: tuple[Reply, ...]
+    cumulative: tuple[float, ...]
+    rng: random.Random
+
+    def reply(self) -> Reply:
+        point = self.rng.random() * self.cumulative[-1]
+        for reply, edge in zip(self.replies, self.cumulative, strict=True):
+            if point < edge:
+                return reply
+        return self.replies[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request as :class:`FakeUpstream`'s ``on_arrival`` hook sees it (before it is
+    answered): the wall-clock time, where it went, its JSON body and the reply chosen."""
+
+    at: float
+    source: str
+    route: str
+    body: Any
+    reply: Reply | None
+
+
 class FakeUpstream:
     """An OpenAI-compatible (and Anthropic Messages) HTTP server on loopback with scripted
     behaviour per source.
@@ -84,6 +115,7 @@ class FakeUpstream:
         models: Sequence[str] = (DEFAULT_MODEL,),
         keep_received: bool = True,
         clock: Clock | None = None,
+        on_arrival: Callable[[Arrival], object] | None = None,
     ) -> None:
         """
         :param port: 0 picks a free port (see :attr:`port`).
@@ -98,6 +130,8 @@ class FakeUpstream:
         :param keep_received: record every request for :meth:`received` (turn off for long
             benchmark runs, where it would grow without bound).
         :param clock: source of delays and ``created`` timestamps.
+        :param on_arrival: called on the server's loop with every request that reached a
+            route, before it is answered (logs of long runs; it must not block).
         """
         if embedding_dim < 1:
             raise ValueError(f"embedding_dim must be >= 1, got {embedding_dim!r}")
@@ -112,11 +146,13 @@ class FakeUpstream:
         self.models: list[str] = list(models)
         self._keep_received = keep_received
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self._on_arrival = on_arrival
 
         self._lock = threading.Lock()
         self._scripts: dict[tuple[str, str], deque[Reply]] = {}
         self._defaults: dict[tuple[str, str], Reply] = {}
         self._flaps: dict[tuple[str, str], _Flap] = {}
+        self._mixes: dict[tuple[str, str], _Mix] = {}
         self._requests: dict[tuple[str | None, str], int] = {}
         self._inflight: dict[tuple[str | None, str], int] = {}
         self._max_inflight: dict[tuple[str | None, str], int] = {}
@@ -222,6 +258,7 @@ class FakeUpstream:
         with self._lock:
             self._defaults[(source, route)] = reply
             self._flaps.pop((source, route), None)
+            self._mixes.pop((source, route), None)
 
     def flap(
         self,
@@ -244,8 +281,42 @@ class FakeUpstream:
             raise ValueError("flap() needs down_s + up_s > 0")
         with self._lock:
             self._defaults.pop((source, route), None)
+            self._mixes.pop((source, route), None)
             self._flaps[(source, route)] = _Flap(
                 self._clock.monotonic(), down, up if up is not None else Reply.ok(), down_s, up_s
+            )
+
+    def mix(
+        self,
+        source: str,
+        weighted: Sequence[tuple[float, Reply]],
+        *,
+        seed: int = 0,
+        route: str = "chat",
+    ) -> None:
+        """From now on (once its script is used up) ``source`` answers each request with one of
+        ``weighted``'s replies, drawn with probability proportional to its weight (a seeded,
+        reproducible sequence): a flaky source. ``reset`` or ``set_default`` ends it."""
+        _check_source(source)
+        _check_route(route, scriptable=True)
+        if not weighted:
+            raise ValueError("mix() needs at least one (weight, Reply)")
+        total = 0.0
+        cumulative: list[float] = []
+        for weight, reply in weighted:
+            if not isinstance(reply, Reply):
+                raise TypeError(f"mix() takes (weight, Reply) pairs, got {type(reply).__name__}")
+            if not (weight >= 0.0 and weight < float("inf")):
+                raise ValueError(f"mix() weights must be finite and >= 0, got {weight!r}")
+            total += weight
+            cumulative.append(total)
+        if total <= 0.0:
+            raise ValueError("mix() needs a weight > 0")
+        with self._lock:
+            self._defaults.pop((source, route), None)
+            self._flaps.pop((source, route), None)
+            self._mixes[(source, route)] = _Mix(
+                tuple(reply for _, reply in weighted), tuple(cumulative), random.Random(seed)
             )
 
     def reset(self) -> None:
@@ -255,6 +326,7 @@ class FakeUpstream:
             self._scripts.clear()
             self._defaults.clear()
             self._flaps.clear()
+            self._mixes.clear()
             self._requests.clear()
             self._inflight.clear()
             self._max_inflight.clear()
@@ -305,6 +377,30 @@ class FakeUpstream:
         _check_route(route)
         with self._lock:
             return self._max_inflight.get((source, route), 0)
+
+    def counters(self, *, restart_max: bool = False) -> dict[str, Any]:
+        """Every counter at once (also served as JSON at ``GET /_fake/counters``, and with
+        ``?restart_max=1``): ``{"requests": {route: {source: n}}, "inflight": ...,
+        "max_inflight": ...}``, the source ``"*"`` being all sources of the route together.
+        ``restart_max`` starts the high-water marks again from what is in flight now (after
+        reading them), so a long run can be checked in phases."""
+        with self._lock:
+            tables = {
+                "requests": dict(self._requests),
+                "inflight": dict(self._inflight),
+                "max_inflight": dict(self._max_inflight),
+            }
+            if restart_max:
+                self._max_inflight = dict(self._inflight)
+        out: dict[str, Any] = {}
+        for name, table in tables.items():
+            by_route: dict[str, dict[str, int]] = {}
+            for (source, route), value in sorted(
+                table.items(), key=lambda item: (item[0][1], item[0][0] or "")
+            ):
+                by_route.setdefault(route, {})["*" if source is None else source] = value
+            out[name] = by_route
+        return out
 
     def received(self, source: str | None = None, route: str = "chat") -> list[ReceivedRequest]:
         """The requests received, in arrival order (empty when ``keep_received=False``)."""
@@ -405,11 +501,13 @@ class FakeUpstream:
                     reply = script.popleft()
                 else:
                     flap = self._flaps.get((source, route))
-                    reply = (
-                        flap.reply(self._clock.monotonic())
-                        if flap is not None
-                        else self._defaults.get((source, route))
-                    )
+                    mix = self._mixes.get((source, route))
+                    if flap is not None:
+                        reply = flap.reply(self._clock.monotonic())
+                    elif mix is not None:
+                        reply = mix.reply()
+                    else:
+                        reply = self._defaults.get((source, route))
                     if reply is None:
                         reply = (
                             self._initial_default if route in ("chat", "messages") else Reply.ok()
@@ -426,7 +524,10 @@ class FakeUpstream:
 
     def _handle(self, request: HttpRequest) -> tuple[list[Step], Callable[[], None]]:
         """Plan the response to one request; returns the plan and its completion callback."""
-        path = request.path.split("?", 1)[0]
+        path, _, query = request.path.partition("?")
+        if path == COUNTERS_PATH and request.method == "GET":
+            data = json.dumps(self.counters(restart_max="restart_max=1" in query)).encode()
+            return [json_head(len(data), not request.keep_alive) + data], _nothing
         source, rest = _split_source(path)
         route = _ROUTE_BY_PATH.get((request.method, rest.rstrip("/")), "other")
         body: Any = None
@@ -455,6 +556,11 @@ class FakeUpstream:
         consume = route != "other" and not malformed
         generation, serial, reply = self._begin(source, route, received, consume)
         close = not request.keep_alive
+        if self._on_arrival is not None and route != "other":
+            try:
+                self._on_arrival(Arrival(self._clock.time(), source, route, body, reply))
+            except Exception:  # a broken log must not take the server down
+                logger.exception("fake upstream on_arrival hook failed")
 
         def done() -> None:
             self._end(source, route, generation)
@@ -507,6 +613,10 @@ class FakeUpstream:
         if reply.kind == "redirect":
             return [json_head(0, ask.close, reply.status, f"Location: {reply.location}\r\n")]
         return self._answers[ask.route].plan(ask)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _is_prefill(body: Mapping[str, Any]) -> bool:

@@ -1,0 +1,34 @@
+"""What the loader needs to know of the call kind a scope serves (chat, embeddings, OCR, ...).
+
+Its sources' ``transport`` names are looked up in the call kind's registry kind; a call kind
+may name the transport and the model of a source that names none, and declare transport
+options that may be written as source fields (``OCR__MONKEY__1__MODE=split`` for the option
+``mode``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class CallKind:
+    transport_kind: str = "transport"
+    """The registry kind of the call kind's transports."""
+    default_transport: str | None = None
+    """The transport of a source that names none (``None``: ``SourceConfig``'s default)."""
+    default_model: str | None = None
+    """The model of a source that names none (``None``: ``MODEL`` is required)."""
+    source_options: Mapping[str, str] = field(default_factory=dict)
+    """Source fields (env spelling, ``MODE``) that set a transport option (``mode``)."""
+    provider_profiles: bool = True
+    """Whether a source's provider must name a registered provider profile (the profiles
+    describe chat and embedding APIs; another call kind's provider may only name a family)."""
+
+
+CHAT_CALLS: Final = CallKind()
+"""Chat scopes: chat transports, ``MODEL`` required, no extra source fields."""
+
+__all__ = ["CHAT_CALLS", "CallKind"]
