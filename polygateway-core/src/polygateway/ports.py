@@ -388,6 +388,24 @@ class ProviderGate(Protocol):
     async def aclose(self) -> None: ...
 
 
+JointAdmit: TypeAlias = Callable[
+    [str, int, Limits], Awaitable[tuple[GateDecision, Permit | Denial | None]]
+]
+"""``(source, est_tokens, source_limits) -> (decision, permit or denial)``: the gate's
+``try_enter`` and, when it lets the caller through, the limiter's ``try_acquire``, in one step;
+the second part is ``None`` when the gate refuses. Cancelled or failing, it hands back the
+probe and frees the lease it may have taken, as the two calls would."""
+
+
+@runtime_checkable
+class JointAdmission(Protocol):
+    """Optional, for a ``RateLimiter`` whose backend can also ask a ``ProviderGate`` in the
+    same round trip (both on one server): ``joint_with(gate)`` returns the joint step, or
+    ``None`` for a gate it cannot ask. The results are those of the two separate calls."""
+
+    def joint_with(self, gate: ProviderGate) -> JointAdmit | None: ...
+
+
 # --------------------------------------------------------------------------- cache, telemetry
 
 

@@ -147,6 +147,26 @@ class RedisGate:
             # The script may have run and made this caller the probe: hand it back.
             self._in_background(self._hand_back(key, owner))
             raise
+        return self.joint_decision(source, reply)
+
+    # The limiter's joint admission (``RedisLimiter.enter_and_acquire``) runs this gate's
+    # try_enter inside its own script call: these three are its side of it.
+
+    @property
+    def client(self) -> RedisClient:
+        return self._client
+
+    def joint_enter_args(self, source: str) -> tuple[str, str, tuple[str | int, ...]]:
+        """The gate key, a new probe owner id and the try_enter arguments for ``source``."""
+        owner = uuid.uuid4().hex
+        return self._key(source), owner, (owner, self._probe_ttl_ms, self._key_ttl_ms)
+
+    def hand_back_later(self, key: str, owner: str) -> None:
+        """Hand back, in the background, the probe a try_enter for ``owner`` may have got."""
+        self._in_background(self._hand_back(key, owner))
+
+    def joint_decision(self, source: str, reply: Any) -> GateDecision:
+        """The decision of a try_enter reply (this instance's view of the source updated)."""
         allowed, state, epoch, failures, probe_owner, wait_ms = reply
         state = as_text(state)
         epoch = int(epoch)

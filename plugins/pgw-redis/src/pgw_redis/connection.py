@@ -163,6 +163,7 @@ class ScriptClient:
         "_loaded",
         "_made",
         "_make",
+        "_memo",
         "_slots",
         "_timeout_s",
         "client",
@@ -174,6 +175,7 @@ class ScriptClient:
         self._load_lock = asyncio.Lock()
         self._idle: list[AbstractConnection] = []
         self._made: list[AbstractConnection] = []
+        self._memo: dict[str | int, bytes] = {}
         self._timeout_s: float | None = None
         if isinstance(client, RedisCluster):
             self._slots = asyncio.Semaphore(1)  # unused: the Cluster client routes and pools
@@ -252,7 +254,8 @@ class ScriptClient:
         # Plain Redis: the commands are written on one connection in one write and their
         # replies read back in order: what redis-py's pipeline does, without its per-command
         # bookkeeping, which costs more client CPU than the scripts cost the server.
-        data = b"".join([_pack(call) for call in calls])
+        memo = self._memo
+        data = b"".join([_pack(call, memo) for call in calls])
         async with asyncio.timeout(self._timeout_s), self._slots:
             connection = self._idle.pop() if self._idle else self._new_connection()
             try:
@@ -274,11 +277,40 @@ class ScriptClient:
         return connection
 
 
-def _pack(call: ScriptCall) -> bytes:
-    """``EVALSHA sha numkeys keys... args...`` in the Redis protocol (RESP)."""
-    parts = [call.script.sha_bytes, b"%d" % len(call.keys)]
-    parts.extend([key.encode() for key in call.keys])
-    parts.extend([arg.encode() if isinstance(arg, str) else b"%d" % arg for arg in call.args])
-    out = [b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(parts) + 1)]
-    out.extend([b"$%d\r\n%s\r\n" % (len(part), part) for part in parts])
+_MEMO_MAX = 4096
+"""Encoded keys and integers kept per client at most (then the memo starts afresh)."""
+
+
+def _pack(call: ScriptCall, memo: dict[str | int, bytes]) -> bytes:
+    """``EVALSHA sha numkeys keys... args...`` in the Redis protocol (RESP).
+
+    Keys and integer arguments repeat from call to call (a batch carries the same few keys
+    and limits for every admission): their encoded form is taken from ``memo``. String
+    arguments (lease and probe ids) are new each time and encoded directly.
+    """
+    keys, args = call.keys, call.args
+    if len(memo) > _MEMO_MAX:
+        memo.clear()
+    out = [b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(keys) + len(args) + 3), call.script.sha_resp]
+    out.append(_bulk(len(keys), memo))
+    for key in keys:
+        encoded = memo.get(key)
+        if encoded is None:
+            raw = key.encode()
+            encoded = memo[key] = b"$%d\r\n%s\r\n" % (len(raw), raw)
+        out.append(encoded)
+    for arg in args:
+        if isinstance(arg, str):
+            raw = arg.encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+        else:
+            out.append(_bulk(arg, memo))
     return b"".join(out)
+
+
+def _bulk(value: int, memo: dict[str | int, bytes]) -> bytes:
+    encoded = memo.get(value)
+    if encoded is None:
+        raw = b"%d" % value
+        encoded = memo[value] = b"$%d\r\n%s\r\n" % (len(raw), raw)
+    return encoded

@@ -12,10 +12,14 @@ Cluster requires) from a local estimate of the server clock; the script refuses 
 with the server time, and the call is repeated once with the corrected window. The estimate
 is learned from every reply, so the repeat happens only around minute boundaries.
 
-Round trips: admission (``try_acquire``) and reads are one round trip each. Accounting
+Round trips: admissions (``try_acquire``, and ``enter_and_acquire``, which runs a
+``RedisGate``'s ``try_enter`` of the same scope and server in the same script) are queued and
+sent at the next turn of the event loop, all of that turn in one call of the ``BATCH`` script
+(one batch in flight at a time; what arrives meanwhile goes in the next). Each admission in a
+batch is decided as it would be alone, in order. Reads are one round trip each. Accounting
 (``settle``, ``release``, ``mark_progress``) never raises and never waits for Redis: it is
-queued and sent in one pipelined round trip, either with this limiter's next command or by a
-background flush as soon as the caller yields to the event loop. A permit settled and then
+queued and sent in front of the next batch of admissions, or by a background flush as soon as
+the caller yields to the event loop. A permit settled and then
 released in the same turn costs one script (``release`` applies the TPM correction), and a
 progress mark rides along with a release. Reads (``inflight``, ``source_stats``,
 ``progress_age_s``) see every write queued before them; an admission may not see a release
@@ -42,7 +46,9 @@ command can sit in the server's input while the compensation arrives on another 
 A queued compensation therefore releases the lease and refunds its TPM pre-charge when the
 lease exists, and otherwise records the id as abandoned so that the acquire, should it run
 afterwards, admits nothing. redis-py drops the connection of a cancelled command, so it is
-never a reply behind.
+never a reply behind. Batches are sent by the limiter's own flush task, which a cancelled
+caller does not cancel; an admission cancelled while still queued is taken off the queue (it
+was never sent: nothing to compensate).
 """
 
 from __future__ import annotations
@@ -53,27 +59,31 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from polygateway.errors import GovernanceBackendError
 from polygateway.permits import OnceOnlyPermit
-from polygateway.ports import Clock, Denial, Permit, SourceStats
+from polygateway.ports import (
+    Clock,
+    Denial,
+    GateDecision,
+    JointAdmit,
+    Permit,
+    ProviderGate,
+    SourceStats,
+)
 from polygateway.settings import Limits
 from polygateway.validation import MAX_TOKENS, check_limits, check_token_count, check_ttl
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient
 from pgw_redis.keys import LimiterKeys, SourceKeys
-from pgw_redis.scripts import (
-    ACQUIRE,
-    INFLIGHT,
-    PROGRESS_AGE,
-    PROGRESS_MARK,
-    RELEASE,
-    SETTLE,
-    SOURCE_STATS,
-)
+from pgw_redis.scripts import BATCH, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
+
+if TYPE_CHECKING:
+    from pgw_redis.breaker import RedisGate
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +108,7 @@ _GATES: Final[tuple[GateName, ...]] = (
 )
 
 _WINDOW_ATTEMPTS = 3
+"""Tries with a corrected window id before giving up (each retry follows a minute boundary)."""
 
 RETRY_FIRST_S: Final = 0.05
 """First wait before queued accounting that failed is sent again (doubling from there)."""
@@ -107,7 +118,43 @@ RETRY_MAX_S: Final = 0.5
 
 RETRY_FOR_S: Final = 60.0
 """Least time queued accounting is retried through an outage (at least twice the lease TTL)."""
-"""Tries with a corrected window id before giving up (each retry follows a minute boundary)."""
+
+MAX_BATCH_ADMISSIONS: Final = 256
+"""Admissions sent in one script call at most; more wait for the next one."""
+
+# Operation codes of the BATCH script.
+_OP_ACQUIRE: Final = 1
+_OP_RELEASE: Final = 2
+_OP_SETTLE: Final = 3
+_OP_PROGRESS: Final = 4
+_OP_GATE_ACQUIRE: Final = 6
+
+_Op: TypeAlias = tuple[int, Sequence[str], Sequence[str | int]]
+"""One operation of a batch: its code, its keys, its arguments."""
+
+
+def _batch_call(ops: Sequence[_Op]) -> ScriptCall:
+    """Every operation of ``ops`` as one call of the BATCH script (they run in order)."""
+    keys: list[str] = []
+    args: list[str | int] = []
+    for code, op_keys, op_args in ops:
+        keys.extend(op_keys)
+        args.append(code)
+        args.append(len(op_keys))
+        args.append(len(op_args))
+        args.extend(op_args)
+    return ScriptCall(BATCH, keys, args)
+
+
+class _Admission:
+    """An admission waiting for the next batch: its operation and its caller's future."""
+
+    __slots__ = ("future", "op", "sent")
+
+    def __init__(self, op: _Op, future: asyncio.Future[Any]) -> None:
+        self.op = op
+        self.future = future
+        self.sent = False
 
 
 class _QueuedAccounting:
@@ -134,16 +181,16 @@ class _QueuedAccounting:
 
 
 class _Batch:
-    """Accounting taken from the queue to be sent: the entries, and their scripts."""
+    """Accounting taken from the queue to be sent: the entries, and their operations."""
 
-    __slots__ = ("calls", "entries", "progress")
+    __slots__ = ("entries", "ops", "progress")
 
     def __init__(
-        self, entries: dict[str, _QueuedAccounting], progress: bool, calls: list[ScriptCall]
+        self, entries: dict[str, _QueuedAccounting], progress: bool, ops: list[_Op]
     ) -> None:
         self.entries = entries
         self.progress = progress
-        self.calls = calls
+        self.ops = ops
 
 
 class RedisPermit(OnceOnlyPermit):
@@ -196,6 +243,7 @@ class RedisLimiter:
     """
 
     __slots__ = (
+        "_admissions",
         "_client",
         "_closed",
         "_flush_scheduled",
@@ -204,6 +252,8 @@ class RedisLimiter:
         "_keys",
         "_lease_ttl_ms",
         "_lease_ttl_s",
+        "_made_keys",
+        "_made_keys_window",
         "_monotonic",
         "_now_s",
         "_offset_ms",
@@ -249,6 +299,9 @@ class RedisLimiter:
         self._owns_client = owns_client
         self._source_keys: dict[str, SourceKeys] = {}
         self._pending: dict[str, _QueuedAccounting] = {}
+        self._admissions: list[_Admission] = []
+        self._made_keys: dict[str, tuple[str, ...]] = {}
+        self._made_keys_window = -1
         self._progress_pending = False
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_scheduled = False
@@ -264,62 +317,181 @@ class RedisLimiter:
     async def try_acquire(
         self, source: str, est_tokens: int, source_limits: Limits
     ) -> Permit | Denial:
-        if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
-            est_tokens = check_token_count(est_tokens, "est_tokens")
-        if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
-            check_limits(source_limits, "source_limits")
-        source_keys = self._keys_of(source)
-        keys = self._keys
-        glimits = self._global_limits
+        source_keys, est_tokens = self._admission_inputs(source, est_tokens, source_limits)
         # Made before sending, so a script that ran for a caller who never saw the reply can
         # still be released by id.
         lease_id = uuid.uuid4().hex
         window = self._guess_window()
         for _ in range(_WINDOW_ATTEMPTS):
-            w = str(window)
-            call = ScriptCall(
-                ACQUIRE,
-                (
-                    keys.lease,
-                    source_keys.lease,
-                    keys.rpm_base + w,
-                    source_keys.rpm_base + w,
-                    keys.tpm_base + w,
-                    source_keys.tpm_base + w,
-                    keys.abandoned,
-                    keys.hold,
-                    source_keys.hold,
-                ),
-                (
-                    window,
-                    lease_id,
-                    est_tokens,
-                    self._lease_ttl_ms,
-                    glimits.max_concurrency,
-                    source_limits.max_concurrency,
-                    glimits.rpm,
-                    source_limits.rpm,
-                    glimits.tpm,
-                    source_limits.tpm,
-                ),
+            op = (
+                _OP_ACQUIRE,
+                self._acquire_keys(source_keys, window),
+                self._acquire_args(window, lease_id, est_tokens, source_limits),
+            )
+            reply = await self._admit(op, lease_id, source_keys, window, est_tokens)
+            admitted = self._admitted(reply, source, lease_id, source_keys, est_tokens, window)
+            if admitted is not None:
+                return admitted
+            window = self._learn_server_time(int(reply[1]))
+        raise self._window_error()
+
+    def joint_with(self, gate: ProviderGate) -> JointAdmit | None:
+        """``enter_and_acquire`` bound to ``gate`` when both can be asked in one script call:
+        ``gate`` is a ``RedisGate`` of the same scope on the same plain Redis server (a
+        Cluster is left to the separate calls). Otherwise ``None``."""
+        from pgw_redis.breaker import RedisGate
+
+        if not isinstance(gate, RedisGate) or gate.scope != self._scope:
+            return None
+        if not same_server(self._client, gate.client):
+            return None
+
+        async def joint(
+            source: str, est_tokens: int, source_limits: Limits
+        ) -> tuple[GateDecision, Permit | Denial | None]:
+            return await self.enter_and_acquire(gate, source, est_tokens, source_limits)
+
+        return joint
+
+    async def enter_and_acquire(
+        self, gate: RedisGate, source: str, est_tokens: int, source_limits: Limits
+    ) -> tuple[GateDecision, Permit | Denial | None]:
+        """``gate.try_enter(source)`` then, if it lets the caller through, ``try_acquire``:
+        one script run, so one round trip (shared with other admissions and the queued
+        accounting). The permit part is ``None`` when the gate refuses.
+
+        Cancelled or failed after sending: the probe it may have been given is handed back
+        and the lease compensated, as each call alone would do.
+        """
+        source_keys, est_tokens = self._admission_inputs(source, est_tokens, source_limits)
+        gate_key, owner, gate_args = gate.joint_enter_args(source)
+        lease_id = uuid.uuid4().hex
+        window = self._guess_window()
+        for _ in range(_WINDOW_ATTEMPTS):
+            op = (
+                _OP_GATE_ACQUIRE,
+                (gate_key, *self._acquire_keys(source_keys, window)),
+                (*gate_args, *self._acquire_args(window, lease_id, est_tokens, source_limits)),
             )
             try:
-                reply = await self._exchange(call, "try_acquire", read=False)
+                reply = await self._admit(op, lease_id, source_keys, window, est_tokens)
             except (asyncio.CancelledError, GovernanceBackendError):
-                # Cancelled or failed after the script may have run: free what it may have
-                # taken (a no-op when the lease does not exist), then let the error go on.
-                self._queue(lease_id, source_keys, window, delta=-est_tokens, compensate=True)
+                # The script may have run and made this caller the probe: hand it back.
+                gate.hand_back_later(gate_key, owner)
                 raise
-            status = int(reply[0])
-            if status == 1:
-                self._learn_server_time(int(reply[1]))
-                return RedisPermit(self, lease_id, source, source_keys, est_tokens, window)
-            if status == 0:
-                return Denial(_GATES[int(reply[1]) - 1], max(0.0, int(reply[2]) / 1000.0))
-            if status == -2:  # only a compensation writes this; its caller is gone
-                raise GovernanceBackendError(f"lease {lease_id} was given up before admission")
-            window = self._learn_server_time(int(reply[1]))
-        raise GovernanceBackendError(
+            decision = gate.joint_decision(source, reply[0])
+            if not decision.allowed:
+                return decision, None
+            try:
+                admitted = self._admitted(
+                    reply[1], source, lease_id, source_keys, est_tokens, window
+                )
+            except GovernanceBackendError:
+                gate.hand_back_later(gate_key, owner)
+                raise
+            if admitted is not None:
+                return decision, admitted
+            window = self._learn_server_time(int(reply[1][1]))
+        gate.hand_back_later(gate_key, owner)
+        raise self._window_error()
+
+    def _admission_inputs(
+        self, source: str, est_tokens: int, source_limits: Limits
+    ) -> tuple[SourceKeys, int]:
+        if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
+            est_tokens = check_token_count(est_tokens, "est_tokens")
+        if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
+            check_limits(source_limits, "source_limits")
+        return self._keys_of(source), est_tokens
+
+    def _acquire_keys(self, source_keys: SourceKeys, window: int) -> tuple[str, ...]:
+        # The same nine keys for every admission of a source within a minute: made once.
+        if window != self._made_keys_window:
+            self._made_keys = {}
+            self._made_keys_window = window
+        made = self._made_keys.get(source_keys.lease)
+        if made is None:
+            made = self._made_keys[source_keys.lease] = self._new_acquire_keys(source_keys, window)
+        return made
+
+    def _new_acquire_keys(self, source_keys: SourceKeys, window: int) -> tuple[str, ...]:
+        keys = self._keys
+        w = str(window)
+        return (
+            keys.lease,
+            source_keys.lease,
+            keys.rpm_base + w,
+            source_keys.rpm_base + w,
+            keys.tpm_base + w,
+            source_keys.tpm_base + w,
+            keys.abandoned,
+            keys.hold,
+            source_keys.hold,
+        )
+
+    def _acquire_args(
+        self, window: int, lease_id: str, est_tokens: int, source_limits: Limits
+    ) -> tuple[str | int, ...]:
+        glimits = self._global_limits
+        return (
+            window,
+            lease_id,
+            est_tokens,
+            self._lease_ttl_ms,
+            glimits.max_concurrency,
+            source_limits.max_concurrency,
+            glimits.rpm,
+            source_limits.rpm,
+            glimits.tpm,
+            source_limits.tpm,
+        )
+
+    async def _admit(
+        self, op: _Op, lease_id: str, source_keys: SourceKeys, window: int, est_tokens: int
+    ) -> Any:
+        """Queue an admission for the next batch and wait for its reply.
+
+        Cancelled or failed after it was sent, the script may have run: what it may have
+        taken is freed (a queued compensation, a no-op when the lease does not exist) before
+        the error goes on. Cancelled before it was sent, it is simply taken off the queue.
+        """
+        if self._closed:
+            raise GovernanceBackendError(f"Redis limiter (scope {self._scope!r}) is closed")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        admission = _Admission(op, future)
+        self._admissions.append(admission)
+        self._schedule_flush(admission=True)
+        try:
+            return await future
+        except (asyncio.CancelledError, GovernanceBackendError):
+            if not admission.sent:
+                self._admissions.remove(admission)
+            else:
+                self._queue(lease_id, source_keys, window, delta=-est_tokens, compensate=True)
+            raise
+
+    def _admitted(
+        self,
+        reply: Any,
+        source: str,
+        lease_id: str,
+        source_keys: SourceKeys,
+        est_tokens: int,
+        window: int,
+    ) -> Permit | Denial | None:
+        """The acquire reply as a permit or a denial; ``None``: retry with the server's window."""
+        status = int(reply[0])
+        if status == 1:
+            self._learn_server_time(int(reply[1]))
+            return RedisPermit(self, lease_id, source, source_keys, est_tokens, window)
+        if status == 0:
+            return Denial(_GATES[int(reply[1]) - 1], max(0.0, int(reply[2]) / 1000.0))
+        if status == -2:  # only a compensation writes this; its caller is gone
+            raise GovernanceBackendError(f"lease {lease_id} was given up before admission")
+        return None
+
+    def _window_error(self) -> GovernanceBackendError:
+        return GovernanceBackendError(
             f"Redis limiter (scope {self._scope!r}): the server's minute kept changing "
             f"during {_WINDOW_ATTEMPTS} admission attempts"
         )
@@ -382,6 +554,8 @@ class RedisLimiter:
             if self._retry_handle is not None:
                 self._retry_handle.cancel()
                 self._retry_handle = None
+            _fail(self._admissions, GovernanceBackendError("the Redis limiter was closed"))
+            self._admissions = []
             if self._pending:
                 self._warn.failed(
                     "accounting at close",
@@ -410,46 +584,43 @@ class RedisLimiter:
         self._offset_ms = server_ms - self._now_s() * 1000.0
         return server_ms // WINDOW_MS
 
-    async def _exchange(self, call: ScriptCall, operation: str, *, read: bool = True) -> Any:
-        """Run ``call`` (admission or read) behind the queued accounting, in one round trip.
+    async def _exchange(self, call: ScriptCall, operation: str) -> Any:
+        """Run the read ``call`` behind the queued accounting, in one round trip.
 
-        A read first waits for the accounting round trip in flight, if any, so that it sees
-        every write this limiter queued before it. An admission does not wait: what it might
-        miss is a release or a refund still on the wire, so at worst it refuses a little early
-        (and the caller polls), it never admits too much.
-
-        Backend failures raise ``GovernanceBackendError``: these are admission-side answers,
-        and a limiter that cannot answer must not let a call through. The accounting taken
-        along is not this caller's: if the exchange does not complete it is queued again.
+        It first waits for the batch in flight, if any, so that it sees every write this
+        limiter queued before it. Backend failures raise ``GovernanceBackendError``. The
+        accounting taken along is not this caller's: if the exchange does not complete it is
+        queued again.
         """
-        if read and self._flush_task is not None:
+        if self._flush_task is not None:
             # asyncio.wait: a reader cancelled here must not cancel the flush itself.
             await asyncio.wait((self._flush_task,))
         batch = self._take_queued()
         delivered = False
         try:
-            results = await self._run((call,) if batch is None else (*batch.calls, call))
+            calls = (call,) if batch is None else (_batch_call(batch.ops), call)
+            results = await self._run(calls)
             delivered = True
         except BACKEND_ERRORS as exc:
-            raise GovernanceBackendError(
-                f"Redis limiter (scope {self._scope!r}): {operation} failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._backend_error(operation, exc) from exc
         finally:
             if batch is not None and not delivered:
                 self._requeue(batch)
                 self._schedule_flush()
         if batch is not None:
             self._delivered()
-            self._check_accounting(results)
+            self._check_accounting(results[0])
         result = results[-1]
         if isinstance(result, Exception):
-            raise GovernanceBackendError(
-                f"Redis limiter (scope {self._scope!r}): {operation} failed: "
-                f"{type(result).__name__}: {result}"
-            ) from result
+            raise self._backend_error(operation, result) from result
         self._warn.succeeded()
         return result
+
+    def _backend_error(self, operation: str, exc: BaseException) -> GovernanceBackendError:
+        return GovernanceBackendError(
+            f"Redis limiter (scope {self._scope!r}): {operation} failed: "
+            f"{type(exc).__name__}: {exc}"
+        )
 
     async def _run(self, calls: Sequence[ScriptCall]) -> list[Any]:
         try:
@@ -480,14 +651,15 @@ class RedisLimiter:
             entry.compensation = True
         self._schedule_flush()
 
-    def _schedule_flush(self) -> None:
-        # At the next turn of the loop, not now: the caller usually has more to queue, or
-        # is about to send a command the queue can ride along with (then no task is made).
-        # During an outage the retry timer starts the next flush (no busy loop).
+    def _schedule_flush(self, *, admission: bool = False) -> None:
+        # At the next turn of the loop, not now: the caller usually has more to queue, and
+        # every admission and write queued in the same turn goes in one script call. During
+        # an outage the retry timer starts the next flush of accounting (no busy loop); an
+        # admission is sent at once all the same (it must fail or pass promptly).
         if (
             self._flush_task is None
             and not self._flush_scheduled
-            and self._retry_handle is None
+            and (self._retry_handle is None or admission)
             and not self._closed
         ):
             self._flush_scheduled = True
@@ -501,23 +673,74 @@ class RedisLimiter:
         self._flush_scheduled = False
         if self._closed:
             return
-        if self._flush_task is None and (self._pending or self._progress_pending):
+        if self._flush_task is None and (
+            self._pending or self._progress_pending or self._admissions
+        ):
             self._flush_task = asyncio.get_running_loop().create_task(
                 self._flush_queued(), name=f"pgw-redis limiter flush ({self._scope})"
             )
 
     async def _flush_queued(self) -> None:
-        # Runs once the caller yields: everything queued in the same turn goes in one
-        # pipeline. One round per task, so a reader waiting for "the flush in flight" waits
-        # one round trip; whatever was queued meanwhile goes in the next round.
+        # Runs once the caller yields: everything queued in the same turn goes in one script
+        # call. One batch in flight at a time, so what is queued meanwhile coalesces into the
+        # next one (and a reader waiting for "the flush in flight" waits one round trip).
         try:
+            admissions = self._take_admissions()
             batch = self._take_queued()
-            if batch is not None:
+            if admissions:
+                await self._send_admissions(batch, admissions)
+            elif batch is not None:
                 await self._send_accounting(batch)
         finally:
             self._flush_task = None
-        if self._pending or self._progress_pending:
+        if self._admissions:
+            self._schedule_flush(admission=True)
+        elif self._pending or self._progress_pending:
             self._schedule_flush()
+
+    def _take_admissions(self) -> list[_Admission]:
+        admissions = self._admissions
+        if len(admissions) > MAX_BATCH_ADMISSIONS:
+            taken = admissions[:MAX_BATCH_ADMISSIONS]
+            self._admissions = admissions[MAX_BATCH_ADMISSIONS:]
+        else:
+            taken = admissions
+            self._admissions = []
+        for admission in taken:
+            admission.sent = True
+        return taken
+
+    async def _send_admissions(self, batch: _Batch | None, admissions: list[_Admission]) -> None:
+        """Queued accounting and ``admissions`` in one script call; each admission's reply
+        (or the failure, as ``GovernanceBackendError``) goes to its caller."""
+        accounting = batch.ops if batch is not None else []
+        call = _batch_call([*accounting, *(admission.op for admission in admissions)])
+        try:
+            (result,) = await self._run((call,))
+        except BACKEND_ERRORS as exc:
+            _fail(admissions, self._backend_error("try_acquire", exc))
+            if batch is not None:
+                self._retry_later(batch, exc)
+            return
+        except asyncio.CancelledError:
+            # The loop is shutting down: the callers learn their admission failed (and
+            # compensate); the accounting stays for this limiter's next command or flush.
+            _fail(admissions, GovernanceBackendError("the admission was cancelled"))
+            if batch is not None:
+                self._requeue(batch)
+            raise
+        if batch is not None:
+            self._delivered()
+        if isinstance(result, Exception):
+            _fail(admissions, self._backend_error("try_acquire", result))
+            if batch is not None:
+                self._check_accounting(result)
+            return
+        self._warn.succeeded()
+        replies = result[len(accounting) :]
+        for admission, reply in zip(admissions, replies, strict=True):
+            if not admission.future.done():
+                admission.future.set_result(reply)
 
     def _take_queued(self) -> _Batch | None:
         pending = self._pending
@@ -527,16 +750,16 @@ class RedisLimiter:
         self._pending = {}
         self._progress_pending = False
         keys = self._keys
-        calls: list[ScriptCall] = []
+        ops: list[_Op] = []
         mark = progress
         for entry in pending.values():
             w = str(entry.window)
             window_end_s = (entry.window + 1) * (WINDOW_MS // 1000)
             source_keys = entry.source_keys
             if entry.release:
-                calls.append(
-                    ScriptCall(
-                        RELEASE,
+                ops.append(
+                    (
+                        _OP_RELEASE,
                         (
                             keys.lease,
                             source_keys.lease,
@@ -560,16 +783,16 @@ class RedisLimiter:
                 )
                 mark = False  # one mark per batch is enough
             elif entry.delta:
-                calls.append(
-                    ScriptCall(
-                        SETTLE,
+                ops.append(
+                    (
+                        _OP_SETTLE,
                         (keys.tpm_base + w, source_keys.tpm_base + w, keys.settled_base + w),
                         (entry.delta, entry.lease_id, window_end_s),
                     )
                 )
         if mark:
-            calls.append(ScriptCall(PROGRESS_MARK, (keys.progress,), ()))
-        return _Batch(pending, progress, calls)
+            ops.append((_OP_PROGRESS, (keys.progress,), ()))
+        return _Batch(pending, progress, ops)
 
     def _requeue(self, batch: _Batch) -> None:
         """Put ``batch`` back in front of what was queued since (its scripts are idempotent)."""
@@ -584,8 +807,10 @@ class RedisLimiter:
         self._progress_pending = self._progress_pending or batch.progress
 
     async def _send_accounting(self, batch: _Batch) -> None:
+        if not batch.ops:
+            return
         try:
-            results = await self._run(batch.calls)
+            (result,) = await self._run((_batch_call(batch.ops),))
         except BACKEND_ERRORS as exc:
             self._retry_later(batch, exc)
             return
@@ -595,7 +820,7 @@ class RedisLimiter:
             self._requeue(batch)
             raise
         self._delivered()
-        self._check_accounting(results)
+        self._check_accounting(result)
 
     def _retry_later(self, batch: _Batch, exc: BaseException) -> None:
         """Keep a batch that Redis did not take and send it again after a backoff, unless the
@@ -623,11 +848,11 @@ class RedisLimiter:
         self._retry_since = None
         self._retry_delay_s = RETRY_FIRST_S
 
-    def _check_accounting(self, results: list[Any]) -> None:
-        for result in results:
-            if isinstance(result, Exception):
-                self._warn.failed("accounting", result, "one release/settle/progress dropped")
-                return
+    def _check_accounting(self, result: Any) -> None:
+        """``result``: the reply of a batch of accounting (a list), or the error it raised."""
+        if isinstance(result, Exception):
+            self._warn.failed("accounting", result, "release/settle/progress dropped")
+            return
         self._warn.succeeded()
 
     def __repr__(self) -> str:
@@ -635,3 +860,23 @@ class RedisLimiter:
             f"RedisLimiter(scope={self._scope!r}, global_limits={self._global_limits!r}, "
             f"lease_ttl_s={self._lease_ttl_s!r})"
         )
+
+
+def _fail(admissions: Sequence[_Admission], error: GovernanceBackendError) -> None:
+    for admission in admissions:
+        if not admission.future.done():
+            admission.future.set_exception(error)
+
+
+def same_server(a: RedisClient, b: RedisClient) -> bool:
+    """Whether two plain-Redis clients talk to the same server and database as the same user.
+
+    Clusters answer ``False``: their scripts are routed per command by the client.
+    """
+    if isinstance(a, RedisCluster) or isinstance(b, RedisCluster):
+        return False
+    ka, kb = a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs
+    fields = ("host", "port", "path", "db", "username", "password")
+    return a.connection_pool.connection_class is b.connection_pool.connection_class and all(
+        ka.get(f) == kb.get(f) for f in fields
+    )

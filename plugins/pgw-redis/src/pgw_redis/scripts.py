@@ -36,19 +36,19 @@ class LuaScript:
     source: str
     sha: str = field(init=False)
     sha_bytes: bytes = field(init=False, repr=False)
+    sha_resp: bytes = field(init=False, repr=False)
+    """The SHA as a RESP bulk string, as it goes on the wire."""
 
     def __post_init__(self) -> None:
         sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
         object.__setattr__(self, "sha", sha)
         object.__setattr__(self, "sha_bytes", sha.encode("ascii"))
+        object.__setattr__(self, "sha_resp", b"$40\r\n%s\r\n" % sha.encode("ascii"))
 
 
 # --------------------------------------------------------------------------- limiter
 
-ACQUIRE = LuaScript(
-    "acquire",
-    _PRELUDE
-    + """
+_ACQUIRE_BODY = """
 -- KEYS: 1 global lease, 2 source lease, 3 global rpm, 4 source rpm, 5 global tpm, 6 source tpm
 --       (rpm/tpm keys of window ARGV[1]), 7 abandoned lease ids, 8 global hold ms,
 --       9 source hold ms (typical lease hold times, written by RELEASE)
@@ -116,13 +116,10 @@ redis.call('EXPIRE', KEYS[5], 120)
 redis.call('INCRBY', KEYS[6], est)
 redis.call('EXPIRE', KEYS[6], 120)
 return {1, now}
-""",
-)
+"""
+ACQUIRE = LuaScript("acquire", _PRELUDE + _ACQUIRE_BODY)
 
-RELEASE = LuaScript(
-    "release",
-    _PRELUDE
-    + """
+_RELEASE_BODY = """
 -- Release a lease; optionally settle its TPM and mark progress in the same step.
 -- KEYS: 1 global lease, 2 source lease, 3 global tpm, 4 source tpm (acquire-time window),
 --       5 progress, 6 abandoned lease ids, 7 settled lease ids (acquire-time window),
@@ -167,12 +164,10 @@ if ARGV[4] == '1' then
   redis.call('SET', KEYS[5], int(now_ms()), 'EX', 3600)
 end
 return held
-""",
-)
+"""
+RELEASE = LuaScript("release", _PRELUDE + _RELEASE_BODY)
 
-SETTLE = LuaScript(
-    "settle",
-    """
+_SETTLE_BODY = """
 -- Move TPM of the acquire-time window by actual - est (negative allowed; readers clamp).
 -- KEYS: 1 global tpm, 2 source tpm, 3 settled lease ids (all of that window)
 -- ARGV: 1 delta, 2 lease id, 3 end of that window (unix seconds)
@@ -187,8 +182,8 @@ redis.call('EXPIRE', KEYS[1], 120)
 redis.call('INCRBY', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], 120)
 return 1
-""",
-)
+"""
+SETTLE = LuaScript("settle", _SETTLE_BODY)
 
 SOURCE_STATS = LuaScript(
     "source_stats",
@@ -216,16 +211,13 @@ return redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf')
 """,
 )
 
-PROGRESS_MARK = LuaScript(
-    "progress_mark",
-    _PRELUDE
-    + """
+_PROGRESS_MARK_BODY = """
 -- KEYS: 1 progress. The TTL (1 h) is far above any stall window: an expired key would read
 -- as "never progressed".
 redis.call('SET', KEYS[1], int(now_ms()), 'EX', 3600)
 return 1
-""",
-)
+"""
+PROGRESS_MARK = LuaScript("progress_mark", _PRELUDE + _PROGRESS_MARK_BODY)
 
 PROGRESS_AGE = LuaScript(
     "progress_age",
@@ -243,9 +235,7 @@ return age
 
 # --------------------------------------------------------------------------- breaker
 
-_GATE_PRELUDE = (
-    _PRELUDE
-    + """
+_GATE_STATE = """
 local F = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'failures', 'open_until',
                      'probe_until', 'probe_owner', 'abandoned_owner')
 local state = F[1] or 'closed'
@@ -253,7 +243,7 @@ local epoch = tonumber(F[2]) or 0
 local failures = tonumber(F[3]) or 0
 local owner = F[6] or ''
 """
-)
+_GATE_PRELUDE = _PRELUDE + _GATE_STATE
 
 _GATE_HOLDS = """
 -- The fencing rule: a write-back speaks for the current state only with the current epoch
@@ -285,10 +275,7 @@ local function open(n, cooldown_ms, key_ttl_ms, max_ms)
 end
 """
 
-GATE_TRY_ENTER = LuaScript(
-    "gate_try_enter",
-    _GATE_PRELUDE
-    + """
+_GATE_TRY_ENTER_BODY = """
 -- KEYS: 1 gate; ARGV: 1 new probe owner, 2 probe ttl ms, 3 key ttl ms
 -- Reply: {allowed, state, epoch, failures, probe owner or '', wait ms}
 if state == 'closed' then return {1, 'closed', epoch, failures, '', 0} end
@@ -313,8 +300,8 @@ redis.call('HSET', KEYS[1], 'state', 'half_open', 'probe_owner', ARGV[1],
            'probe_until', int(now + tonumber(ARGV[2])))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, 'half_open', epoch, failures, ARGV[1], 0}
-""",
-)
+"""
+GATE_TRY_ENTER = LuaScript("gate_try_enter", _GATE_PRELUDE + _GATE_TRY_ENTER_BODY)
 
 GATE_RECORD_SUCCESS = LuaScript(
     "gate_record_success",
@@ -433,6 +420,56 @@ return shortest
 """,
 )
 
+# --------------------------------------------------------------------------- batches
+
+
+def _op(name: str, body: str) -> str:
+    # KEYS and ARGV as parameters shadow the script's own: each body runs unchanged on its
+    # slice of the batch, as it would as a script of its own.
+    return f"local function {name}(KEYS, ARGV)\n{body}\nend\n"
+
+
+BATCH = LuaScript(
+    "batch",
+    _PRELUDE
+    + _op("acquire", _ACQUIRE_BODY)
+    + _op("release", _RELEASE_BODY)
+    + _op("settle", _SETTLE_BODY)
+    + _op("progress_mark", _PROGRESS_MARK_BODY)
+    + _op("gate_try_enter", _GATE_STATE + _GATE_TRY_ENTER_BODY)
+    + """
+-- The breaker gate, then (if it lets the caller through) the admission: one step for a
+-- breaker and a limiter sharing the scope. KEYS: 1 gate, 2.. acquire's; ARGV: 1-3
+-- gate_try_enter's, 4.. acquire's. Reply: {gate reply, acquire reply or {}}.
+local function gate_acquire(KEYS, ARGV)
+  local gate = gate_try_enter({KEYS[1]}, {ARGV[1], ARGV[2], ARGV[3]})
+  if gate[1] == 0 then return {gate, {}} end
+  return {gate, acquire({unpack(KEYS, 2)}, {unpack(ARGV, 4)})}
+end
+
+-- Several operations in one script call, in order (accounting first, then admissions).
+-- ARGV: per operation its code (1 acquire, 2 release, 3 settle, 4 progress mark,
+-- 5 gate_try_enter, 6 gate_acquire), its key count, its argument count, then its arguments;
+-- KEYS: every operation's keys, in the same order. Reply: one entry per operation.
+local ops = {acquire, release, settle, progress_mark, gate_try_enter, gate_acquire}
+local out = {}
+local k, a = 1, 1
+while a <= #ARGV do
+  local code, nk, na = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local keys, args = {}, {}
+  for i = 1, nk do keys[i] = KEYS[k + i - 1] end
+  for i = 1, na do args[i] = ARGV[a + i - 1] end
+  k = k + nk
+  a = a + na
+  out[#out + 1] = ops[code](keys, args)
+end
+return out
+""",
+)
+"""Several of the scripts above as one call (the operation codes are ``BatchOp``'s)."""
+
+
 ALL_SCRIPTS: tuple[LuaScript, ...] = (
     ACQUIRE,
     RELEASE,
@@ -447,4 +484,5 @@ ALL_SCRIPTS: tuple[LuaScript, ...] = (
     GATE_RELEASE_PROBE,
     GATE_FORCE_OPEN,
     GATE_RETRY_AFTER,
+    BATCH,
 )

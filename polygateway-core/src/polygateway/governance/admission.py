@@ -1,9 +1,11 @@
 """One attempt on one source: breaker gate -> limiter permit -> ``attempt`` -> verdicts.
 
 The breaker is asked first (a shut source costs no limiter round trip), then the limiter
-(global + source gates). A half-open probe must end with a verdict or be handed back, whatever
-happens, cancellation included; the permit is released in ``finally``. The verdict per error
-class is the breaker column of ``polygateway.governance.decisions``.
+(global + source gates); a limiter offering ``ports.JointAdmission`` for this breaker asks
+both in one step (one round trip to a shared backend), with the same results. A half-open
+probe must end with a verdict or be handed back, whatever happens, cancellation included; the
+permit is released in ``finally``. The verdict per error class is the breaker column of
+``polygateway.governance.decisions``.
 
 Admission-side backend failures (``try_enter``, ``try_acquire``) raise
 ``GovernanceBackendError`` out of the call (fail closed); accounting calls (``settle``,
@@ -23,7 +25,15 @@ from polygateway.errors import ResultInvalidError, SourceDeadError, TransientErr
 from polygateway.governance.attempts import Attempt, AttemptObserver, GovernanceEvents, Outcome
 from polygateway.governance.cooldowns import CooldownMemo
 from polygateway.ids import elapsed_ms, new_call_id
-from polygateway.ports import Clock, Denial, GateDecision, Permit, ProviderGate, RateLimiter
+from polygateway.ports import (
+    Clock,
+    Denial,
+    GateDecision,
+    JointAdmission,
+    Permit,
+    ProviderGate,
+    RateLimiter,
+)
 from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
 from polygateway.types import GovernanceEvent
 
@@ -45,6 +55,7 @@ class Admission:
     __slots__ = (
         "_breaker",
         "_clock",
+        "_joint",
         "_limiter",
         "_memo",
         "_progress_every_s",
@@ -68,6 +79,8 @@ class Admission:
     ) -> None:
         self._limiter = limiter
         self._breaker = breaker
+        # Gate and limiter asked in one backend round trip when the limiter can (Redis).
+        self._joint = limiter.joint_with(breaker) if isinstance(limiter, JointAdmission) else None
         self._memo = memo
         self._clock = clock
         self._thresholds: dict[str, int] = {
@@ -99,7 +112,12 @@ class Admission:
         """
         name = source.name
         breaker = self._breaker
-        decision = await breaker.try_enter(name)
+        joint = self._joint
+        admitted: Permit | Denial | None = None
+        if joint is None:
+            decision = await breaker.try_enter(name)
+        else:
+            decision, admitted = await joint(name, est_tokens, source.limits)
         if not decision.allowed:
             if self.on_open is not None:
                 self.on_open(name)
@@ -107,7 +125,8 @@ class Admission:
         # A probe decision must end with a verdict or be handed back, whatever happens.
         probe_pending = decision.probe_owner is not None
         try:
-            admitted = await self._limiter.try_acquire(name, est_tokens, source.limits)
+            if admitted is None:
+                admitted = await self._limiter.try_acquire(name, est_tokens, source.limits)
             if isinstance(admitted, Denial):
                 return admitted
             permit: Permit = admitted

@@ -1,0 +1,749 @@
+"""The governed call against the tightest floors, in memory and on Redis, in one run.
+
+    python tools/bench/floor.py [--seconds 1.0] [--rounds 3] [--conc 1,64,1024]
+                                [--modes stream,json] [--only name,name]
+    python tools/bench/floor.py --callgrind [--calls 200,600] [--only ...]
+    python tools/bench/floor.py --startup [--runs 9]
+    python tools/bench/floor.py --rss [--rss-calls 100000] [--conc 64] [--modes stream]
+
+Starts ``pgw fake-upstream`` (its own process) and a ``redis-server`` of its own on a free port
+(``--save '' --appendonly no``), then measures, interleaved over ``--rounds`` rounds at every
+concurrency and mode (streaming, 20 chunks, and JSON), calls/s and client CPU µs per call:
+
+- ``floor-aiohttp``: the cheapest correct streaming client on aiohttp (chunk reads, bytes split
+  on blank lines, orjson per frame; ``overhead.bench_raw_aiohttp``);
+- ``floor-httptools``: a lower floor on asyncio's ``Protocol`` with ``httptools`` (the parser
+  uvicorn uses): keep-alive pool, one prebuilt request, body callbacks fed to the same SSE split;
+- ``openai-sdk``, ``litellm-router``: the bare SDK and LiteLLM's Router (rows only when
+  installed, and not at concurrency 1024);
+- ``governed-memory`` / ``governed-redis``: ``GatewayClient.from_env`` (default engine),
+  limiter and breaker in memory / on the Redis above; telemetry and cache off;
+- ``full-memory`` / ``full-redis``: the full pipeline (SQLite telemetry, memory cache, every
+  call a miss), limiter and breaker in memory / on Redis; rows written are counted.
+
+Redis rows carry ``script calls/call``: the script calls the server ran (``INFO commandstats`` after
+a ``CONFIG RESETSTAT``; ``SCRIPT LOAD`` and the commands run inside scripts excluded) divided
+by the calls made (warm-up included): the server-side count of round trips per call.
+
+``--callgrind`` runs each selected client in a child process under ``valgrind --tool=callgrind``
+twice, with two call counts, and reports instructions per call as the difference of the totals
+over the difference of the counts (start-up and warm-up cancel out; concurrency 1 unless
+``--conc`` says otherwise). Instruction counts do not move with the machine's load.
+
+``--startup``: the median wall time of ``--runs`` fresh interpreters doing ``import
+polygateway`` plus ``GatewayClient.from_env`` with the default configuration (one source),
+minus the median of as many empty interpreters.
+
+``--rss``: the process's RSS every 5% of ``--rss-calls`` full-pipeline calls (SQLite telemetry,
+every call a cache miss), the growth from the end of the warm-up (the first 10%) to the end,
+and the telemetry rows written against the calls made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import closing
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import orjson
+from overhead import (
+    MESSAGES,
+    MODEL,
+    Load,
+    Measure,
+    Row,
+    SSEConsumer,
+    bench_openai_sdk,
+    bench_raw_aiohttp,
+    body,
+    free_port,
+    governed_env,
+    measure_point,
+    run_calls,
+    start_upstream,
+)
+
+SCRIPT_COMMANDS = frozenset(("evalsha", "evalsha_ro", "eval", "eval_ro", "fcall", "fcall_ro"))
+"""What the governed call sends: ``INFO commandstats`` also counts the commands a script runs
+inside the server, which are not round trips."""
+
+
+# --------------------------------------------------------------------------- redis-server
+
+
+class RedisServer:
+    """A ``redis-server`` of the benchmark's own, and the server-side command counter."""
+
+    def __init__(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server not found on PATH")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.command("PING") == "+PONG":
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def command(self, *parts: str) -> str:
+        """One command over a plain socket (no client library in the counted process)."""
+        payload = f"*{len(parts)}\r\n" + "".join(f"${len(p)}\r\n{p}\r\n" for p in parts)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(payload.encode())
+            s.shutdown(socket.SHUT_WR)
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        return out.decode().strip()
+
+    def reset_stats(self) -> None:
+        self.command("CONFIG", "RESETSTAT")
+
+    def commands_run(self) -> int:
+        """Script calls run since the last reset (``SCRIPT LOAD`` excluded)."""
+        total = 0
+        for line in self.command("INFO", "commandstats").splitlines():
+            if not line.startswith("cmdstat_"):
+                continue
+            name, _, rest = line.removeprefix("cmdstat_").partition(":")
+            if name in SCRIPT_COMMANDS:
+                total += int(rest.split(",")[0].removeprefix("calls="))
+        return total
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+# --------------------------------------------------------------------------- floors
+
+
+class _HttptoolsConnection(asyncio.Protocol):
+    """One keep-alive connection: httptools parses, the body goes to the call's sink."""
+
+    def __init__(self, httptools: Any) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[None] | None = None
+        self.sink: Any = None
+        self.keep = True
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(exc or ConnectionError("closed"))
+
+    # httptools callbacks
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status != 200:
+            raise RuntimeError(f"status {status}")
+        self.keep = self.parser.should_keep_alive()
+
+    def on_body(self, chunk: bytes) -> None:
+        self.sink(chunk)
+
+    def on_message_complete(self) -> None:
+        if self.done is not None:
+            self.done.set_result(None)
+
+
+async def bench_floor_httptools(
+    host: str, port: int, stream: bool, load: Load
+) -> tuple[float, float, str]:
+    import httptools
+
+    data = body(stream)
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\n"
+        b"Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+        b"Content-Length: %d\r\n\r\n" % (host.encode(), port, len(data))
+    ) + data
+    loop = asyncio.get_running_loop()
+    idle: list[_HttptoolsConnection] = []
+    made: list[_HttptoolsConnection] = []
+
+    async def call() -> None:
+        conn = None
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                break
+            conn = None
+        if conn is None:
+            _, conn = await loop.create_connection(
+                lambda: _HttptoolsConnection(httptools), host, port
+            )
+            made.append(conn)
+        if stream:
+            consumer = SSEConsumer()
+            conn.sink = consumer.feed
+        else:
+            parts: list[bytes] = []
+            conn.sink = parts.append
+        conn.done = loop.create_future()
+        assert conn.transport is not None
+        conn.transport.write(request)
+        await conn.done
+        conn.done = None
+        if not stream:
+            orjson.loads(b"".join(parts))
+        if conn.keep and not conn.closed:
+            idle.append(conn)
+        else:
+            assert conn.transport is not None
+            conn.transport.close()
+
+    try:
+        rate, cpu, _ = await run_calls(call, load)
+    finally:
+        for conn in made:
+            if conn.transport is not None:
+                conn.transport.close()
+    return rate, cpu, ""
+
+
+async def bench_litellm_router(url: str, stream: bool, load: Load) -> tuple[float, float, str]:
+    from litellm import Router
+
+    router = Router(
+        model_list=[
+            {
+                "model_name": MODEL,
+                "litellm_params": {
+                    "model": f"openai/{MODEL}",
+                    "api_base": url,
+                    "api_key": "sk-bench",
+                },
+            }
+        ],
+        num_retries=0,
+    )
+
+    async def call() -> None:
+        if stream:
+            chunks = await router.acompletion(model=MODEL, messages=MESSAGES, stream=True)
+            async for _ in chunks:
+                pass
+        else:
+            await router.acompletion(model=MODEL, messages=MESSAGES)
+
+    rate, cpu, _ = await run_calls(call, load)
+    return rate, cpu, ""
+
+
+# --------------------------------------------------------------------------- governed
+
+
+def state_env(redis_url: str | None) -> dict[str, str]:
+    if redis_url is None:
+        return {}
+    return {
+        "PGW_LIMITER_BACKEND": "redis",
+        "PGW_BREAKER_BACKEND": "redis",
+        "REDIS_URL": redis_url,
+        "PGW_PLUGINS": "pgw-redis",
+    }
+
+
+def make_client(url: str, db: str, *, redis_url: str | None, full: bool) -> Any:
+    from polygateway import GatewayClient
+    from polygateway.transports.engines import DEFAULT_ENGINE
+
+    env = governed_env(
+        url,
+        DEFAULT_ENGINE,
+        telemetry="sqlite" if full else "none",
+        cache="memory" if full else "none",
+        db=db,
+    )
+    return GatewayClient.from_env(env=env | state_env(redis_url))
+
+
+async def bench_governed_on(
+    url: str,
+    stream: bool,
+    load: Load,
+    *,
+    server: RedisServer | None,
+    full: bool,
+) -> tuple[float, float, str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "bench.db")
+        client = make_client(url, db, redis_url=server.url if server else None, full=full)
+        counter = iter(range(10**9))
+        if server is not None:
+            server.reset_stats()
+        try:
+
+            async def call() -> None:
+                messages = [{"role": "user", "content": f"Say hello #{next(counter)}"}]
+                await client.chat(messages, stream=stream)
+
+            rate, cpu, made = await run_calls(call, load)
+        finally:
+            await client.aclose()
+        if server is not None:
+            key = ("full-redis" if full else "governed-redis", "stream" if stream else "json")
+            SCRIPT_CALLS.setdefault((*key, load.concurrency), []).append(
+                server.commands_run() / made
+            )
+        if full:
+            import sqlite3
+
+            with closing(sqlite3.connect(db)) as conn:
+                rows = conn.execute("SELECT COUNT(*) FROM pgw_calls").fetchone()[0]
+            return rate, cpu, f"telemetry rows {rows}/{made}" + ("" if rows == made else " LOST")
+        return rate, cpu, ""
+
+
+SCRIPT_CALLS: dict[tuple[str, str, int], list[float]] = {}
+"""Script calls per governed call of every Redis round, by (client, mode, concurrency)."""
+
+
+def clients(url: str, stream: bool, load: Load, server: RedisServer) -> list[tuple[str, Measure]]:
+    import importlib.util
+
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    out: list[tuple[str, Measure]] = [
+        ("floor-aiohttp", partial(bench_raw_aiohttp, url, stream, load))
+    ]
+    if importlib.util.find_spec("httptools") is not None:
+        out.append(
+            ("floor-httptools", partial(bench_floor_httptools, host, int(port), stream, load))
+        )
+    # The SDK rows cost milliseconds a call: at concurrency 1024 a round would take minutes.
+    sdk_rows = load.concurrency <= 64
+    if sdk_rows and importlib.util.find_spec("openai") is not None:
+        out.append(("openai-sdk", partial(bench_openai_sdk, url, stream, load)))
+    if sdk_rows and importlib.util.find_spec("litellm") is not None:
+        out.append(("litellm-router", partial(bench_litellm_router, url, stream, load)))
+    for name, srv, full in (
+        ("governed-memory", None, False),
+        ("governed-redis", server, False),
+        ("full-memory", None, True),
+        ("full-redis", server, True),
+    ):
+        out.append((name, partial(bench_governed_on, url, stream, load, server=srv, full=full)))
+    return out
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def ratio(
+    rows: dict[tuple[str, str, int], Row], top: str, bottom: str, mode: str, conc: int, field: str
+) -> str:
+    a, b = rows.get((top, mode, conc)), rows.get((bottom, mode, conc))
+    if a is None or b is None:
+        return "-"
+    pairs = [t / u for t, u in zip(getattr(a, field), getattr(b, field), strict=False) if t and u]
+    if not pairs:
+        return "-"
+    med = statistics.median(pairs)
+    return f"{med:.0%}" if field == "rate_by_round" else f"{med:.2f}x"
+
+
+def report(rows: list[Row]) -> None:
+    by_key = {(r.client, r.mode, r.concurrency): r for r in rows}
+    print()
+    print(
+        "| client | mode | conc | calls/s | CPU µs/call | vs floor-aiohttp calls/s "
+        "| vs floor-aiohttp CPU | note |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        calls = SCRIPT_CALLS.get((r.client, r.mode, r.concurrency))
+        note = "; ".join(
+            ([f"script calls/call {statistics.median(calls):.2f}"] if calls else [])
+            + ([r.note] if r.note else [])
+        )
+        print(
+            f"| {r.client} | {r.mode} | {r.concurrency} | {r.calls_per_s:.0f} | "
+            f"{r.cpu_us_per_call:.0f} | "
+            f"{ratio(by_key, r.client, 'floor-aiohttp', r.mode, r.concurrency, 'rate_by_round')} | "
+            f"{ratio(by_key, r.client, 'floor-aiohttp', r.mode, r.concurrency, 'cpu_by_round')} | "
+            f"{note} |"
+        )
+    print()
+    print("Goals (medians of per-round paired ratios):")
+    for mode in ("stream", "json"):
+        for conc in sorted({r.concurrency for r in rows}):
+
+            def line(
+                text: str, top: str, bottom: str, field: str, k: tuple[str, int] = (mode, conc)
+            ) -> None:
+                print(f"  {k[0]:6} c={k[1]:<4} {text}: {ratio(by_key, top, bottom, *k, field)}")
+
+            if ("governed-redis", mode, conc) not in by_key:
+                continue
+            line(
+                "redis calls/s vs memory (>= 75%)",
+                "governed-redis",
+                "governed-memory",
+                "rate_by_round",
+            )
+            line(
+                "redis CPU vs memory (<= 1.5x)", "governed-redis", "governed-memory", "cpu_by_round"
+            )
+            line("governed-memory CPU vs floor", "governed-memory", "floor-aiohttp", "cpu_by_round")
+            line(
+                "full-memory CPU vs governed-memory (<= 1.25x)",
+                "full-memory",
+                "governed-memory",
+                "cpu_by_round",
+            )
+            line("full-redis CPU vs governed-redis", "full-redis", "governed-redis", "cpu_by_round")
+
+
+# --------------------------------------------------------------------------- modes
+
+
+async def bench_async(args: argparse.Namespace) -> list[Row]:
+    port = free_port()
+    upstream = start_upstream(port, args.chunks)
+    server = RedisServer()
+    url = f"http://127.0.0.1:{port}/v1"
+    only = set(args.only.split(",")) if args.only else None
+    rows: list[Row] = []
+    try:
+        for mode in args.modes.split(","):
+            stream = mode == "stream"
+            for conc in (int(c) for c in args.conc.split(",")):
+                calls = args.calls if conc > 1 else max(50, args.calls // 8)
+                load = Load(max(calls, 2 * conc), conc, args.seconds)
+                points = [
+                    (name, factory)
+                    for name, factory in clients(url, stream, load, server)
+                    if only is None or name in only
+                ]
+                rows += await measure_point(points, mode, load, args.rounds)
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        server.stop()
+    return rows
+
+
+def _terminate_on_sigterm() -> None:
+    # SIGTERM runs the ``finally`` blocks too: the upstream and redis-server are stopped.
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+async def worker_async(args: argparse.Namespace) -> None:
+    """One client, exactly ``--worker-calls`` calls after a fixed warm-up (callgrind child)."""
+    url, name, stream, conc = args.url, args.worker, args.modes == "stream", int(args.conc)
+    redis_url = args.redis_url or None
+    calls = args.worker_calls
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "bench.db")
+        closer: Any = None
+        if name.startswith(("governed-", "full-")):
+            client = make_client(
+                url,
+                db,
+                redis_url=redis_url if name.endswith("redis") else None,
+                full=name.startswith("full-"),
+            )
+            counter = iter(range(10**9))
+            closer = client.aclose
+
+            async def call() -> None:
+                messages = [{"role": "user", "content": f"Say hello #{next(counter)}"}]
+                await client.chat(messages, stream=stream)
+        elif name == "floor-aiohttp":
+            import aiohttp
+            from overhead import HEADERS
+
+            data = body(stream)
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), headers=HEADERS
+            )
+            closer = session.close
+
+            async def call() -> None:
+                async with session.post(f"{url}/chat/completions", data=data) as r:
+                    if stream:
+                        consumer = SSEConsumer()
+                        async for chunk in r.content.iter_any():
+                            consumer.feed(chunk)
+                    else:
+                        orjson.loads(await r.read())
+        else:
+            raise SystemExit(f"--callgrind: no worker for {name!r}")
+
+        async def batch(size: int) -> None:
+            queue = iter(range(size))
+
+            async def loop_() -> None:
+                for _ in queue:
+                    await call()
+
+            await asyncio.gather(*(loop_() for _ in range(conc)))
+
+        await batch(max(20, 2 * conc))
+        await batch(calls)
+        await closer()
+
+
+def callgrind_total(out_file: str) -> int:
+    for line in Path(out_file).read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {out_file}")
+
+
+def run_callgrind(args: argparse.Namespace) -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind not found")
+    low, high = (int(n) for n in args.calls_pair.split(","))
+    names = (
+        args.only.split(",")
+        if args.only
+        else ["floor-aiohttp", "governed-memory", "governed-redis", "full-memory", "full-redis"]
+    )
+    port = free_port()
+    upstream = start_upstream(port, args.chunks)
+    server = RedisServer()
+    url = f"http://127.0.0.1:{port}/v1"
+    results: dict[tuple[str, str], float] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for mode in args.modes.split(","):
+                for name in names:
+                    totals = []
+                    for n in (low, high):
+                        out = os.path.join(tmp, f"cg.{name}.{mode}.{n}")
+                        cmd = [
+                            "valgrind",
+                            "--tool=callgrind",
+                            f"--callgrind-out-file={out}",
+                            sys.executable,
+                            __file__,
+                            "--worker",
+                            name,
+                            "--url",
+                            url,
+                            "--redis-url",
+                            server.url,
+                            "--modes",
+                            mode,
+                            "--conc",
+                            args.conc.split(",")[0],
+                            "--worker-calls",
+                            str(n),
+                        ]
+                        done = subprocess.run(
+                            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+                        )
+                        if done.returncode != 0:
+                            tail = done.stderr.strip().splitlines()[-3:]
+                            print(f"{name} {mode} {n} calls FAILED: {' | '.join(tail)}")
+                            break
+                        totals.append(callgrind_total(out))
+                    if len(totals) < 2:
+                        continue
+                    per_call = (totals[1] - totals[0]) / (high - low)
+                    results[(name, mode)] = per_call
+                    print(
+                        f"{name:18} {mode:6} {per_call / 1000:9.1f} k instructions/call", flush=True
+                    )
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+        server.stop()
+    print()
+    print("| client | mode | k instructions/call | vs floor-aiohttp | vs governed-memory |")
+    print("|---|---|---:|---:|---:|")
+    for (name, mode), value in results.items():
+        floor = results.get(("floor-aiohttp", mode))
+        mem = results.get(("governed-memory", mode))
+        print(
+            f"| {name} | {mode} | {value / 1000:.1f} | "
+            f"{f'{value / floor:.2f}x' if floor else '-'} | "
+            f"{f'{value / mem:.2f}x' if mem else '-'} |"
+        )
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+async def rss_async(args: argparse.Namespace) -> None:
+    """``--rss``: RSS over ``--rss-calls`` full-pipeline calls (SQLite telemetry, cache miss)."""
+    import sqlite3
+
+    port = free_port()
+    upstream = start_upstream(port, args.chunks)
+    url = f"http://127.0.0.1:{port}/v1"
+    conc = int(args.conc.split(",")[0])
+    total = args.rss_calls
+    warm = total // 10
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            db = os.path.join(tmp, "bench.db")
+            client = make_client(url, db, redis_url=None, full=True)
+            counter = iter(range(total))
+            samples: list[tuple[int, float]] = []
+            done = 0
+
+            async def worker() -> None:
+                nonlocal done
+                for n in counter:
+                    messages = [{"role": "user", "content": f"Say hello #{n}"}]
+                    await client.chat(messages, stream=args.modes.split(",")[0] == "stream")
+                    done += 1
+                    if done % (total // 20) == 0:
+                        samples.append((done, rss_mb()))
+
+            await asyncio.gather(*(worker() for _ in range(conc)))
+            await client.aclose()
+            with closing(sqlite3.connect(db)) as conn:
+                rows = conn.execute("SELECT COUNT(*) FROM pgw_calls").fetchone()[0]
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+    after_warm = next(mb for n, mb in samples if n >= warm)
+    end = samples[-1][1]
+    print("calls -> RSS MB: " + ", ".join(f"{n}: {mb:.1f}" for n, mb in samples))
+    print(
+        f"RSS after warm-up ({warm} calls) {after_warm:.1f} MB -> after {total} calls "
+        f"{end:.1f} MB: {end / after_warm - 1:+.1%} (budget +10%); telemetry rows "
+        f"{rows}/{total}{'' if rows == total else ' LOST'}"
+    )
+
+
+STARTUP_CODE = """
+from polygateway import GatewayClient
+client = GatewayClient.from_env(env={
+    "LLM__OPENAI__1__BASE_URL": "http://127.0.0.1:9/v1",
+    "LLM__OPENAI__1__API_KEY": "sk-bench",
+    "LLM__OPENAI__1__MODEL": "bench-model",
+})
+"""
+
+
+def run_startup(args: argparse.Namespace) -> None:
+    # Interleave the two kinds so load changes touch both alike. Wall time is the budget's
+    # measure; CPU time (user + system of the child) moves less with the machine's load.
+    empty: list[tuple[float, float]] = []
+    ready: list[tuple[float, float]] = []
+    for _ in range(args.runs):
+        empty.append(_time_once("pass"))
+        ready.append(_time_once(STARTUP_CODE))
+    for label, index in (("wall", 0), ("CPU", 1)):
+        e = statistics.median(t[index] for t in empty)
+        r = statistics.median(t[index] for t in ready)
+        print(
+            f"{label}: empty interpreter median {e * 1000:.0f} ms "
+            f"(runs {_ms([t[index] for t in empty])})"
+        )
+        print(
+            f"{label}: import + from_env median {r * 1000:.0f} ms "
+            f"(runs {_ms([t[index] for t in ready])})"
+        )
+        print(f"{label}: start-up to a ready client {(r - e) * 1000:.0f} ms (budget 300 ms)")
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PGW_", "LLM__", "REDIS"))}
+
+
+def _time_once(code: str) -> tuple[float, float]:
+    """Wall and CPU seconds of one fresh interpreter running ``code``."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env=_clean_env())
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def _ms(values: Sequence[float]) -> str:
+    return " ".join(f"{v * 1000:.0f}" for v in values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--calls", type=int, default=20000, help="at most, per batch at c>1")
+    parser.add_argument("--chunks", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--conc", default="1,64,1024")
+    parser.add_argument("--modes", default="stream,json")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--calls-pair", default="200,600", help="--callgrind call counts")
+    parser.add_argument("--startup", action="store_true")
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--rss", action="store_true", help="RSS over many full-pipeline calls")
+    parser.add_argument("--rss-calls", type=int, default=100_000)
+    parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--url", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--redis-url", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-calls", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        asyncio.run(worker_async(args))
+        return
+    if args.startup:
+        run_startup(args)
+        return
+    _terminate_on_sigterm()
+    if args.callgrind:
+        run_callgrind(args)
+        return
+    if args.rss:
+        asyncio.run(rss_async(args))
+        return
+    print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}", flush=True)
+    rows = asyncio.run(bench_async(args))
+    print(f"load average after: {os.getloadavg()}")
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
