@@ -19,6 +19,12 @@ of this process, all its threads, divided by the calls). Clients:
   structured layer, retry) on the default engine, every call a cache miss; the telemetry rows
   written are counted against the calls made (warm-up included).
 - ``cache-hit``: one repeated prompt answered from the memory cache.
+- ``--otel-callgrind [--few 40 --many 240]``: instructions per governed call under callgrind
+  with telemetry off, ``otel`` alone, ``sqlite`` and ``sqlite+otel`` (the fan-out); the
+  difference of two run lengths cancels start-up. Budget: otel at most 15% more per call.
+- ``--otel-wall [--calls 200 --rounds 5]``: wall time per call with a healthy span exporter,
+  one that raises on every batch, and the OTLP/HTTP exporter stuck on a collector that never
+  answers, interleaved; median paired ratios against the healthy one.
 - ``governed-openai-sdk``, ``governed-openai-sdk-aiohttp``: the governed client (as
   ``governed-<engine>``) on the ``openai-sdk`` transport (plugin pgw-openai-sdk), on the SDK's
   httpx2 and aiohttp HTTP clients; ``openai-sdk``: the bare ``AsyncOpenAI`` client (retries
@@ -601,7 +607,226 @@ def print_budgets(rows: list[Row]) -> None:
                 )
 
 
+# --------------------------------------------------------------------------- otel on vs off
+
+OTEL_BUDGET = 0.15
+"""CPU (instructions) per governed call with the ``otel`` recorder, at most this much more."""
+
+
+OTEL_MODES = ("none", "otel", "otel-failing", "otel-blackhole", "sqlite", "sqlite+otel")
+
+
+def _blackhole() -> tuple[socket.socket, str]:
+    """A loopback server that accepts connections and never answers (a hung collector)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)  # kept open, never read from or answered
+
+    import threading
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+async def _otel_calls(mode: str, calls: int, url: str, collector: str = "") -> float:
+    """``calls`` sequential governed calls (non-streaming and streaming alternately) with
+    telemetry ``mode``; returns their wall seconds (set-up and shut-down excluded).
+
+    ``none``; ``otel``: SDK providers, a batch span processor whose exporter encodes every
+    batch to OTLP protobuf and discards it; ``otel-failing``: an exporter that raises on every
+    batch; ``otel-blackhole``: the real OTLP/HTTP exporter to ``collector``, a server that never
+    answers; ``sqlite``; ``sqlite+otel``: the fan-out of both."""
+    from polygateway import GatewayClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = os.path.join(tmp, "bench.db")
+        sqlite_on = mode.startswith("sqlite")
+        env = governed_env(
+            url, default_engine(), telemetry="sqlite" if sqlite_on else "none", cache="none", db=db
+        )
+        injected: dict[str, Any] = {}
+        owned: list[Any] = []
+        if "otel" in mode:
+            from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import (
+                BatchSpanProcessor,
+                SpanExporter,
+                SpanExportResult,
+            )
+            from pgw_otel import OtelRecorder
+
+            class Encoding(SpanExporter):
+                def export(self, spans: Any) -> SpanExportResult:
+                    encode_spans(spans).SerializeToString()
+                    return SpanExportResult.SUCCESS
+
+            class Failing(SpanExporter):
+                def export(self, spans: Any) -> SpanExportResult:
+                    raise RuntimeError("collector down")
+
+            exporter: SpanExporter
+            if mode == "otel-blackhole":
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                    OTLPSpanExporter,
+                )
+
+                exporter = OTLPSpanExporter(endpoint=f"{collector}/v1/traces", timeout=30)
+            else:
+                exporter = Failing() if mode == "otel-failing" else Encoding()
+            tracer_provider = TracerProvider()
+            tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+            from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+
+            # As the recorder's own providers (an endpoint set): no exemplars.
+            meter_provider = MeterProvider(
+                metric_readers=[InMemoryMetricReader()], exemplar_filter=AlwaysOffExemplarFilter()
+            )
+            owned = [tracer_provider, meter_provider]
+            probe = GatewayClient.from_env(env=env)
+            sources = probe.settings.sources
+            await probe.aclose()
+            otel = OtelRecorder(
+                tracer_provider=tracer_provider, meter_provider=meter_provider, sources=sources
+            )
+            if sqlite_on:
+                from polygateway.telemetry.fanout import fanout
+                from polygateway.telemetry.sqlite import SQLiteRecorder
+
+                injected["telemetry"] = fanout({"sqlite": SQLiteRecorder(db), "otel": otel})
+            else:
+                injected["telemetry"] = otel
+        client = GatewayClient.from_env(env=env, **injected)
+        try:
+            for n in range(3):  # connections up, code paths warm
+                await client.chat([{"role": "user", "content": f"warm #{n}"}], stream=n % 2 == 1)
+            started = time.perf_counter()
+            for n in range(calls):
+                messages = [{"role": "user", "content": f"Say hello #{n}"}]
+                await client.chat(messages, stream=n % 2 == 1)
+            elapsed = time.perf_counter() - started
+        finally:
+            await client.aclose()
+            if injected:
+                await injected["telemetry"].aclose()
+            for provider in owned:
+                if mode == "otel-blackhole":
+                    # Shutting down waits for the hung export: not the call path, skip it.
+                    continue
+                provider.shutdown()
+        return elapsed
+
+
+def otel_wall(calls: int, rounds: int) -> None:
+    """Wall time per governed call with a healthy exporter, one that raises on every batch and
+    one stuck on a collector that never answers, interleaved (the order rotates each round);
+    the verdict is the median of each round's paired ratio against the healthy exporter."""
+    port = free_port()
+    upstream = start_upstream(port, 20)
+    url = f"http://127.0.0.1:{port}/v1"
+    hole, collector = _blackhole()
+    modes = ["otel", "otel-failing", "otel-blackhole"]
+    per_call: dict[str, list[float]] = {mode: [] for mode in modes}
+    try:
+        for round_ in range(rounds):
+            order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
+            for mode in order:
+                seconds = asyncio.run(_otel_calls(mode, calls, url, collector))
+                per_call[mode].append(seconds / calls * 1e6)
+    finally:
+        upstream.kill()
+        hole.close()
+    for mode in modes:
+        print(f"{mode:15s} wall us/call per round: " + " ".join(f"{v:.0f}" for v in per_call[mode]))
+    for mode in modes[1:]:
+        ratios = [a / b for a, b in zip(per_call[mode], per_call["otel"], strict=True)]
+        print(
+            f"{mode} vs otel: median ratio {statistics.median(ratios):.3f} "
+            f"(rounds {', '.join(f'{r:.3f}' for r in ratios)})"
+        )
+
+
+def _callgrind_instructions(mode: str, calls: int, url: str, tmp: str) -> int:
+    out = os.path.join(tmp, f"cg.{mode}.{calls}")
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        __file__,
+        "--otel-child",
+        mode,
+        "--calls",
+        str(calls),
+        "--url",
+        url,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
+    with open(out) as f:
+        for line in f:
+            if line.startswith("summary:") or line.startswith("totals:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no instruction total in {out}")
+
+
+def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
+    """Instructions per governed call under callgrind: (Ir(many) - Ir(few)) / (many - few), so
+    start-up and imports cancel out; every mode against the same fake upstream."""
+    port = free_port()
+    upstream = start_upstream(port, 20)
+    url = f"http://127.0.0.1:{port}/v1"
+    per_call: dict[str, float] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for mode in modes:
+                low = _callgrind_instructions(mode, few, url, tmp)
+                high = _callgrind_instructions(mode, many, url, tmp)
+                per_call[mode] = (high - low) / (many - few)
+                print(
+                    f"{mode:12s} Ir {few}: {low}  Ir {many}: {high}  per call {per_call[mode]:.0f}"
+                )
+    finally:
+        upstream.kill()
+    for on, off in (("otel", "none"), ("sqlite+otel", "sqlite")):
+        if on in per_call and off in per_call:
+            extra = per_call[on] / per_call[off] - 1
+            verdict = "ok" if extra <= OTEL_BUDGET else "OVER BUDGET"
+            print(f"{on} vs {off}: {extra:+.1%} instructions per call ({verdict}, budget +15%)")
+
+
 def main() -> None:
+    if {"--otel-child", "--otel-callgrind", "--otel-wall"} & set(sys.argv):
+        otel = argparse.ArgumentParser()
+        otel.add_argument("--otel-child", default="")
+        otel.add_argument("--otel-callgrind", action="store_true")
+        otel.add_argument("--calls", type=int, default=0)
+        otel.add_argument("--url", default="")
+        otel.add_argument("--few", type=int, default=40)
+        otel.add_argument("--many", type=int, default=240)
+        otel.add_argument("--otel-modes", default="none,otel,sqlite,sqlite+otel")
+        otel.add_argument("--otel-wall", action="store_true")
+        otel.add_argument("--rounds", type=int, default=5)
+        found = otel.parse_args()
+        if found.otel_child:
+            asyncio.run(_otel_calls(found.otel_child, found.calls, found.url))
+        elif found.otel_wall:
+            otel_wall(found.calls or 200, found.rounds)
+        else:
+            otel_callgrind(found.few, found.many, found.otel_modes.split(","))
+        return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--seconds", type=float, default=1.5, help="wall time of each timed batch (about)"

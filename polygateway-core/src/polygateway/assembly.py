@@ -133,12 +133,9 @@ def build_governance(
         selector = registry.build("selector", settings.selector, _context(settings, clock))
         built.add("selector")
     if with_telemetry is None:
-        with_telemetry = settings.telemetry.backend != OFF
+        with_telemetry = bool(settings.telemetry.backends)
     if telemetry is None and with_telemetry:
-        options = settings.telemetry.options
-        telemetry = registry.build(
-            "telemetry", settings.telemetry.backend, _context(settings, clock, options)
-        )
+        telemetry = _build_telemetry(settings, registry, clock)
         built.add("telemetry")
     if pricing is None:
         # The table factory returns None when no pricing file is configured; a broken file
@@ -146,6 +143,24 @@ def build_governance(
         pricing = registry.build("pricing", "table", _context(settings, clock))
         built.add("pricing")
     return GovernanceParts(limiter, breaker, selector, telemetry, pricing, frozenset(built))
+
+
+def _build_telemetry(settings: ScopeSettings, registry: Registry, clock: Clock) -> Any:
+    """The scope's recorder; with several backends, their fan-out (each sink isolated)."""
+    names = settings.telemetry.backends
+    options = settings.telemetry.options
+    if len(names) == 1:
+        return registry.build("telemetry", names[0], _context(settings, clock, options))
+    from polygateway.telemetry.fanout import fanout
+
+    per_sink: Mapping[str, Any] = options if isinstance(options, Mapping) else {}
+    sinks: dict[str, TelemetryRecorder] = {
+        name: registry.build(
+            "telemetry", name, _context(settings, clock, per_sink.get(name, MappingProxyType({})))
+        )
+        for name in names
+    }
+    return fanout(sinks)
 
 
 def build_pipeline(

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 
 from polygateway.digest import canonical_messages_json
 from polygateway.ports import CallObserver, DeltaSink
-from polygateway.types import ChatRequest, Message
+from polygateway.types import ChatRequest, GovernanceEvent, Message
 
 __all__ = ["CallContext", "with_context"]
 
@@ -34,7 +34,14 @@ logger = logging.getLogger(__name__)
 class CallContext:
     """The per-call side channels of a chat call (see the module docstring)."""
 
-    __slots__ = ("_messages_for", "_messages_json", "deadline_at", "observers", "stream")
+    __slots__ = (
+        "_messages_for",
+        "_messages_json",
+        "deadline_at",
+        "events",
+        "observers",
+        "stream",
+    )
 
     def __init__(self, stream: DeltaSink | None = None) -> None:
         self.observers: tuple[CallObserver, ...] = ()
@@ -43,8 +50,27 @@ class CallContext:
         ``None`` for ``chat()``."""
         self.deadline_at: float | None = None
         """Monotonic end of the call's deadline, set by its first dispatch: re-asks share it."""
+        self.events: Callable[[GovernanceEvent], None] | None = None
+        """Told about the governor's admissions, refusals and waits of this call (the
+        dispatcher hands it to ``Governor.run(events=...)``); ``None``: nobody listens."""
         self._messages_for: object = None
         self._messages_json = ""
+
+    def listen(self, events: Callable[[GovernanceEvent], None]) -> None:
+        """Tell ``events`` about the governor's decisions of this call, besides any listener
+        already there."""
+        previous = self.events
+        if previous is None:
+            self.events = events
+            return
+
+        def both(event: GovernanceEvent) -> None:
+            try:
+                previous(event)
+            finally:
+                events(event)
+
+        self.events = both
 
     def add_observer(self, observer: CallObserver) -> None:
         """Tell ``observer`` about every attempt of this call from now on."""

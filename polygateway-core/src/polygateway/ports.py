@@ -12,8 +12,10 @@ from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, runtime_
 
 from polygateway.settings import Limits, ScopeSettings, SourceConfig
 from polygateway.types import (
+    CallStart,
     ChatRequest,
     EmbeddingTransportResult,
+    GovernanceEvent,
     LLMResponse,
     OcrLayoutResult,
     OcrTextResult,
@@ -453,6 +455,43 @@ class SupportsCacheNowait(Protocol):
     def get_nowait(self, key: str) -> str | None: ...
 
     def set_nowait(self, key: str, value: str, ttl_s: float) -> None: ...
+
+
+class CallTrace(Protocol):
+    """The rows of one call, handed to a recorder together (``SupportsCallTraces.open_call``).
+
+    ``attempt`` gets every row of the call as it is made (attempts, a cache hit, the row of a
+    call refused before any attempt) with the outcome it was built from: the call kind's
+    result (``LLMResponse`` for chat, ``records.AttemptSummary`` for other kinds) or the
+    exception. ``close`` is called once, when the call ends (``error`` is what it raised, or
+    ``None``), with the clock's wall time. Both are synchronous, must not block and never
+    raise into the call.
+    """
+
+    def attempt(self, record: TelemetryRecord, outcome: object) -> None: ...
+
+    def close(self, ended_at: float, error: BaseException | None) -> None: ...
+
+
+@runtime_checkable
+class SupportsGovernanceEvents(Protocol):
+    """Optional for a ``CallTrace``: also told about the governor's admissions, refusals and
+    waits of the call (``types.GovernanceEvent``), synchronously, as they happen."""
+
+    def on_governance(self, event: GovernanceEvent) -> None: ...
+
+
+@runtime_checkable
+class SupportsCallTraces(Protocol):
+    """Optional for a ``TelemetryRecorder`` that wants each call's rows together (tracing).
+
+    ``open_call`` runs in the caller's task when a call starts, so context-local state there
+    (an application's current tracing span) is the caller's. The rows of that call then go to
+    the returned ``CallTrace`` instead of ``record``/``record_nowait``. Checked once, when the
+    telemetry layer is built.
+    """
+
+    def open_call(self, start: CallStart) -> CallTrace: ...
 
 
 @runtime_checkable

@@ -32,9 +32,16 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from polygateway.ids import new_call_id
-from polygateway.ports import Clock, Pricing, SupportsRecordNowait, TelemetryRecorder
+from polygateway.ports import (
+    CallTrace,
+    Clock,
+    Pricing,
+    SupportsCallTraces,
+    SupportsRecordNowait,
+    TelemetryRecorder,
+)
 from polygateway.settings import SourceConfig, TelemetryContent
-from polygateway.types import TelemetryRecord, UsageSource
+from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord, UsageSource
 
 __all__ = [
     "CANCELLED",
@@ -299,7 +306,16 @@ class RowWriter:
     built or recorded is a warning, once per cause.
     """
 
-    __slots__ = ("_clock", "_content", "_pricing", "_recorder", "_submit", "_tasks", "_warned")
+    __slots__ = (
+        "_clock",
+        "_content",
+        "_open_call",
+        "_pricing",
+        "_recorder",
+        "_submit",
+        "_tasks",
+        "_warned",
+    )
 
     def __init__(
         self,
@@ -320,6 +336,9 @@ class RowWriter:
             recorder.record_nowait
             if isinstance(recorder, SupportsRecordNowait)
             else self._submit_as_task
+        )
+        self._open_call: Callable[[CallStart], CallTrace] | None = (
+            recorder.open_call if isinstance(recorder, SupportsCallTraces) else None
         )
 
     @property
@@ -408,6 +427,66 @@ class RowWriter:
             self.submit(record)
         return record
 
+    @property
+    def traces_calls(self) -> bool:
+        """The recorder takes whole calls (``ports.SupportsCallTraces``)."""
+        return self._open_call is not None
+
+    def open_call(self, start: CallStart) -> CallTrace | None:
+        """The recorder's ``CallTrace`` for a call starting now (call it in the caller's
+        task), or ``None`` when it takes rows one by one or could not open one."""
+        opener = self._open_call
+        if opener is None:
+            return None
+        try:
+            return opener(start)
+        except Exception as exc:  # noqa: BLE001 - the rows then go one by one
+            self.warn_once("open_call", "telemetry recorder could not open a call: %r", exc)
+            return None
+
+    def submit_attempt(
+        self, trace: CallTrace | None, record: TelemetryRecord, outcome: object
+    ) -> None:
+        """Hand a row to ``trace`` (with the outcome it was built from), or to the recorder
+        when there is no trace; never raises."""
+        if trace is None:
+            self.submit(record)
+            return
+        try:
+            trace.attempt(record, outcome)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self.warn_once(f"trace:{type(exc).__name__}", "telemetry call trace failed: %r", exc)
+
+    def close_call(self, trace: CallTrace | None, error: BaseException | None) -> None:
+        """End ``trace`` (stamped with this writer's clock); never raises."""
+        if trace is None:
+            return
+        try:
+            trace.close(self._clock.time(), error)
+        except Exception as exc:  # noqa: BLE001 - a failing recorder degrades to a warning
+            self.warn_once(f"trace:{type(exc).__name__}", "telemetry call trace failed: %r", exc)
+
+    def call_start(
+        self,
+        operation: str,
+        *,
+        scope: str = "",
+        session_id: str | None = None,
+        parent_call_id: str | None = None,
+        cache_namespace: str = "",
+        stream: bool = False,
+    ) -> CallStart:
+        """A ``CallStart`` stamped with this writer's clock."""
+        return CallStart(
+            operation,
+            self._clock.time(),
+            scope,
+            session_id,
+            parent_call_id,
+            cache_namespace,
+            stream,
+        )
+
     async def drain(self) -> None:
         """Wait until every row handed over as a task (no ``record_nowait``) is recorded."""
         while self._tasks:
@@ -444,6 +523,11 @@ class AttemptRows(Generic[T]):
     ``root`` is the call's ``CallRoot`` (its own by default: the first attempt's ``call_id``).
     A call that ends before any attempt (no quota, every breaker open, cancelled while waiting)
     still leaves its row: ``no_attempt(exc, latency_ms=...)`` when ``attempts`` is 0.
+
+    With ``operation`` (the call kind: ``embeddings``, ``ocr``) it also opens the call for a
+    recorder that takes whole calls (``ports.SupportsCallTraces``): make it in the caller's
+    task when the call starts, pass ``events=rows.events`` to ``governor.run`` and call
+    ``close(error)`` when the call ends.
     """
 
     __slots__ = (
@@ -451,6 +535,7 @@ class AttemptRows(Generic[T]):
         "_parent_call_id",
         "_session_id",
         "_summarise",
+        "_trace",
         "_writer",
         "attempts",
         "root",
@@ -465,6 +550,7 @@ class AttemptRows(Generic[T]):
         parent_call_id: str | None = None,
         session_id: str | None = None,
         root: CallRoot | None = None,
+        operation: str | None = None,
     ) -> None:
         self._writer = writer
         self._messages = messages
@@ -474,6 +560,26 @@ class AttemptRows(Generic[T]):
         self.root = CallRoot() if root is None else root
         self.attempts = 0
         """Attempts observed so far."""
+        self._trace = (
+            writer.open_call(
+                writer.call_start(operation, session_id=session_id, parent_call_id=parent_call_id)
+            )
+            if operation is not None
+            else None
+        )
+
+    @property
+    def events(self) -> Callable[[GovernanceEvent], None] | None:
+        """The open call's listener of the governor's decisions (``Governor.run(events=)``),
+        when its recorder wants them."""
+        listener: Callable[[GovernanceEvent], None] | None = getattr(
+            self._trace, "on_governance", None
+        )
+        return listener
+
+    def close(self, error: BaseException | None) -> None:
+        """End the open call (nothing without ``operation``); never raises."""
+        self._writer.close_call(self._trace, error)
 
     def on_attempt(
         self, source: SourceConfig, call_id: str, outcome: T | BaseException, latency_ms: int
@@ -487,8 +593,22 @@ class AttemptRows(Generic[T]):
             except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
                 self._writer.warn_once("summarise", "attempt could not be summarised: %r", exc)
                 return
-        self._writer.write(
-            summary,
+        self._write(summary, call_id, latency_ms, source)
+
+    def no_attempt(self, error: BaseException, *, latency_ms: int) -> None:
+        """The row of a call that ended before any attempt (no source named on it)."""
+        self._write(error, new_call_id(), latency_ms, None)
+
+    def _write(
+        self,
+        outcome: RowSummary | BaseException,
+        call_id: str,
+        latency_ms: int,
+        source: SourceConfig | None,
+    ) -> None:
+        writer = self._writer
+        record = writer.build(
+            outcome,
             call_id=call_id,
             parent_call_id=self._parent_call_id,
             session_id=self._session_id,
@@ -497,16 +617,5 @@ class AttemptRows(Generic[T]):
             source=source,
             root_call_id=self.root.of(call_id),
         )
-
-    def no_attempt(self, error: BaseException, *, latency_ms: int) -> None:
-        """The row of a call that ended before any attempt (no source named on it)."""
-        call_id = new_call_id()
-        self._writer.write(
-            error,
-            call_id=call_id,
-            parent_call_id=self._parent_call_id,
-            session_id=self._session_id,
-            messages=self._messages,
-            latency_ms=latency_ms,
-            root_call_id=self.root.of(call_id),
-        )
+        if record is not None:
+            writer.submit_attempt(self._trace, record, outcome)

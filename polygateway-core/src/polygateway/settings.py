@@ -256,9 +256,18 @@ class CacheSettings:
 @dataclass(frozen=True, slots=True)
 class TelemetrySettings:
     backend: str = "sqlite"
-    """Registered telemetry recorder name, or ``none``."""
+    """Registered telemetry recorder name, or ``none``; several names joined by ``,`` fan every
+    row out to each of them (``backends``)."""
     sqlite_path: str = "pgw_telemetry.db"
     options: ComponentOptionsValue = field(default_factory=dict)
+    """The recorder's options; with several backends, ``{name: that backend's options}``."""
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The recorder names ``backend`` spells (empty when telemetry is off)."""
+        names = tuple(part.strip() for part in self.backend.split(","))
+        return () if names == ("none",) else tuple(name for name in names if name)
+
     content: TelemetryContent = "full"
     """What rows keep of prompts and answers: ``full`` text, a ``digest`` (sha256) of each, or
     ``none`` (empty). Env ``PGW_TELEMETRY_CONTENT``, file ``[..telemetry].content``."""

@@ -224,6 +224,46 @@ class TelemetryRecord:
     row. ``""`` from a recorder that predates it (read as a call of its own)."""
 
 
+GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]
+
+
+@dataclass(frozen=True, slots=True)
+class GovernanceEvent:
+    """A decision the governor made during one call, besides an attempt's outcome.
+
+    ``admitted``: the breaker (in ``breaker_state``; ``probe`` when this attempt is the
+    half-open probe) and the limiter let an attempt go to ``source``. ``breaker_refused`` /
+    ``limiter_refused``: ``source`` was refused this round (``gate`` names the limiter gate),
+    ``wait_s`` is the hint. ``waited``: no source admitted the call, and it waited ``wait_s``
+    seconds for quota or a breaker before the next round.
+    """
+
+    kind: GovernanceEventKind
+    source: str = ""
+    breaker_state: str = ""
+    probe: bool = False
+    gate: str = ""
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CallStart:
+    """What a recorder learns when one governed call starts (``SupportsCallTraces``).
+
+    ``operation`` is the call kind (``chat``, ``embeddings``, ``ocr``); ``started_at`` is
+    wall-clock epoch seconds from the client's clock, like ``TelemetryRecord.created_at``.
+    """
+
+    operation: str
+    started_at: float
+    scope: str = ""
+    session_id: str | None = None
+    parent_call_id: str | None = None
+    cache_namespace: str = ""
+    stream: bool = False
+    """The caller reads the answer as a stream (``GatewayClient.stream``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OcrTextResult:
     """``/ocr/text``: plain transcription. Empty text means "legitimately nothing found"."""

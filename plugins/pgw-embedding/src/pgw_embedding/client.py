@@ -36,7 +36,7 @@ from polygateway.client import gather_bounded
 from polygateway.config import CallKind
 from polygateway.digest import canonical_json, sha256_hex
 from polygateway.errors import ConfigError
-from polygateway.governance import Attempted, Outcome
+from polygateway.governance import Attempted, AttemptObserver, Outcome
 from polygateway.governed import GovernedParts, load_kind_scope
 from polygateway.ids import elapsed_ms
 from polygateway.ports import (
@@ -319,21 +319,31 @@ class EmbeddingClient:
                 summarise=_summary,
                 parent_call_id=parent_call_id,
                 session_id=session_id,
+                operation="embeddings",
             )
             if rows is not None
             else None
         )
         started = clock.monotonic()
+        if observer is None:
+            return await self._governor.run(attempt, est_tokens=estimate_tokens(texts))
+        watcher: AttemptObserver[_Batch] = observer
         try:
-            return await self._governor.run(
-                attempt, est_tokens=estimate_tokens(texts), observer=observer
+            outcome = await self._governor.run(
+                attempt,
+                est_tokens=estimate_tokens(texts),
+                observer=watcher,
+                events=observer.events,
             )
         except (Exception, asyncio.CancelledError) as exc:
             # A batch that never reached an attempt (no quota, breakers open, cancelled while
             # waiting) still leaves its row.
-            if observer is not None and observer.attempts == 0:
+            if observer.attempts == 0:
                 observer.no_attempt(exc, latency_ms=elapsed_ms(started, clock.monotonic()))
+            observer.close(exc)
             raise
+        observer.close(None)
+        return outcome
 
     def _merge(self, outcomes: Sequence[Outcome[_Batch]]) -> EmbeddingResponse:
         first = outcomes[0]

@@ -273,6 +273,7 @@ class OcrClient:
                 summarise=_summarise,
                 parent_call_id=parent_call_id,
                 session_id=session_id,
+                operation="ocr",
             )
         watcher: AttemptObserver[R] | None = observer
         transports = self._transports
@@ -282,13 +283,24 @@ class OcrClient:
 
         started = self._clock.monotonic()
         try:
-            outcome = await self._governor.run(attempt, est_tokens=0, observer=watcher)
+            outcome = await self._governor.run(
+                attempt,
+                est_tokens=0,
+                observer=watcher,
+                events=observer.events if observer is not None else None,
+            )
         except (Exception, asyncio.CancelledError) as exc:
-            # A call that never reached an attempt (no quota, breakers open, cancelled while
-            # waiting) still leaves its row.
-            if observer is not None and observer.attempts == 0:
-                observer.no_attempt(exc, latency_ms=elapsed_ms(started, self._clock.monotonic()))
+            if observer is not None:
+                # A call that never reached an attempt (no quota, breakers open, cancelled
+                # while waiting) still leaves its row.
+                if observer.attempts == 0:
+                    observer.no_attempt(
+                        exc, latency_ms=elapsed_ms(started, self._clock.monotonic())
+                    )
+                observer.close(exc)
             raise
+        if observer is not None:
+            observer.close(None)
         return outcome.value
 
     # ------------------------------------------------------------------ health, parts, lifecycle

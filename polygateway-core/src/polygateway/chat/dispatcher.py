@@ -116,7 +116,10 @@ class ChatDispatcher:
                 context.deadline_at = now + deadline_s
             deadline_s = max(context.deadline_at - now, _DEADLINE_FLOOR_S)
         outcome = await self._governor.run(
-            functools.partial(self._send, request), observer=attempt_observer, deadline_s=deadline_s
+            functools.partial(self._send, request),
+            observer=attempt_observer,
+            deadline_s=deadline_s,
+            events=context.events if context is not None else None,
         )
         return outcome.value
 

@@ -89,7 +89,7 @@ def resolve_source(args: argparse.Namespace) -> TelemetrySource:
     if settings is not None:
         for name, scope in settings.scopes.items():
             pricing = pricing or scope.pricing_path
-            if path is None and scope.telemetry.backend == "sqlite":
+            if path is None and "sqlite" in scope.telemetry.backends:
                 path, origin = scope.telemetry.sqlite_path, f"the configuration (scope {name})"
     if path is None or pricing is None:
         try:

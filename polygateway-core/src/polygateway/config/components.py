@@ -84,15 +84,60 @@ class Picked:
     """``{SCOPE}__{GROUP}`` for its ``{SCOPE}__{GROUP}__{OPTION}`` keys, if it has any."""
 
 
+def backend_names(value: object) -> tuple[str, ...]:
+    """The names a backend value spells: one name, a ``,``-separated list (an env value) or
+    a list (the pipeline file), blanks dropped. Only telemetry accepts more than one."""
+    parts = value if isinstance(value, list | tuple) else str(value).split(",")
+    return tuple(name for name in (str(part).strip() for part in parts) if name)
+
+
+def fanout_problems(scope: str, resolved: Resolved) -> list[str]:
+    """What is wrong with a list of telemetry backends (repeated names, ``none`` in a list)."""
+    value = get_path(resolved.values, ("telemetry", "backend"))
+    names = backend_names(value) if value is not None else ()
+    if len(names) < 2:
+        return []
+    key = resolved.keys.get(("telemetry", "backend"), f"[scopes.{scope}.telemetry].backend")
+    problems: list[str] = []
+    if NO_BACKEND in names:
+        problems.append(
+            f"{key}: {NO_BACKEND!r} switches telemetry off and cannot be one of several "
+            f"backends {list(names)}"
+        )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        problems.append(f"{key}: telemetry backends named more than once: {repeated}")
+    return problems
+
+
 def picked_components(scope: str, resolved: Resolved) -> list[Picked]:
-    """Every component the merged values pick (switched-off cache/telemetry left out)."""
+    """Every component the merged values pick (switched-off cache/telemetry left out).
+
+    A list of telemetry backends (a fan-out) picks each of them; each one's options are then
+    ``[scopes.S.telemetry.options.<name>]`` (env ``{S}__TELEMETRY__<NAME>__<OPTION>``)."""
     picked: list[Picked] = []
     for slot in SLOTS:
-        name = get_path(resolved.values, slot.name_path)
-        name = str(name) if name is not None else slot.default
+        value = get_path(resolved.values, slot.name_path)
+        key = resolved.keys.get(slot.name_path)
+        if slot.kind == "telemetry" and value is not None:
+            names = backend_names(value)
+            if len(names) > 1:
+                picked.extend(
+                    Picked(
+                        slot.kind,
+                        name,
+                        (*slot.options_path, name),
+                        f"{key or 'the telemetry backend list'} naming {name!r}",
+                        f"{scope}__{slot.env_group}__{name.upper()}",
+                    )
+                    for name in names
+                    if name != NO_BACKEND
+                )
+                continue
+            value = names[0] if names else None
+        name = str(value) if value is not None else slot.default
         if name == NO_BACKEND and slot.kind in ("cache", "telemetry"):
             continue
-        key = resolved.keys.get(slot.name_path)
         chooser = f"{key}={name}" if key else f"the default {name}"
         picked.append(
             Picked(slot.kind, name, slot.options_path, chooser, f"{scope}__{slot.env_group}")

@@ -84,6 +84,13 @@ def effective_values(scope: ScopeSettings) -> dict[str, Any]:
         "breaker_fail_threshold_rule": (
             f"max(configured {configured}, 2 x the source's max_concurrency)"
         ),
+        "telemetry_sinks": list(scope.telemetry.backends),
+        "telemetry_fanout": (
+            "every row goes to each sink; one failing sink never affects the others or the "
+            "call; rows a sink loses are counted per sink (FanoutRecorder.drops)"
+            if len(scope.telemetry.backends) > 1
+            else "single recorder"
+        ),
     }
 
 

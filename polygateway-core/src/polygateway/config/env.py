@@ -416,6 +416,12 @@ def _parse_scope_key(
                 f"{key}: not a PolyGateway key{_segment_hint(parts)}; {shapes} ({IGNORE_HINT})"
             )
         return
+    if len(parts) == 4 and second == "TELEMETRY":
+        # An option of one backend of a telemetry fan-out: {SCOPE}__TELEMETRY__{NAME}__{OPTION}.
+        path = ("telemetry", "options", parts[2].lower(), parts[3].lower())
+        _set_path(scope.settings, path, value)
+        scope.keys[path] = key
+        return
     if len(parts) == 4 and second not in RESERVED_SEGMENTS and parts[2].isdigit():
         _parse_source_key(scope, key, parts, value, options)
         return

@@ -222,15 +222,15 @@ def scope_registry_problems(
                 f"PGW_CACHE_BACKEND / {scope_key(name, 'CACHE__BACKEND', 'cache', 'backend')}",
             )
         )
-    if scope.telemetry.backend != NO_BACKEND:
-        wanted.append(
-            (
-                "telemetry",
-                scope.telemetry.backend,
-                f"PGW_TELEMETRY_BACKEND / "
-                f"{scope_key(name, 'TELEMETRY__BACKEND', 'telemetry', 'backend')}",
-            )
+    wanted.extend(
+        (
+            "telemetry",
+            backend,
+            f"PGW_TELEMETRY_BACKEND / "
+            f"{scope_key(name, 'TELEMETRY__BACKEND', 'telemetry', 'backend')}",
         )
+        for backend in scope.telemetry.backends
+    )
     for source in scope.sources:
         wanted.append((transport_kind, source.transport, source_key(name, source, "transport")))
         if not call_kind.provider_profiles:

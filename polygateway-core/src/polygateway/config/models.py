@@ -176,7 +176,8 @@ class CacheLayer(LayerModel):
 
 
 class TelemetryLayer(LayerModel):
-    backend: Name | None = None
+    backend: Name | list[Name] | None = None
+    """One recorder, or a list of them (every row goes to each: a fan-out)."""
     sqlite_path: Name | None = None
     content: Literal["full", "digest", "none"] | None = None
     options: Options | None = None

@@ -8,11 +8,11 @@ rejected (they would judge a default instead).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from polygateway.config import components
-from polygateway.config.components import DEFAULT_BACKEND
+from polygateway.config.components import DEFAULT_BACKEND, backend_names, fanout_problems
 from polygateway.config.guards import (
     NO_BACKEND,
     WrittenKeys,
@@ -208,7 +208,8 @@ def _build_scope_settings(
 
     cache, found = _cache_settings(name, resolved, options(("cache", "options")))
     problems.extend(found)
-    telemetry = _telemetry_settings(resolved, options(("telemetry", "options")))
+    problems.extend(fanout_problems(name, resolved))
+    telemetry = _telemetry_settings(resolved, options)
 
     pricing_path = values.get("pricing_path")
     if pricing_path is not None:
@@ -310,13 +311,22 @@ def _cache_settings(name: str, resolved: Resolved, options: Any) -> tuple[CacheS
     return cache, problems
 
 
-def _telemetry_settings(resolved: Resolved, options: Any) -> TelemetrySettings:
+def _telemetry_settings(resolved: Resolved, options: Callable[[Loc], Any]) -> TelemetrySettings:
     table = resolved.table("telemetry")
     kwargs: dict[str, Any] = {}
+    path: Loc = ("telemetry", "options")
     if "backend" in table:
-        kwargs["backend"] = str(table["backend"])
+        names = backend_names(table["backend"])
+        kwargs["backend"] = ",".join(names) or NO_BACKEND
+        if len(names) > 1:  # a fan-out: each backend's options under its name
+            fanned = {name: options((*path, name)) for name in names if name != NO_BACKEND}
+            return TelemetrySettings(options=fanned, **_telemetry_fields(table, kwargs))
+    return TelemetrySettings(options=options(path), **_telemetry_fields(table, kwargs))
+
+
+def _telemetry_fields(table: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     if "sqlite_path" in table:
         kwargs["sqlite_path"] = str(table["sqlite_path"])
     if "content" in table:
         kwargs["content"] = table["content"]
-    return TelemetrySettings(options=options, **kwargs)
+    return kwargs

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from polygateway.errors import ResultInvalidError, SourceDeadError, TransientError
-from polygateway.governance.attempts import Attempt, AttemptObserver, Outcome
+from polygateway.governance.attempts import Attempt, AttemptObserver, GovernanceEvents, Outcome
 from polygateway.governance.cooldowns import CooldownMemo
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import (
@@ -35,6 +35,7 @@ from polygateway.ports import (
     RateLimiter,
 )
 from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
+from polygateway.types import GovernanceEvent
 
 __all__ = ["Admission"]
 
@@ -101,6 +102,7 @@ class Admission:
         attempt: Attempt[T],
         observer: AttemptObserver[T] | None,
         number: int,
+        events: GovernanceEvents | None = None,
     ) -> Outcome[T] | Denial | GateDecision:
         """Admission then one ``attempt`` on ``source``, the call's attempt ``number``.
 
@@ -128,6 +130,8 @@ class Admission:
             if isinstance(admitted, Denial):
                 return admitted
             permit: Permit = admitted
+            if events is not None:
+                self._admitted(events, name, decision)
             clock = self._clock
             call_id = new_call_id()
             inflight = self.inflight
@@ -210,6 +214,12 @@ class Admission:
             )
         except Exception as exc:  # noqa: BLE001 - an observer must never break the call
             self._warn("attempt observer", exc)
+
+    def _admitted(self, events: GovernanceEvents, name: str, decision: GateDecision) -> None:
+        try:
+            events(GovernanceEvent("admitted", name, decision.state, decision.is_probe))
+        except Exception as exc:  # noqa: BLE001 - an observer must never break the call
+            self._warn("governance events observer", exc)
 
     async def _settle(self, permit: Permit, tokens: int) -> None:
         try:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from polygateway.settings import SourceConfig
+from polygateway.types import GovernanceEvent
 
-__all__ = ["Attempt", "AttemptObserver", "Attempted", "Outcome"]
+__all__ = ["Attempt", "AttemptObserver", "Attempted", "GovernanceEvents", "Outcome"]
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -53,6 +54,11 @@ class Outcome(Generic[T]):
     """The id of the successful attempt (each attempt has its own)."""
     attempts: int
     """Attempts that reached ``attempt`` (1 when the first one succeeded)."""
+
+
+GovernanceEvents: TypeAlias = Callable[[GovernanceEvent], None]
+"""Told about the governor's admission decisions of one call (``Governor.run(events=...)``):
+called synchronously, must not block; what it raises is logged and ignored."""
 
 
 @runtime_checkable

@@ -25,6 +25,7 @@ embedding or OCR client is another::
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -41,7 +42,7 @@ from polygateway.errors import (
     TransientError,
 )
 from polygateway.governance.admission import Admission
-from polygateway.governance.attempts import Attempt, AttemptObserver, Outcome
+from polygateway.governance.attempts import Attempt, AttemptObserver, GovernanceEvents, Outcome
 from polygateway.governance.cooldowns import CooldownMemo
 from polygateway.governance.decisions import (
     Backoff,
@@ -53,15 +54,18 @@ from polygateway.governance.decisions import (
 )
 from polygateway.governance.health import HealthProber
 from polygateway.governance.stall import Blocked, backpressure_problems
-from polygateway.ports import Clock, Denial, ProviderGate, RateLimiter, SourceSelector
+from polygateway.ports import Clock, Denial, GateDecision, ProviderGate, RateLimiter, SourceSelector
 from polygateway.settings import (
     BackpressureSettings,
     BreakerSettings,
     RetrySettings,
     SourceConfig,
 )
+from polygateway.types import GovernanceEvent
 
 __all__ = ["Governor", "governor_problems"]
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -256,6 +260,7 @@ class Governor:
         est_tokens: int | None = None,
         observer: AttemptObserver[T] | None = None,
         deadline_s: float | None = None,
+        events: GovernanceEvents | None = None,
     ) -> Outcome[T]:
         """Run one governed call: attempts until one succeeds or the call must fail.
 
@@ -265,6 +270,8 @@ class Governor:
         :param observer: told about every attempt that reached ``attempt``.
         :param deadline_s: end-to-end deadline of the call across attempts, backoff and
             admission waits (``None``: the scope's ``retry.call_deadline_s``, if any).
+        :param events: told about each admission, refusal and wait of the call
+            (``polygateway.types.GovernanceEvent``).
         :raises RequestRejectedError: from ``attempt``, at once (no retry, not counted);
             ``ContextWindowExceededError`` only when no source declares a larger window,
             ``ContentFilterError`` unless the scope switches on it.
@@ -280,14 +287,14 @@ class Governor:
         if deadline_s is None:
             deadline_s = self._call_deadline_s
             if deadline_s is None:
-                return await self._run(attempt, est_tokens, observer, None, None)
+                return await self._run(attempt, est_tokens, observer, None, None, events)
         elif not 0 < deadline_s < math.inf:
             raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
         progress = _Progress()
         deadline = self._clock.monotonic() + deadline_s
         try:
             async with asyncio.timeout(deadline_s) as scope:
-                return await self._run(attempt, est_tokens, observer, deadline, progress)
+                return await self._run(attempt, est_tokens, observer, deadline, progress, events)
         except _DeadlineReached:
             raise await self._deadline_error(deadline_s, progress) from progress.last_error
         except TimeoutError as exc:
@@ -314,6 +321,7 @@ class Governor:
         observer: AttemptObserver[T] | None,
         deadline: float | None,
         progress: _Progress | None,
+        events: GovernanceEvents | None = None,
     ) -> Outcome[T]:
         clock = self._clock
         entered_at = clock.monotonic()
@@ -343,9 +351,13 @@ class Governor:
                 if min_window is not None and isinstance(last_error, ContextWindowExceededError):
                     raise last_error  # nothing larger can take it (any more)
                 # Nothing admitted in this round: raise, or wait and start a new round.
+                waited_from = clock.monotonic()
                 await self._blocked.wait_or_raise(
                     entered_at, dead, denial_wait, reasons, last_error
                 )
+                if events is not None:
+                    waited = clock.monotonic() - waited_from
+                    _tell(events, GovernanceEvent("waited", wait_s=waited))
                 refused = None
                 denial_wait = None
                 continue
@@ -362,7 +374,9 @@ class Governor:
             name = source.name
             est = source.est_tokens if est_tokens is None else est_tokens
             try:
-                admitted = await admission.attempt(source, est, attempt, observer, attempts + 1)
+                admitted = await admission.attempt(
+                    source, est, attempt, observer, attempts + 1, events
+                )
             except TransientError as exc:
                 attempts += 1
                 last_error = exc
@@ -457,6 +471,8 @@ class Governor:
             # Refused before the attempt: no attempt spent; try another source this round.
             if refused is None:
                 refused = set()
+            if events is not None:
+                _tell_refused(events, name, admitted)
             if isinstance(admitted, Denial):
                 reasons = noted(reasons, name, "rate_limited")
                 wait = admitted.wait_s
@@ -532,3 +548,20 @@ class Governor:
             breaker=self._breaker,
             backoff=self._backoff,
         )
+
+
+def _tell(events: GovernanceEvents, event: GovernanceEvent) -> None:
+    try:
+        events(event)
+    except Exception as exc:  # noqa: BLE001 - an observer never changes the outcome
+        logger.debug("governance events observer failed: %r", exc)
+
+
+def _tell_refused(events: GovernanceEvents, name: str, refusal: Denial | GateDecision) -> None:
+    if isinstance(refusal, Denial):
+        event = GovernanceEvent("limiter_refused", name, gate=refusal.gate, wait_s=refusal.wait_s)
+    else:
+        event = GovernanceEvent(
+            "breaker_refused", name, breaker_state=refusal.state, wait_s=refusal.retry_after_s
+        )
+    _tell(events, event)

@@ -36,7 +36,13 @@ from polygateway.context import CallContext, with_context
 from polygateway.digest import canonical_json, canonical_messages_json
 from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.params import identity
-from polygateway.ports import Clock, Handler, Pricing, TelemetryRecorder
+from polygateway.ports import (
+    CallTrace,
+    Clock,
+    Handler,
+    Pricing,
+    TelemetryRecorder,
+)
 from polygateway.records import (
     CANCELLED,
     CallRoot,
@@ -101,7 +107,17 @@ def params_json(request: ChatRequest) -> str:
 class TelemetryMiddleware:
     """Records every attempt, cache hit and pre-attempt failure; fills ``LLMResponse.cost``."""
 
-    __slots__ = ("_clock", "_namespace", "_recorder", "_rows", "_scope", "submit", "warn_once")
+    __slots__ = (
+        "_clock",
+        "_namespace",
+        "_recorder",
+        "_rows",
+        "_scope",
+        "_traced",
+        "rows",
+        "submit",
+        "warn_once",
+    )
 
     def __init__(
         self,
@@ -124,6 +140,9 @@ class TelemetryMiddleware:
         # The writer's, bound once: the observer submits every row through them.
         self.submit = self._rows.submit
         self.warn_once = self._rows.warn_once
+        self.rows = self._rows
+        # Checked once: recorders that take whole calls get a CallTrace per call.
+        self._traced = self._rows.traces_calls
 
     async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
         started = self._clock.monotonic()
@@ -131,18 +150,42 @@ class TelemetryMiddleware:
         if context is None:  # a request made without GatewayClient.chat
             context = CallContext()
             request = with_context(request, context)
-        observer = _CallObserver(self, context)
+        trace = self._open_call(request, context) if self._traced else None
+        observer = _CallObserver(self, context, trace)
         context.add_observer(observer)
         try:
             response = await call_next(request)
         except asyncio.CancelledError as exc:
             # Recorded synchronously: the cancellation propagates without waiting on telemetry.
             self._after_error(observer, request, exc, started)
+            self._rows.close_call(trace, exc)
             raise
         except Exception as exc:
             self._after_error(observer, request, exc, started)
+            self._rows.close_call(trace, exc)
             raise
-        return self._after_success(observer, request, response, started)
+        response = self._after_success(observer, request, response, started)
+        if trace is not None:
+            self._rows.close_call(trace, None)
+        return response
+
+    def _open_call(self, request: ChatRequest, context: CallContext) -> CallTrace | None:
+        rows = self._rows
+        trace = rows.open_call(
+            rows.call_start(
+                "chat",
+                scope=self._scope,
+                session_id=request.session_id,
+                parent_call_id=request.parent_call_id,
+                cache_namespace=request.cache_namespace or self._namespace,
+                stream=context.stream is not None,
+            )
+        )
+        # Optional (ports.SupportsGovernanceEvents): traces that want the governor's decisions.
+        on_governance = getattr(trace, "on_governance", None)
+        if on_governance is not None:
+            context.listen(on_governance)
+        return trace
 
     def _after_success(
         self, observer: _CallObserver, request: ChatRequest, response: LLMResponse, started: float
@@ -156,6 +199,7 @@ class TelemetryMiddleware:
                     call_id=response.call_id or new_call_id(),
                     latency_ms=elapsed_ms(started, self._clock.monotonic()),
                     messages=observer.context.canonical_messages(request.messages),
+                    trace=observer.trace,
                 )
                 return response
             if response.cost is None and response.call_id == observer.last_call_id:
@@ -177,6 +221,7 @@ class TelemetryMiddleware:
                     exc,
                     call_id=new_call_id(),
                     latency_ms=elapsed_ms(started, self._clock.monotonic()),
+                    trace=observer.trace,
                 )
         except Exception as error:  # noqa: BLE001 - telemetry must never mask the call's error
             self.warn_once("finish", "telemetry bookkeeping failed: %r", error)
@@ -221,12 +266,13 @@ class TelemetryMiddleware:
         call_id: str,
         latency_ms: int,
         messages: str | None = None,
+        trace: CallTrace | None = None,
     ) -> None:
         record = self.build(
             request, outcome, call_id=call_id, latency_ms=latency_ms, messages=messages
         )
         if record is not None:
-            self.submit(record)
+            self._rows.submit_attempt(trace, record, outcome)
 
     async def drain(self) -> None:
         """Wait until every row handed to a recorder without ``record_nowait`` is recorded.
@@ -276,19 +322,25 @@ class _CallObserver:
     __slots__ = (
         "_layer",
         "_pending",
+        "_pending_outcome",
         "_root",
         "attempts",
         "context",
         "last_call_id",
         "last_cost",
+        "trace",
     )
 
-    def __init__(self, layer: TelemetryMiddleware, context: CallContext) -> None:
+    def __init__(
+        self, layer: TelemetryMiddleware, context: CallContext, trace: CallTrace | None = None
+    ) -> None:
         self._layer = layer
         self.context = context
+        self.trace = trace
         self._root = CallRoot()
         self.attempts = 0
         self._pending: TelemetryRecord | None = None
+        self._pending_outcome: object = None
         self.last_call_id = ""
         self.last_cost: float | None = None
 
@@ -321,8 +373,12 @@ class _CallObserver:
                 if request.structured is not None:
                     # The ladder may still reject this output: hold the row until we know.
                     self._pending = record
+                    self._pending_outcome = outcome
                     return
-            layer.submit(record)
+            if self.trace is None:
+                layer.submit(record)
+            else:
+                layer.rows.submit_attempt(self.trace, record, outcome)
         except Exception as exc:  # noqa: BLE001 - the observer never raises into the call
             layer.warn_once("observer", "telemetry observer failed: %r", exc)
 
@@ -331,12 +387,16 @@ class _CallObserver:
         pending = self._pending
         if pending is not None and pending.call_id == call_id:
             self._pending = dataclasses.replace(pending, error=error_name(error))
+            self._pending_outcome = error
 
     def release_pending(self) -> None:
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._layer.submit(pending)
+            if self.trace is None:
+                self._layer.submit(pending)
+            else:
+                self._layer.rows.submit_attempt(self.trace, pending, self._pending_outcome)
 
 
 __all__ = [

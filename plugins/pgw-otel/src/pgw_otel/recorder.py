@@ -1,0 +1,763 @@
+"""The ``otel`` telemetry recorder: each governed call as OpenTelemetry GenAI spans and metrics.
+
+The recorder takes whole calls (``polygateway.ports.SupportsCallTraces``): ``open_call`` runs
+in the caller's task when the call starts and keeps the caller's OpenTelemetry context (an
+application span current there becomes the parent) and the start time; the call's rows are
+collected as they are made, and when the call ends one span for the call and one child span per
+row (attempt, cache hit, refusal) are made with explicit start and end times from the rows
+(``created_at`` minus ``latency_ms``), so nothing is held open across awaits and the spans
+show what the rows show. A row that arrives without a call (``record``/``record_nowait``, e.g.
+from another recorder's replay) becomes a call of one attempt.
+
+Spans follow the OpenTelemetry GenAI semantic conventions: the call span is named
+``{gen_ai.operation.name} {gen_ai.request.model}``, kind ``CLIENT``, with
+``gen_ai.operation.name``, ``gen_ai.provider.name``, ``gen_ai.request.model``,
+``gen_ai.response.model``, ``gen_ai.usage.input_tokens`` (cached prompt tokens included),
+``gen_ai.usage.output_tokens``, ``gen_ai.usage.cache_read.input_tokens``,
+``gen_ai.usage.cache_creation.input_tokens``, ``gen_ai.response.finish_reasons``,
+``gen_ai.conversation.id`` (the session) and ``error.type`` (the library's error class, or
+``cancelled``); the deprecated ``gen_ai.system`` is never set. Token usage is on the call span
+only (summed over its attempts, every one of which was charged), so a backend that sums usage
+over spans counts each token once; attempt spans carry theirs as ``pgw.usage.*``. Reasoning
+tokens are not reported: the rows do not keep them apart from the output tokens.
+
+``pgw.*`` attributes: ``pgw.source``, ``pgw.scope``, ``pgw.cache.namespace``,
+``pgw.cache.hit``, ``pgw.ttft_ms``, ``pgw.max_inter_token_ms``, ``pgw.cost``,
+``pgw.usage.source``, ``pgw.attempts``, ``pgw.session_id``, ``pgw.parent_call_id``,
+``pgw.call_id`` and, per attempt, ``pgw.attempt.number`` and ``pgw.attempt.next`` (what the
+governor did after it: ``retry`` on the same source, ``switch`` to another, ``reask`` after a
+rejected structured answer) and ``pgw.refusal`` for a call refused before any attempt
+(``breaker_open``, ``unavailable``, ``rejected``). The governor's decisions
+(``polygateway.types.GovernanceEvent``, through ``on_governance``) add ``pgw.breaker.state``
+and ``pgw.breaker.probe`` to attempt spans and ``pgw.limiter.refusals``, ``pgw.limiter.gates``,
+``pgw.limiter.queue_wait_s``, ``pgw.breaker.refusals`` to the call span; a scope-level
+verdict adds ``pgw.error.reason`` (``stalled``, ...). Prompts and answers
+(``gen_ai.input.messages``, ``gen_ai.output.messages``) only with ``capture_content``.
+
+Nothing here reaches the call: span and metric export run in the SDK's own threads (batch
+span processor, periodic metric reader), a failing or slow exporter is the SDK's to log, and
+every step here is guarded (a failure is one warning per cause and a count in ``dropped``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
+from polygateway.settings import SourceConfig
+from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
+
+from pgw_otel.options import OtelOptions, parse_headers
+
+logger = logging.getLogger(__name__)
+
+INSTRUMENTATION = "pgw_otel"
+VERSION = "0.1.0"
+
+DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+"""``gen_ai.client.operation.duration`` (s), the conventions' advised boundaries."""
+TOKEN_BUCKETS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+"""``gen_ai.client.token.usage`` ({token}), the conventions' advised boundaries."""
+CHUNK_BUCKETS = (
+    0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+"""Time to first chunk (s), the conventions' advised boundaries."""
+PER_CHUNK_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+"""Time per output chunk (s), the conventions' advised boundaries."""
+
+_REFUSALS = {
+    "CircuitOpenError": "breaker_open",
+    "AllSourcesExhausted": "unavailable",
+    "ScopeUnavailableError": "unavailable",
+}
+
+
+class _Shutdown(Protocol):
+    def force_flush(self, timeout_millis: int = ...) -> bool: ...
+
+    def shutdown(self) -> Any: ...
+
+
+class OtelRecorder:
+    """``TelemetryRecorder`` (and ``SupportsCallTraces``) exporting OpenTelemetry spans/metrics.
+
+    ``OtelRecorder()`` uses the application's global providers; pass ``tracer_provider`` /
+    ``meter_provider`` to use others (tests pass the SDK's with in-memory exporters).
+    ``sources`` gives each source's configured model (``gen_ai.request.model``). ``owned``
+    are providers the recorder made and shuts down in ``aclose``. Counters: ``calls``,
+    ``spans`` (made), ``dropped`` (rows that could not become spans).
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        capture_content: bool = False,
+        sources: Sequence[SourceConfig] = (),
+        owned: Sequence[_Shutdown] = (),
+        flush_timeout_s: float = 10.0,
+    ) -> None:
+        if not isinstance(capture_content, bool):
+            raise TypeError(f"OtelRecorder capture_content must be a bool, got {capture_content!r}")
+        self._tracer: Tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
+            INSTRUMENTATION, VERSION
+        )
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter(INSTRUMENTATION, VERSION)
+        self._metrics = _Metrics(meter)
+        self.capture_content = capture_content
+        self._models = {source.name: source.model for source in sources}
+        self._owned = tuple(owned)
+        self._flush_ms = int(flush_timeout_s * 1000)
+        self._warned: set[str] = set()
+        self._breaker_states: dict[str, str] = {}
+        """Source -> the breaker state the governor last saw (the ``pgw.breaker.state`` gauge)."""
+        self._metrics.observe(self)
+        self.calls = 0
+        self.spans = 0
+        self.dropped = 0
+
+    @classmethod
+    def from_options(
+        cls, options: OtelOptions, *, sources: Sequence[SourceConfig] = ()
+    ) -> OtelRecorder:
+        """The recorder ``options`` describe: own providers exporting over OTLP/HTTP when an
+        ``endpoint`` is set, a Prometheus endpoint when ``prometheus_port`` is; else the
+        application's global providers."""
+        owned: list[_Shutdown] = []
+        tracer_provider: TracerProvider | None = None
+        meter_provider: MeterProvider | None = None
+        readers: list[Any] = []
+        resource = None
+        if options.endpoint is not None or options.prometheus_port is not None:
+            from opentelemetry.sdk.resources import Resource
+
+            resource = Resource.create({"service.name": options.service_name})
+        if options.endpoint is not None:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+            from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            base = options.endpoint.reveal()
+            headers = parse_headers(options.headers.reveal()) if options.headers else {}
+            sdk_tracer = SdkTracerProvider(resource=resource)
+            sdk_tracer.add_span_processor(
+                BatchSpanProcessor(
+                    OTLPSpanExporter(
+                        endpoint=f"{base}/v1/traces",
+                        headers=headers,
+                        timeout=options.export_timeout_s,
+                    ),
+                    export_timeout_millis=int(options.export_timeout_s * 1000),
+                )
+            )
+            tracer_provider = sdk_tracer
+            owned.append(sdk_tracer)
+            readers.append(
+                PeriodicExportingMetricReader(
+                    OTLPMetricExporter(
+                        endpoint=f"{base}/v1/metrics",
+                        headers=headers,
+                        timeout=options.export_timeout_s,
+                    ),
+                    export_interval_millis=options.metric_interval_s * 1000,
+                    export_timeout_millis=options.export_timeout_s * 1000,
+                )
+            )
+        if options.prometheus_port is not None:
+            from pgw_otel.prometheus import serve_prometheus
+
+            endpoint = serve_prometheus(options.prometheus_port)
+            readers.append(endpoint.reader)
+            owned.append(endpoint)
+        if readers:
+            from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+            from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+
+            # No exemplars: each would cost a context lookup per measurement on the call path.
+            sdk_meter = SdkMeterProvider(
+                metric_readers=readers,
+                resource=resource,
+                exemplar_filter=AlwaysOffExemplarFilter(),
+            )
+            meter_provider = sdk_meter
+            owned.append(sdk_meter)
+        return cls(
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            capture_content=options.capture_content,
+            sources=sources,
+            owned=owned,
+            flush_timeout_s=options.export_timeout_s,
+        )
+
+    # ------------------------------------------------------------------ the call's side
+
+    def open_call(self, start: CallStart) -> _Call:
+        return _Call(self, start, otel_context.get_current())
+
+    def record_nowait(self, record: TelemetryRecord) -> None:
+        """A row without a call: a call of one attempt."""
+        start = CallStart(
+            "chat",
+            record.created_at - record.latency_ms / 1000,
+            record.scope,
+            record.session_id,
+            record.parent_call_id,
+            record.cache_namespace,
+        )
+        self.export(start, otel_context.get_current(), [(record, None)], record.created_at, None)
+
+    async def record(self, record: TelemetryRecord) -> None:
+        self.record_nowait(record)
+
+    async def flush(self) -> None:
+        """Export what the recorder's own providers hold (in a thread: export is blocking)."""
+        for provider in self._owned:
+            await asyncio.to_thread(provider.force_flush, self._flush_ms)
+
+    async def aclose(self) -> None:
+        """Flush, then shut down the providers the recorder made (never the global ones)."""
+        owned, self._owned = self._owned, ()
+        for provider in owned:
+            try:
+                await asyncio.to_thread(provider.force_flush, self._flush_ms)
+                await asyncio.to_thread(provider.shutdown)
+            except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
+                self._warn("shutdown", exc)
+
+    # ------------------------------------------------------------------ spans and metrics
+
+    def export(
+        self,
+        start: CallStart,
+        parent: otel_context.Context,
+        rows: Sequence[tuple[TelemetryRecord, object]],
+        ended_at: float,
+        error: BaseException | None,
+        events: Sequence[tuple[int, GovernanceEvent]] = (),
+    ) -> None:
+        """The call's spans and metric points; never raises. ``events``: the governor's
+        decisions, each with the number of rows made before it."""
+        try:
+            self._export(start, parent, rows, ended_at, error, events)
+        except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
+            self.dropped += len(rows)
+            self._warn("export", exc)
+
+    def _export(
+        self,
+        start: CallStart,
+        parent: otel_context.Context,
+        rows: Sequence[tuple[TelemetryRecord, object]],
+        ended_at: float,
+        error: BaseException | None,
+        events: Sequence[tuple[int, GovernanceEvent]],
+    ) -> None:
+        self.calls += 1
+        if not rows:
+            return
+        admitted = {before + 1: event for before, event in events if event.kind == "admitted"}
+        final, final_outcome = rows[-1]
+        operation = start.operation
+        request_model = self._models.get(final.source_name, "") or final.model
+        error_type = _error_type(error, final)
+        call_attrs = self._call_attributes(start, rows, request_model, error_type)
+        if events:
+            _decision_attributes(call_attrs, events)
+            self._metrics.record_decisions(call_attrs["pgw.scope"], events)
+            states = self._breaker_states
+            for _, event in events:
+                if event.breaker_state and event.source:
+                    states[event.source] = event.breaker_state
+        if error is not None:
+            reason = getattr(error, "reason", None)
+            if isinstance(reason, str) and reason:
+                call_attrs["pgw.error.reason"] = reason
+        started_ns = _ns(min(start.started_at, _row_start(rows[0][0])))
+        ended_ns = max(_ns(ended_at), started_ns)
+        span = self._tracer.start_span(
+            f"{operation} {request_model}" if request_model else operation,
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes=call_attrs,
+            start_time=started_ns,
+        )
+        if self.capture_content:
+            _content(span, final, input_too=True)
+        if error_type is not None:
+            span.set_status(Status(StatusCode.ERROR, error_type))
+        child_context = trace.set_span_in_context(span, parent)
+        for number, (record, outcome) in enumerate(rows, 1):
+            following = rows[number][0] if number < len(rows) else None
+            self._attempt_span(
+                child_context, operation, record, outcome, number, following, admitted.get(number)
+            )
+        span.end(end_time=ended_ns)
+        self.spans += 1 + len(rows)
+        self._metrics.record_call(
+            start, rows, call_attrs, (ended_ns - started_ns) / 1e9, final_outcome
+        )
+
+    def _call_attributes(
+        self,
+        start: CallStart,
+        rows: Sequence[tuple[TelemetryRecord, object]],
+        request_model: str,
+        error_type: str | None,
+    ) -> dict[str, Any]:
+        final, final_outcome = rows[-1]
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": start.operation,
+            "gen_ai.provider.name": final.provider or "unknown",
+            "pgw.scope": start.scope or final.scope,
+            "pgw.attempts": sum(1 for record, _ in rows if not record.cache_hit),
+            "pgw.cache.hit": final.cache_hit,
+            "pgw.stream": start.stream,
+            "pgw.usage.source": final.usage_source,
+            "pgw.call_id": final.call_id,
+        }
+        if final.root_call_id:
+            attrs["pgw.root_call_id"] = final.root_call_id
+        if request_model:
+            attrs["gen_ai.request.model"] = request_model
+        if final.source_name:
+            attrs["pgw.source"] = final.source_name
+        if start.cache_namespace or final.cache_namespace:
+            attrs["pgw.cache.namespace"] = start.cache_namespace or final.cache_namespace
+        session = start.session_id or final.session_id
+        if session:
+            attrs["gen_ai.conversation.id"] = session
+            attrs["pgw.session_id"] = session
+        parent_call = start.parent_call_id or final.parent_call_id
+        if parent_call:
+            attrs["pgw.parent_call_id"] = parent_call
+        # What the call paid for: a cache hit's row repeats the cached answer's usage.
+        paid = [(record, outcome) for record, outcome in rows if not record.cache_hit]
+        attrs["gen_ai.usage.input_tokens"] = sum(record.prompt_tokens for record, _ in paid)
+        attrs["gen_ai.usage.output_tokens"] = sum(record.completion_tokens for record, _ in paid)
+        cached = sum(_int(outcome, "cached_prompt_tokens") for _, outcome in paid)
+        if cached:
+            attrs["gen_ai.usage.cache_read.input_tokens"] = cached
+        written = sum(_int(outcome, "cache_write_tokens") for _, outcome in paid)
+        if written:
+            attrs["gen_ai.usage.cache_creation.input_tokens"] = written
+        costs = [record.cost for record, _ in rows if record.cost is not None]
+        if costs:
+            attrs["pgw.cost"] = float(sum(costs))
+        if error_type is None:
+            if final.model:
+                attrs["gen_ai.response.model"] = final.model
+            finish = getattr(final_outcome, "finish_reason", None)
+            if isinstance(finish, str) and finish:
+                attrs["gen_ai.response.finish_reasons"] = (finish,)
+            if final.ttft_ms is not None:
+                attrs["pgw.ttft_ms"] = float(final.ttft_ms)
+            if final.max_inter_token_ms is not None:
+                attrs["pgw.max_inter_token_ms"] = float(final.max_inter_token_ms)
+        else:
+            attrs["error.type"] = error_type
+            if len(rows) == 1 and not final.source_name:  # refused before any attempt
+                attrs["pgw.refusal"] = _REFUSALS.get(error_type, "rejected")
+        return attrs
+
+    def _attempt_span(
+        self,
+        parent: otel_context.Context,
+        operation: str,
+        record: TelemetryRecord,
+        outcome: object,
+        number: int,
+        following: TelemetryRecord | None,
+        admitted: GovernanceEvent | None = None,
+    ) -> None:
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": record.provider or "unknown",
+            "pgw.attempt.number": number,
+            "pgw.usage.input_tokens": record.prompt_tokens,
+            "pgw.usage.output_tokens": record.completion_tokens,
+            "pgw.call_id": record.call_id,
+        }
+        # Only what differs from the usual: every attribute costs on the call path.
+        if record.cache_hit:
+            attrs["pgw.cache.hit"] = True
+        if record.usage_source != "measured":
+            attrs["pgw.usage.source"] = record.usage_source
+        request_model = self._models.get(record.source_name, "")
+        if request_model:
+            attrs["gen_ai.request.model"] = request_model
+        if record.source_name:
+            attrs["pgw.source"] = record.source_name
+        if record.cost is not None:
+            attrs["pgw.cost"] = float(record.cost)
+        if record.ttft_ms is not None:
+            attrs["pgw.ttft_ms"] = float(record.ttft_ms)
+        if record.max_inter_token_ms is not None:
+            attrs["pgw.max_inter_token_ms"] = float(record.max_inter_token_ms)
+        cached = _int(outcome, "cached_prompt_tokens")
+        if cached:
+            attrs["pgw.usage.cache_read.input_tokens"] = cached
+        if record.error is None:
+            if record.model:
+                attrs["gen_ai.response.model"] = record.model
+            finish = getattr(outcome, "finish_reason", None)
+            if isinstance(finish, str) and finish:
+                attrs["gen_ai.response.finish_reasons"] = (finish,)
+        else:
+            attrs["error.type"] = record.error
+        if following is not None:
+            attrs["pgw.attempt.next"] = _next_step(record, following)
+        if admitted is not None and admitted.source == record.source_name:
+            attrs["pgw.breaker.state"] = admitted.breaker_state
+            if admitted.probe:
+                attrs["pgw.breaker.probe"] = True
+        if record.cache_hit:
+            name = "pgw.cache_hit"
+        elif record.source_name:
+            name = f"pgw.attempt {record.source_name}"
+        else:
+            name = "pgw.refused"
+        span = self._tracer.start_span(
+            name,
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=_ns(_row_start(record)),
+        )
+        if self.capture_content:
+            _content(span, record, input_too=False)
+        if record.error is not None:
+            span.set_status(Status(StatusCode.ERROR, record.error))
+        span.end(end_time=_ns(record.created_at))
+
+    def _warn(self, cause: str, exc: BaseException) -> None:
+        key = f"{cause}:{type(exc).__name__}"
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("OpenTelemetry telemetry: %s failed: %r", cause, exc)
+
+    def __repr__(self) -> str:
+        return f"OtelRecorder(capture_content={self.capture_content}, owned={len(self._owned)})"
+
+
+class _Call:
+    """One call's rows, kept until it ends (``polygateway.ports.CallTrace``)."""
+
+    __slots__ = ("_events", "_parent", "_recorder", "_rows", "_start")
+
+    def __init__(
+        self, recorder: OtelRecorder, start: CallStart, parent: otel_context.Context
+    ) -> None:
+        self._recorder = recorder
+        self._start = start
+        self._parent = parent
+        self._rows: list[tuple[TelemetryRecord, object]] = []
+        self._events: list[tuple[int, GovernanceEvent]] = []
+
+    def attempt(self, record: TelemetryRecord, outcome: object) -> None:
+        self._rows.append((record, outcome))
+
+    def on_governance(self, event: GovernanceEvent) -> None:
+        """``polygateway.ports.SupportsGovernanceEvents``: kept with its place among the rows."""
+        self._events.append((len(self._rows), event))
+
+    def close(self, ended_at: float, error: BaseException | None) -> None:
+        rows, self._rows = self._rows, []
+        events, self._events = self._events, []
+        self._recorder.export(self._start, self._parent, rows, ended_at, error, events)
+
+
+class _Tally:
+    """A monotonic counter summed in a dict and read by the metric reader (an observable
+    counter): counting is a dict update on the call path, not an SDK measurement."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, meter: Meter, name: str, *, unit: str, description: str) -> None:
+        self._counts: dict[tuple[tuple[str, Any], ...], int] = {}
+        meter.create_observable_counter(
+            name, callbacks=[self._observe], unit=unit, description=description
+        )
+
+    def add(self, attributes: Mapping[str, Any]) -> None:
+        key = tuple(attributes.items())
+        counts = self._counts
+        counts[key] = counts.get(key, 0) + 1
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        # One C-level copy: safe against the loop thread adding meanwhile.
+        return [Observation(value, dict(key)) for key, value in list(self._counts.items())]
+
+
+class _Metrics:
+    """The instruments, made once per recorder."""
+
+    __slots__ = (
+        "admissions",
+        "attempts",
+        "breaker_refusals",
+        "cache",
+        "duration",
+        "limiter_refusals",
+        "meter",
+        "per_chunk",
+        "queue_wait",
+        "refusals",
+        "retries",
+        "tokens",
+        "ttfc",
+        "verdicts",
+    )
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.admissions = _Tally(
+            meter,
+            "pgw.limiter.admissions",
+            unit="{attempt}",
+            description="Attempts the breaker and the limiter let go, by pgw.source.",
+        )
+        self.limiter_refusals = _Tally(
+            meter,
+            "pgw.limiter.refusals",
+            unit="{refusal}",
+            description="Limiter refusals, by pgw.source and pgw.limiter.gate.",
+        )
+        self.breaker_refusals = _Tally(
+            meter,
+            "pgw.breaker.refusals",
+            unit="{refusal}",
+            description="Breaker refusals, by pgw.source and pgw.breaker.state.",
+        )
+        self.queue_wait = meter.create_histogram(
+            "pgw.limiter.queue_wait",
+            unit="s",
+            description="Time a call waited for quota or a breaker before a new round.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.duration = meter.create_histogram(
+            "gen_ai.client.operation.duration",
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.ttfc = meter.create_histogram(
+            "gen_ai.client.operation.time_to_first_chunk",
+            unit="s",
+            description="Time to receive the first chunk of a streaming response.",
+            explicit_bucket_boundaries_advisory=CHUNK_BUCKETS,
+        )
+        self.per_chunk = meter.create_histogram(
+            "gen_ai.client.operation.time_per_output_chunk",
+            unit="s",
+            description="Mean time per output chunk after the first one, per attempt.",
+            explicit_bucket_boundaries_advisory=PER_CHUNK_BUCKETS,
+        )
+        self.attempts = _Tally(
+            meter,
+            "pgw.call.attempts",
+            unit="{call}",
+            description="Calls by their number of attempts (pgw.attempts: retries, switches, "
+            "re-asks; 0 for a cache hit or a refusal): the attempts-per-call distribution.",
+        )
+        self.retries = _Tally(
+            meter,
+            "pgw.attempt.outcomes",
+            unit="{attempt}",
+            description="Attempts by what followed them (pgw.attempt.next) and error.type.",
+        )
+        self.refusals = _Tally(
+            meter,
+            "pgw.call.refusals",
+            unit="{call}",
+            description="Calls refused before any attempt (breaker open, scope unavailable).",
+        )
+        self.verdicts = _Tally(
+            meter,
+            "pgw.call.verdicts",
+            unit="{call}",
+            description="Calls ended by a scope-level verdict, by pgw.error.reason (stalled, ...).",
+        )
+        self.cache = _Tally(
+            meter,
+            "pgw.cache.lookups",
+            unit="{call}",
+            description="Calls by pgw.cache.hit: the cache hit ratio is hits over all.",
+        )
+
+    def observe(self, recorder: OtelRecorder) -> None:
+        """The gauges read from the recorder (called back by the metric reader)."""
+        states = recorder._breaker_states
+        rank = {"closed": 0, "half_open": 1, "open": 2}
+
+        def breaker_state(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(rank.get(state, -1), {"pgw.source": source, "pgw.breaker.state": state})
+                for source, state in list(states.items())
+            ]
+
+        def dropped(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(recorder.dropped, {"pgw.sink": "otel"})]
+
+        self.meter.create_observable_gauge(
+            "pgw.breaker.state",
+            callbacks=[breaker_state],
+            unit="1",
+            description="Breaker state per source as last seen: 0 closed, 1 half_open, 2 open.",
+        )
+        self.meter.create_observable_counter(
+            "pgw.telemetry.dropped",
+            callbacks=[dropped],
+            unit="{row}",
+            description="Telemetry rows this recorder could not turn into spans.",
+        )
+
+    def record_decisions(self, scope: str, events: Sequence[tuple[int, GovernanceEvent]]) -> None:
+        for _, event in events:
+            where = {"pgw.scope": scope, "pgw.source": event.source}
+            if event.kind == "admitted":
+                self.admissions.add({**where, "pgw.breaker.probe": event.probe})
+            elif event.kind == "limiter_refused":
+                self.limiter_refusals.add({**where, "pgw.limiter.gate": event.gate})
+            elif event.kind == "breaker_refused":
+                self.breaker_refusals.add({**where, "pgw.breaker.state": event.breaker_state})
+            elif event.kind == "waited":
+                self.queue_wait.record(event.wait_s, {"pgw.scope": scope})
+
+    def record_call(
+        self,
+        start: CallStart,
+        rows: Sequence[tuple[TelemetryRecord, object]],
+        call_attrs: Mapping[str, Any],
+        duration_s: float,
+        final_outcome: object,
+    ) -> None:
+        final = rows[-1][0]
+        base = {
+            key: call_attrs[key]
+            for key in (
+                "gen_ai.operation.name",
+                "gen_ai.provider.name",
+                "gen_ai.request.model",
+                "gen_ai.response.model",
+                "error.type",
+                "pgw.scope",
+                "pgw.source",
+            )
+            if key in call_attrs
+        }
+        # A cache hit is no GenAI operation: counted in pgw.cache.lookups, not timed here.
+        if not final.cache_hit:
+            self.duration.record(duration_s, base)
+        if not final.cache_hit and ("error.type" not in base or call_attrs["pgw.attempts"]):
+            self.tokens.record(
+                call_attrs["gen_ai.usage.input_tokens"], {**base, "gen_ai.token.type": "input"}
+            )
+            self.tokens.record(
+                call_attrs["gen_ai.usage.output_tokens"], {**base, "gen_ai.token.type": "output"}
+            )
+        if start.stream and final.error is None and final.ttft_ms is not None:
+            self.ttfc.record(final.ttft_ms / 1000, base)
+            chunks = final.completion_tokens
+            if chunks > 1:
+                # Per-chunk times are not kept: the attempt's mean after the first chunk.
+                gap_s = max(0.0, final.latency_ms - final.ttft_ms) / 1000 / (chunks - 1)
+                self.per_chunk.record(gap_s, base)
+        scope = {"pgw.scope": base.get("pgw.scope", "")}
+        self.attempts.add({**scope, "pgw.attempts": call_attrs["pgw.attempts"]})
+        self.cache.add({**scope, "pgw.cache.hit": final.cache_hit})
+        reason = call_attrs.get("pgw.error.reason")
+        if reason is not None:  # a scope-level verdict: stalled, quota_exhausted, ...
+            verdict = {**scope, "pgw.error.reason": reason, "error.type": base["error.type"]}
+            self.verdicts.add(verdict)
+        refusal = call_attrs.get("pgw.refusal")
+        if refusal is not None:
+            self.refusals.add({**scope, "pgw.refusal": refusal, "error.type": base["error.type"]})
+        for number, (record, _) in enumerate(rows[:-1], 1):
+            following = rows[number][0]
+            what = _next_step(record, following)
+            self.retries.add(
+                {
+                    **scope,
+                    "pgw.source": record.source_name,
+                    "pgw.attempt.next": what,
+                    "error.type": record.error or "none",
+                },
+            )
+
+
+def _decision_attributes(
+    attrs: dict[str, Any], events: Sequence[tuple[int, GovernanceEvent]]
+) -> None:
+    """What the breaker and the limiter decided during the call, on the call span."""
+    limiter = [event for _, event in events if event.kind == "limiter_refused"]
+    breaker = [event for _, event in events if event.kind == "breaker_refused"]
+    waited = [event.wait_s for _, event in events if event.kind == "waited"]
+    if limiter:
+        attrs["pgw.limiter.refusals"] = len(limiter)
+        attrs["pgw.limiter.gates"] = tuple(dict.fromkeys(event.gate for event in limiter))
+    if breaker:
+        attrs["pgw.breaker.refusals"] = len(breaker)
+    if waited:
+        attrs["pgw.limiter.queue_wait_s"] = float(sum(waited))
+    if any(event.probe for _, event in events):
+        attrs["pgw.breaker.probe"] = True
+
+
+def _next_step(record: TelemetryRecord, following: TelemetryRecord) -> str:
+    """What the governor did after attempt ``record``: re-ask, retry the source, or switch."""
+    if record.error == "ResultInvalidError":
+        return "reask"
+    return "retry" if following.source_name == record.source_name else "switch"
+
+
+def _content(span: trace.Span, record: TelemetryRecord, *, input_too: bool) -> None:
+    if input_too and record.messages:
+        span.set_attribute("gen_ai.input.messages", record.messages)
+    if record.response:
+        span.set_attribute("gen_ai.output.messages", record.response)
+
+
+def _error_type(error: BaseException | None, final: TelemetryRecord) -> str | None:
+    if error is not None:
+        if isinstance(error, asyncio.CancelledError):
+            return "cancelled"
+        return type(error).__name__
+    return final.error
+
+
+def _int(outcome: object, name: str) -> int:
+    value = getattr(outcome, name, 0)
+    return value if type(value) is int else 0
+
+
+def _row_start(record: TelemetryRecord) -> float:
+    return record.created_at - record.latency_ms / 1000
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1_000_000_000)
+
+
+__all__ = ["OtelRecorder"]
