@@ -16,7 +16,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, Unpack, overload
+
+from typing_extensions import TypeVar
 
 from polygateway.assembly import build_pipeline
 from polygateway.chat.messages import check_message_shape
@@ -46,21 +48,27 @@ from polygateway.ports import (
 from polygateway.settings import GatewaySettings, ScopeSettings
 from polygateway.types import ChatRequest, LLMResponse, Message, StructuredSpec
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 __all__ = ["GatewayClient", "Injected", "gather_bounded"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ModelT = TypeVar("ModelT", bound="BaseModel", default=Any)
+"""The model class of ``structured=`` (unsolved, i.e. ``"json"`` or ``None``: ``Any``)."""
+StructuredArg: TypeAlias = type[ModelT] | Literal["json"] | None
+"""What ``structured=`` accepts; the response's ``structured_data`` is typed after it."""
 
 
 class ChatOptions(TypedDict, total=False):
-    """The keywords of ``GatewayClient.chat`` other than ``stream`` (for ``stream()``)."""
+    """The keywords of ``GatewayClient.chat`` other than ``structured`` and ``stream``."""
 
     session_id: str | None
     parent_call_id: str | None
     cache_salt: str | None
     cache_namespace: str | None
-    structured: StructuredSpec
     model: str | None
     temperature: float | None
     top_p: float | None
@@ -222,7 +230,7 @@ class GatewayClient:
         parent_call_id: str | None = None,
         cache_salt: str | None = None,
         cache_namespace: str | None = None,
-        structured: StructuredSpec = None,
+        structured: StructuredArg[ModelT] = None,
         stream: bool = True,
         model: str | None = None,
         temperature: float | None = None,
@@ -239,14 +247,17 @@ class GatewayClient:
         user: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
         deadline_s: float | None = None,
-    ) -> LLMResponse:
+    ) -> LLMResponse[ModelT]:
         """One governed chat call (ARCHITECTURE §5.2).
 
         :param deadline_s: end-to-end deadline across every attempt, backoff and admission
             wait (default: the scope's ``retry.call_deadline_s``); past it the call raises
             ``AllSourcesExhausted(reason="retry_exhausted")``.
         :param structured: ``None`` raw text, ``"json"`` repaired JSON in
-            ``structured_data``, or a pydantic model class (the full D14 ladder).
+            ``structured_data``, or a pydantic model class (the full D14 ladder); the result
+            is typed after it (``structured=Invoice`` -> ``LLMResponse[Invoice]``, else
+            ``LLMResponse[Any]``). Anything
+            else is a type error, and a ``StructuredSpecError`` (a ``TypeError``) at runtime.
         The generation parameters (``model`` ... ``extra_body``, see ``polygateway.params``)
         override the source's defaults for this call, are sent through the provider profile
         (``max_tokens`` as ``max_completion_tokens`` for OpenAI) and are part of the cache key.
@@ -290,16 +301,17 @@ class GatewayClient:
         self,
         messages: Sequence[Message],
         *,
+        structured: StructuredArg[ModelT] = None,
         restart_on_cut: bool = False,
         **options: Unpack[ChatOptions],
-    ) -> ChatStream:
+    ) -> ChatStream[ModelT]:
         """The same governed call as ``chat`` (same keywords, always streamed), its deltas
         yielded as they arrive::
 
             async with client.stream(messages, temperature=0.2) as stream:
                 async for delta in stream:  # StreamDelta: content, thinking, tool_call
                     print(delta.text, end="")
-            response = stream.response
+            response = stream.response  # typed after structured=, as chat()'s result
 
         Before the first delta a failure retries / switches sources as ``chat`` does; after
         it a cut ends the stream with ``TransientError``, unless ``restart_on_cut=True``
@@ -308,10 +320,10 @@ class GatewayClient:
         releases its permit, probe and connection.
         :raises RequestRejectedError: as ``chat``, at once (before any network).
         """
-        request = self._request(messages, stream=True, **options)
+        request = self._request(messages, structured=structured, stream=True, **options)
         handler = self._handler
 
-        async def start(context: CallContext) -> LLMResponse:
+        async def start(context: CallContext) -> LLMResponse[ModelT]:
             return await handler(with_context(request, context))
 
         return ChatStream(start, restart_on_cut=restart_on_cut)

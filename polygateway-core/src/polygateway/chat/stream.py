@@ -23,7 +23,9 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from polygateway.context import CallContext
 from polygateway.errors import TransientError
@@ -32,12 +34,13 @@ from polygateway.types import ChatRequest, LLMResponse, StreamDelta
 
 __all__ = ["ChatStream"]
 
-Start = Callable[[CallContext], Coroutine[Any, Any, LLMResponse]]
+DataT = TypeVar("DataT", default=Any)
+Start = Callable[[CallContext], Coroutine[Any, Any, LLMResponse[Any]]]
 
 
-class ChatStream:
+class ChatStream(Generic[DataT]):
     """``async with client.stream(messages) as stream: async for delta in stream: ...``;
-    then ``stream.response`` (the full ``LLMResponse``)."""
+    then ``stream.response`` (the full ``LLMResponse``, typed after ``structured=``)."""
 
     __slots__ = (
         "_attempt",
@@ -56,7 +59,7 @@ class ChatStream:
     def __init__(self, start: Start, *, restart_on_cut: bool = False) -> None:
         self._start = start
         self._restart = restart_on_cut
-        self._task: asyncio.Task[LLMResponse] | None = None
+        self._task: asyncio.Task[LLMResponse[Any]] | None = None
         self._pending: deque[StreamDelta] = deque()
         self._wake = asyncio.Event()
         self._attempt = ""  # the call id whose deltas are being shown
@@ -130,7 +133,7 @@ class ChatStream:
 
     # ------------------------------------------------------------------ the consumer's side
 
-    async def __aenter__(self) -> ChatStream:
+    async def __aenter__(self) -> ChatStream[DataT]:
         context = CallContext(stream=self)
         context.add_observer(self)
         self._task = asyncio.get_running_loop().create_task(self._start(context))
@@ -154,7 +157,7 @@ class ChatStream:
         if not task.cancelled():
             task.exception()  # retrieved: never "exception was never retrieved"
 
-    def __aiter__(self) -> ChatStream:
+    def __aiter__(self) -> ChatStream[DataT]:
         return self
 
     async def __anext__(self) -> StreamDelta:
@@ -177,14 +180,15 @@ class ChatStream:
             await self._wake.wait()
 
     @property
-    def response(self) -> LLMResponse:
+    def response(self) -> LLMResponse[DataT]:
         """The full response, once the stream is consumed (``TransientError`` if cut)."""
         if self._cut is not None:
             raise self._cut
         task = self._task
         if task is None or not task.done():
             raise TypeError("stream.response is available once the stream has ended")
-        return task.result()
+        result: LLMResponse[DataT] = task.result()
+        return result
 
     def __repr__(self) -> str:
         state = "cut" if self._cut else ("ended" if self._ended else "open")
