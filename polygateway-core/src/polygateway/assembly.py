@@ -9,7 +9,7 @@ pluggy or this module: the result is a plain async callable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from polygateway.ports import (
     ProviderProfile,
     RateLimiter,
     SourceSelector,
+    StructuredOutputStrategy,
     TelemetryRecorder,
     Transport,
 )
@@ -38,7 +39,14 @@ from polygateway.types import ChatRequest
 if TYPE_CHECKING:
     from polygateway.plugins import Registry
 
-__all__ = ["OFF", "GovernanceParts", "build_governance", "build_pipeline", "unknown_middleware"]
+__all__ = [
+    "OFF",
+    "GovernanceParts",
+    "build_governance",
+    "build_pipeline",
+    "build_strategy",
+    "unknown_middleware",
+]
 
 OFF = "none"
 """The backend name that switches the cache or telemetry off."""
@@ -148,6 +156,36 @@ def build_governance(
     return GovernanceParts(limiter, breaker, selector, telemetry, pricing, frozenset(built))
 
 
+def build_strategy(
+    settings: ScopeSettings,
+    registry: Registry,
+    clock: Clock,
+    normalize: Callable[[Any], Any] | None,
+) -> StructuredOutputStrategy:
+    """The scope's structured strategy, given the caller's ``normalize`` hook (if any).
+
+    :raises ConfigError: ``normalize`` is not callable, or the strategy does not take it
+        (a hook that would be silently ignored).
+    """
+    name = settings.structured_strategy
+    if normalize is None:
+        return registry.build("structured", name, _context(settings, clock))
+    if not callable(normalize):
+        raise ConfigError(
+            f"{settings.scope}: normalize must be a callable (parsed JSON -> JSON), "
+            f"got {type(normalize).__name__}"
+        )
+    strategy = registry.build(
+        "structured", name, _context(settings, clock, MappingProxyType({"normalize": normalize}))
+    )
+    if getattr(strategy, "normalize", None) is not normalize:
+        raise ConfigError(
+            f"{settings.scope}: the structured strategy {name!r} takes no normalize hook "
+            "(the builtin 'auto', 'native-schema' and 'json-repair' do)"
+        )
+    return strategy
+
+
 def build_pipeline(
     settings: ScopeSettings,
     registry: Registry,
@@ -160,13 +198,15 @@ def build_pipeline(
     pricing: Pricing | None = None,
     transports: Mapping[str, Transport] | None = None,
     selector: SourceSelector | None = None,
+    normalize: Callable[[Any], Any] | None = None,
 ) -> Pipeline:
     """Build the onion for one scope: the handler, the parts, the layers (outer first).
 
     ``registry`` is a ``polygateway.plugins.Registry``. Injected parts are used as given (and
     stay the caller's to close); ``transports`` may cover only some sources, the rest are
     built from each source's ``transport`` name. The cache and telemetry are built only when
-    their layer is in ``settings.middleware`` and their backend is not ``none``.
+    their layer is in ``settings.middleware`` and their backend is not ``none``. ``normalize``
+    is the structured strategy's hook (parsed JSON -> reshaped JSON, before validation).
 
     :raises ConfigError: no sources, a failed startup guard, a bad middleware list, a cache
         without namespace or TTL, or a name no plugin registered.
@@ -205,7 +245,7 @@ def build_pipeline(
     )
     limiter, breaker, selector = governance.limiter, governance.breaker, governance.selector
     telemetry, pricing = governance.telemetry, governance.pricing
-    strategy = registry.build("structured", settings.structured_strategy, _context(settings, clock))
+    strategy = build_strategy(settings, registry, clock, normalize)
     if cache is None and cache_on:
         cache = registry.build(
             "cache", settings.cache.backend, _context(settings, clock, settings.cache.options)

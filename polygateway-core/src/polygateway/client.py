@@ -98,6 +98,7 @@ class Injected(TypedDict, total=False):
     pricing: Pricing
     transports: Mapping[str, Transport]
     selector: SourceSelector
+    normalize: Callable[[Any], Any] | None
 
 
 class GatewayClient:
@@ -106,6 +107,11 @@ class GatewayClient:
     Parts passed in stay the caller's: ``aclose()`` closes only what this client built
     (transports, limiter, breaker, cache, telemetry recorder), and flushes the telemetry
     recorder either way so a graceful shutdown loses no row.
+
+    ``normalize`` is the structured strategy's hook for provider variants (rung ② of
+    ARCHITECTURE §7.9): called with the parsed JSON of every ``structured=`` answer, it returns the data
+    to validate (e.g. unwrap ``[{...}]``, regroup flattened arguments). A ``ConfigError`` if
+    the configured strategy does not take one.
     """
 
     __slots__ = (
@@ -132,6 +138,7 @@ class GatewayClient:
         pricing: Pricing | None = None,
         transports: Mapping[str, Transport] | None = None,
         selector: SourceSelector | None = None,
+        normalize: Callable[[Any], Any] | None = None,
     ) -> None:
         if not isinstance(settings, ScopeSettings):
             raise TypeError(
@@ -153,6 +160,7 @@ class GatewayClient:
             pricing=pricing,
             transports=transports,
             selector=selector,
+            normalize=normalize,
         )
         components = pipeline.components
         self._settings = settings
