@@ -33,7 +33,7 @@ from polygateway.ports import (
     TelemetryRecorder,
     Transport,
 )
-from polygateway.settings import ScopeSettings
+from polygateway.settings import Limits, ScopeSettings
 from polygateway.types import ChatRequest
 
 if TYPE_CHECKING:
@@ -105,6 +105,29 @@ def _context(
     return ComponentContext(settings=settings, options=options, clock=clock)
 
 
+def check_shared_limits(settings: ScopeSettings, limiter: RateLimiter) -> None:
+    """Refuse a scope's own global limits that an injected limiter would silently ignore.
+
+    The scope-wide gates (global concurrency, RPM, TPM) are the limiter's: a scope handed
+    another scope's limiter shares those. Its own ``{SCOPE}__GLOBAL__*`` limits, when set and
+    different, would be ignored, so they are a ``ConfigError`` instead.
+    """
+    own = settings.global_limits
+    theirs = getattr(limiter, "global_limits", None)
+    if own == Limits() or not isinstance(theirs, Limits) or theirs == own:
+        return
+    scope = settings.scope
+    raise ConfigError(
+        f"{scope}: global limits {_limits_text(own)} are configured, but the injected limiter "
+        f"applies its own {_limits_text(theirs)} to every scope sharing it; unset "
+        f"{scope}__GLOBAL__* (the shared gates then apply) or configure the same limits"
+    )
+
+
+def _limits_text(limits: Limits) -> str:
+    return f"(max_concurrency={limits.max_concurrency}, rpm={limits.rpm}, tpm={limits.tpm})"
+
+
 def build_governance(
     settings: ScopeSettings,
     registry: Registry,
@@ -126,6 +149,8 @@ def build_governance(
     recorder unless its backend is ``none``.
     """
     built: set[str] = set()
+    if limiter is not None:
+        check_shared_limits(settings, limiter)
     if limiter is None:
         limiter = registry.build(
             "limiter", settings.limiter.name, _context(settings, clock, settings.limiter.options)
@@ -285,6 +310,7 @@ def build_pipeline(
         breaker_settings=settings.breaker,
         backpressure=settings.backpressure,
         clock=clock,
+        scope=settings.scope,
     )
     layers: list[Middleware] = []
     for name in settings.middleware:

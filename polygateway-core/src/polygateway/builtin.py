@@ -45,6 +45,7 @@ def pgw_register_limiters(register: Register) -> None:
             global_limits=ctx.settings.global_limits,
             lease_ttl_s=ctx.settings.lease_ttl_s,
             clock=ctx.clock,
+            scope=ctx.settings.scope,
         )
 
     register("memory", memory)

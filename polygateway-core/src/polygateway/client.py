@@ -109,9 +109,9 @@ class GatewayClient:
     recorder either way so a graceful shutdown loses no row.
 
     ``normalize`` is the structured strategy's hook for provider variants (rung ② of
-    ARCHITECTURE §7.9): called with the parsed JSON of every ``structured=`` answer, it returns the data
-    to validate (e.g. unwrap ``[{...}]``, regroup flattened arguments). A ``ConfigError`` if
-    the configured strategy does not take one.
+    ARCHITECTURE §7.9): called with the parsed JSON of every ``structured=`` answer, it
+    returns the data to validate (e.g. unwrap ``[{...}]``, regroup flattened arguments). A
+    ``ConfigError`` if the configured strategy does not take one.
     """
 
     __slots__ = (

@@ -224,6 +224,7 @@ class EmbeddingClient:
             breaker_settings=settings.breaker,
             backpressure=settings.backpressure,
             clock=clock,
+            scope=settings.scope,
         )
         assert settings.batch_size is not None  # checked by _settings_problems
         self._batch_size = settings.batch_size

@@ -248,6 +248,7 @@ class OcrClient:
             backpressure=settings.backpressure,
             clock=self._clock,
             rng=rng,
+            scope=settings.scope,
         )
         self._closed = False
 

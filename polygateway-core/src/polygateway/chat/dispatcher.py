@@ -66,6 +66,7 @@ class ChatDispatcher:
         backpressure: BackpressureSettings,
         clock: Clock,
         rng: random.Random | None = None,
+        scope: str | None = None,
     ) -> ChatDispatcher:
         """The governor over ``sources`` and the dispatcher on it; every problem at once.
 
@@ -85,6 +86,7 @@ class ChatDispatcher:
             backpressure=backpressure,
             clock=clock,
             rng=rng,
+            scope=scope,
         )
         return cls(governor, transports, clock=clock)
 

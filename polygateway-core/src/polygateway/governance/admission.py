@@ -26,11 +26,26 @@ from polygateway.ids import elapsed_ms, new_call_id
 from polygateway.ports import Clock, Denial, GateDecision, Permit, ProviderGate, RateLimiter
 from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "gate_key"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def gate_key(limiter: RateLimiter, scope: str | None, source: str) -> str:
+    """The limiter key of ``source`` of ``scope`` (ARCHITECTURE §7.7: gates are per scope
+    and source).
+
+    A limiter that can name its owner scope (``claim_scope``: the builtin memory and the Redis
+    limiter) keys its owner's sources by their bare names and another scope's by
+    ``<scope>:<name>``, so two roles sharing one limiter share its global gates but each keeps
+    its own per-source gates, even for same-named sources. Other limiters get the bare name.
+    """
+    claim = getattr(limiter, "claim_scope", None)
+    if scope is None or claim is None:
+        return source
+    return source if claim(scope) == scope else f"{scope}:{source}"
 
 
 class Admission:
@@ -44,6 +59,7 @@ class Admission:
     __slots__ = (
         "_breaker",
         "_clock",
+        "_gate_keys",
         "_limiter",
         "_memo",
         "_progress_every_s",
@@ -63,8 +79,10 @@ class Admission:
         memo: CooldownMemo,
         clock: Clock,
         stall_window_s: float,
+        scope: str | None = None,
     ) -> None:
         self._limiter = limiter
+        self._gate_keys = {s.name: gate_key(limiter, scope, s.name) for s in sources}
         self._breaker = breaker
         self._memo = memo
         self._clock = clock
@@ -100,7 +118,9 @@ class Admission:
         # A probe decision must end with a verdict or be handed back, whatever happens.
         probe_pending = decision.probe_owner is not None
         try:
-            admitted = await self._limiter.try_acquire(name, est_tokens, source.limits)
+            admitted = await self._limiter.try_acquire(
+                self._gate_keys[name], est_tokens, source.limits
+            )
             if isinstance(admitted, Denial):
                 return admitted
             permit: Permit = admitted

@@ -161,7 +161,10 @@ class Governor:
         backpressure: BackpressureSettings,
         clock: Clock,
         rng: random.Random | None = None,
+        scope: str | None = None,
     ) -> None:
+        """``scope``: the scope the sources belong to, for the limiter's per-source keys
+        (``polygateway.governance.admission.gate_key``)."""
         self._sources: tuple[SourceConfig, ...] = tuple(sources)
         self._names: tuple[str, ...] = tuple(s.name for s in self._sources)
         problems = governor_problems(self._sources, retry, backpressure)
@@ -198,6 +201,7 @@ class Governor:
             memo=self._memo,
             clock=clock,
             stall_window_s=self._blocked.stall_window_s,
+            scope=scope,
         )
 
     @property
