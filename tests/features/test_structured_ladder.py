@@ -364,30 +364,22 @@ async def test_a_reask_escalates_to_the_native_schema_where_supported(
 ) -> None:
     fake_upstream.script("a", Reply.ok(content="Paris, France"), Reply.ok(content=VALID))
     fake_upstream.script("b", Reply.ok(content="Paris, France"), Reply.ok(content=VALID))
-    openai = scope(
-        fake_upstream,
-        source(fake_upstream, "a", provider="openai"),
-        structured_strategy=strategy,
-        cache="none",
-    )
-    async with make_rig(tmp_path / "openai", openai).client as client:
-        response = await client.chat(MESSAGES, structured=City)
-    assert response.structured_data == City(name="Paris", country="FR")
-    first, reask = bodies(fake_upstream, "a")
+    for route, provider in (("a", "openai"), ("b", "generic")):
+        settings = scope(
+            fake_upstream,
+            source(fake_upstream, route, provider=provider),
+            structured_strategy=strategy,
+            cache="none",
+        )
+        async with make_rig(tmp_path / route, settings).client as client:
+            response = await client.chat(MESSAGES, structured=City)
+        assert response.structured_data == City(name="Paris", country="FR")
+    first, reask = bodies(fake_upstream, "a")  # openai: native schema supported
     assert ("response_format" in first) is (strategy == "auto")
     assert reask["response_format"] == NATIVE_CITY  # the re-ask always carries it
     assert reask["messages"][-2] == {"role": "assistant", "content": "Paris, France"}
-
-    generic = scope(
-        fake_upstream,
-        source(fake_upstream, "b", provider="generic"),
-        structured_strategy=strategy,
-        cache="none",
-    )
-    async with make_rig(tmp_path / "generic", generic).client as client:
-        await client.chat(MESSAGES, structured=City)
-    assert all("response_format" not in body for body in bodies(fake_upstream, "b"))
-    assert len(bodies(fake_upstream, "b")) == 2
+    sent = bodies(fake_upstream, "b")  # generic: no native schema, ever
+    assert len(sent) == 2 and all("response_format" not in body for body in sent)
 
 
 def _unwrap(data: Any) -> Any:

@@ -337,19 +337,13 @@ class OpenAISDKTransport:
     ) -> TransportResult:
         liveness = attempt_liveness(source, stream=True, started=started, monitor=monitor)
         state = _StreamState(tags)
-        context = request.context
-        sink = context.stream if context is not None else None
         # GatewayClient.stream: each chunk's new text is handed on as it arrives.
-        tap = (
-            None
-            if sink is None
-            else DeltaTap(
-                sink,
-                call_id,
-                content=state.splitter.content,
-                thinking=state.splitter.thinking,
-                calls=state.tools.calls,
-            )
+        tap = DeltaTap.for_request(
+            request,
+            call_id,
+            content=state.splitter.content,
+            thinking=state.splitter.thinking,
+            calls=state.tools.calls,
         )
         stream: openai.AsyncStream[ChatCompletionChunk] | None = None
         try:
