@@ -53,7 +53,7 @@ class ChatStream(Generic[DataT]):
         "_shown_content",
         "_start",
         "_task",
-        "_wake",
+        "_waiter",
     )
 
     def __init__(self, start: Start, *, restart_on_cut: bool = False) -> None:
@@ -61,7 +61,9 @@ class ChatStream(Generic[DataT]):
         self._restart = restart_on_cut
         self._task: asyncio.Task[LLMResponse[Any]] | None = None
         self._pending: deque[StreamDelta] = deque()
-        self._wake = asyncio.Event()
+        # The consumer's wake-up: a bare future it awaits when nothing is pending (cheaper
+        # than an Event: no waiter list, no coroutine per wait).
+        self._waiter: asyncio.Future[None] | None = None
         self._attempt = ""  # the call id whose deltas are being shown
         self._shown = 0  # deltas handed to the consumer since the last restart
         self._deltas = 0  # deltas received from the current attempt
@@ -107,14 +109,19 @@ class ChatStream(Generic[DataT]):
         self._cut.__cause__ = outcome
         if self._task is not None:
             self._task.cancel()  # the governor stops: permit, probe and connection released
-        self._wake.set()
+        self._wake()
 
     def on_result_invalid(self, call_id: str, error: BaseException) -> None:
         return None
 
     def _push(self, delta: StreamDelta) -> None:
         self._pending.append(delta)
-        self._wake.set()
+        self._wake()
+
+    def _wake(self, _: object = None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _finish(self, response: LLMResponse) -> None:
         """What the consumer has not seen of ``response`` yet, as deltas."""
@@ -136,9 +143,18 @@ class ChatStream(Generic[DataT]):
     async def __aenter__(self) -> ChatStream[DataT]:
         context = CallContext(stream=self)
         context.add_observer(self)
-        self._task = asyncio.get_running_loop().create_task(self._start(context))
-        self._task.add_done_callback(lambda _: self._wake.set())
+        self._task = asyncio.get_running_loop().create_task(self._run(context))
+        # A call that ends by cancellation never reaches _run's own wake-up.
+        self._task.add_done_callback(self._wake)
         return self
+
+    async def _run(self, context: CallContext) -> LLMResponse[Any]:
+        try:
+            return await self._start(context)
+        finally:
+            # Wakes the consumer from inside the call's task, one loop turn before a done
+            # callback would: the task is done by the time the consumer runs.
+            self._wake()
 
     async def __aexit__(
         self,
@@ -176,8 +192,9 @@ class ChatStream(Generic[DataT]):
                 self._ended = True
                 self._finish(task.result())  # raises the call's error
                 continue
-            self._wake.clear()
-            await self._wake.wait()
+            waiter = self._waiter = task.get_loop().create_future()
+            await waiter
+            self._waiter = None
 
     @property
     def response(self) -> LLMResponse[DataT]:
