@@ -24,7 +24,7 @@ from polygateway.assembly import build_pipeline
 from polygateway.chat.messages import check_message_shape
 from polygateway.chat.stream import ChatStream
 from polygateway.clock import SystemClock
-from polygateway.context import CallContext, with_context
+from polygateway.context import CallContext
 from polygateway.errors import (
     ClientClosedError,
     RequestRejectedError,
@@ -328,13 +328,16 @@ class GatewayClient:
         releases its permit, probe and connection.
         :raises RequestRejectedError: as ``chat``, at once (before any network).
         """
-        request = self._request(messages, structured=structured, stream=True, **options)
         handler = self._handler
 
         async def start(context: CallContext) -> LLMResponse[ModelT]:
-            return await handler(with_context(request, context))
+            return await handler(request)  # built with the stream's context already
 
-        return ChatStream(start, restart_on_cut=restart_on_cut)
+        chat_stream: ChatStream[ModelT] = ChatStream(start, restart_on_cut=restart_on_cut)
+        request = self._request(
+            messages, structured=structured, stream=True, context=chat_stream.context, **options
+        )
+        return chat_stream
 
     def _request(
         self,
@@ -361,6 +364,7 @@ class GatewayClient:
         user: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
         deadline_s: float | None = None,
+        context: CallContext | None = None,
     ) -> ChatRequest:
         """The validated request of one call (shared by ``chat`` and ``stream``)."""
         if self._closed:
@@ -405,7 +409,7 @@ class GatewayClient:
             stream=stream,
             params=None if plain else params,
             deadline_s=deadline_s,
-            context=CallContext(),
+            context=context if context is not None else CallContext(),
         )
         return request
 

@@ -54,6 +54,7 @@ class ChatStream(Generic[DataT]):
         "_start",
         "_task",
         "_waiter",
+        "context",
     )
 
     def __init__(self, start: Start, *, restart_on_cut: bool = False) -> None:
@@ -70,6 +71,9 @@ class ChatStream(Generic[DataT]):
         self._shown_content: list[str] = []
         self._cut: TransientError | None = None
         self._ended = False
+        self.context = CallContext(stream=self)
+        """The call's context (deltas and attempts come back here); ``start`` gets it."""
+        self.context.add_observer(self)
 
     # ------------------------------------------------------------------ the call's side
 
@@ -141,9 +145,7 @@ class ChatStream(Generic[DataT]):
     # ------------------------------------------------------------------ the consumer's side
 
     async def __aenter__(self) -> ChatStream[DataT]:
-        context = CallContext(stream=self)
-        context.add_observer(self)
-        self._task = asyncio.get_running_loop().create_task(self._run(context))
+        self._task = asyncio.get_running_loop().create_task(self._run(self.context))
         # A call that ends by cancellation never reaches _run's own wake-up.
         self._task.add_done_callback(self._wake)
         return self
