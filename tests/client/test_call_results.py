@@ -98,4 +98,6 @@ async def test_structured_must_be_json_or_a_model_class(fake: FakeUpstream, bad:
     async with http_client(fake, ["a"]) as client:
         with pytest.raises(TypeError, match="structured must be"):
             await client.chat(MESSAGES, structured=bad)
+        with pytest.raises(TypeError, match="structured must be"):
+            client.stream(MESSAGES, structured=bad)
     assert fake.requests() == 0

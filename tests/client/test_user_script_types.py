@@ -56,6 +56,58 @@ BAD = textwrap.dedent(
 )
 
 
+TYPED = textwrap.dedent(
+    """
+    from typing import Any, reveal_type
+
+    from pydantic import BaseModel
+
+    from polygateway import GatewayClient, LLMResponse
+    from polygateway.sync import SyncGatewayClient
+
+
+    class Invoice(BaseModel):
+        total: float
+
+
+    async def main(client: GatewayClient) -> float:
+        messages = [{"role": "user", "content": "bill"}]
+        invoice = await client.chat(messages, structured=Invoice, temperature=0.0)
+        reveal_type(invoice)
+        reveal_type(invoice.structured_data)
+        loose = await client.chat(messages, structured="json")
+        reveal_type(loose.structured_data)
+        plain = await client.chat(messages)
+        reveal_type(plain.structured_data)
+        untyped: LLMResponse = plain
+        async with client.stream(messages, structured=Invoice, top_p=0.5) as stream:
+            async for _ in stream:
+                pass
+        reveal_type(stream.response.structured_data)
+        return invoice.structured_data.total + stream.response.structured_data.total
+
+
+    def legacy(client: SyncGatewayClient) -> float:
+        answer = client.chat([{"role": "user", "content": "bill"}], structured=Invoice)
+        reveal_type(answer.structured_data)
+        return answer.structured_data.total
+    """
+)
+
+BAD_STRUCTURED = textwrap.dedent(
+    """
+    from polygateway import GatewayClient
+    from polygateway.sync import SyncGatewayClient
+
+
+    async def main(client: GatewayClient, legacy: SyncGatewayClient) -> None:
+        await client.chat([{"role": "user", "content": "hi"}], structured=42)
+        client.stream([], structured="yaml")
+        legacy.chat([], structured=dict)
+    """
+)
+
+
 def _mypy(tmp_path: Path, name: str, text: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / name
     script.write_text(text, encoding="utf-8")
@@ -87,3 +139,31 @@ def test_wrong_argument_types_are_mypy_errors(tmp_path: Path) -> None:
     done = _mypy(tmp_path, "bad.py", BAD)
     assert done.returncode == 1
     assert '"temperature"' in done.stdout and '"max_tokens"' in done.stdout, done.stdout
+
+
+def test_structured_results_are_typed_after_the_schema(tmp_path: Path) -> None:
+    done = _mypy(tmp_path, "typed.py", TYPED)
+    assert done.returncode == 0, done.stdout + done.stderr
+    revealed = [
+        line.split("Revealed type is ", 1)[1].strip('"')
+        for line in done.stdout.splitlines()
+        if "Revealed type is" in line
+    ]
+    assert revealed == [
+        "polygateway.types.LLMResponse[typed.Invoice]",
+        "typed.Invoice",
+        "Any",
+        "Any",
+        "typed.Invoice",
+        "typed.Invoice",
+    ], done.stdout
+
+
+def test_a_structured_spec_that_is_no_schema_is_a_mypy_error(tmp_path: Path) -> None:
+    done = _mypy(tmp_path, "bad_structured.py", BAD_STRUCTURED)
+    assert done.returncode == 1
+    lines = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert len(lines) == 3, done.stdout
+    assert 'Argument "structured" to "chat"' in lines[0], done.stdout
+    assert 'Argument "structured" to "stream"' in lines[1], done.stdout
+    assert 'Value of type variable "ModelT" of "chat"' in lines[2], done.stdout

@@ -16,6 +16,7 @@ from features_helpers import (  # make_rig_fixture provides the make_rig fixture
     scope,
     source,
 )
+from polygateway import GatewayClient, hookimpl
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.middleware.structured import (
     FEEDBACK_ERROR_CHARS,
@@ -23,6 +24,7 @@ from polygateway.middleware.structured import (
     StructuredMiddleware,
     feedback_message,
 )
+from polygateway.plugins import load_registry
 from polygateway.ports import ProviderProfile
 from polygateway.settings import BreakerSettings
 from polygateway.structured.json_repair import JsonRepairStrategy
@@ -330,3 +332,101 @@ def test_native_schema_only_when_every_source_supports_it() -> None:
     assert not native(src("a", "n1"), src("b", "plain"))
     assert not native(src("a", "n1"), src("b", "unregistered"))
     assert not native()
+
+
+NATIVE_CITY = {
+    "type": "json_schema",
+    "json_schema": {"name": "City", "schema": City.model_json_schema(), "strict": False},
+}
+
+
+async def test_the_default_strategy_sends_the_native_schema_where_supported(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    fake_upstream.set_default("a", Reply.ok(content=VALID))
+    fake_upstream.set_default("b", Reply.ok(content=VALID))
+    openai = scope(fake_upstream, source(fake_upstream, "a", provider="openai"), cache="none")
+    assert openai.structured_strategy == "auto"  # the default: native schema first
+    async with make_rig(tmp_path / "openai", openai).client as client:
+        response = await client.chat(MESSAGES, structured=City)
+    assert response.structured_data == City(name="Paris", country="FR")
+    assert bodies(fake_upstream, "a")[0]["response_format"] == NATIVE_CITY
+
+    generic = scope(fake_upstream, source(fake_upstream, "b", provider="generic"), cache="none")
+    async with make_rig(tmp_path / "generic", generic).client as client:
+        await client.chat(MESSAGES, structured=City)
+    assert "response_format" not in bodies(fake_upstream, "b")[0]
+
+
+@pytest.mark.parametrize("strategy", ["json-repair", "auto"])
+async def test_a_reask_escalates_to_the_native_schema_where_supported(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path, strategy: str
+) -> None:
+    fake_upstream.script("a", Reply.ok(content="Paris, France"), Reply.ok(content=VALID))
+    fake_upstream.script("b", Reply.ok(content="Paris, France"), Reply.ok(content=VALID))
+    for route, provider in (("a", "openai"), ("b", "generic")):
+        settings = scope(
+            fake_upstream,
+            source(fake_upstream, route, provider=provider),
+            structured_strategy=strategy,
+            cache="none",
+        )
+        async with make_rig(tmp_path / route, settings).client as client:
+            response = await client.chat(MESSAGES, structured=City)
+        assert response.structured_data == City(name="Paris", country="FR")
+    first, reask = bodies(fake_upstream, "a")  # openai: native schema supported
+    assert ("response_format" in first) is (strategy == "auto")
+    assert reask["response_format"] == NATIVE_CITY  # the re-ask always carries it
+    assert reask["messages"][-2] == {"role": "assistant", "content": "Paris, France"}
+    sent = bodies(fake_upstream, "b")  # generic: no native schema, ever
+    assert len(sent) == 2 and all("response_format" not in body for body in sent)
+
+
+def _unwrap(data: Any) -> Any:
+    """A provider that wraps the object in a one-element list."""
+    return data[0] if isinstance(data, list) and len(data) == 1 else data
+
+
+class _Fixed:
+    """A third-party strategy with no normalize hook."""
+
+    def prepare(self, request: Any, schema: Any, profile: Any) -> Any:
+        return request
+
+    def parse(self, text: str, schema: Any) -> Any:
+        return JsonRepairStrategy().parse(text, schema)
+
+
+class _FixedPlugin:
+    @hookimpl
+    def pgw_register_structured(self, register: Any) -> None:
+        register("fixed", lambda ctx: _Fixed())
+
+
+@pytest.mark.parametrize("strategy", ["auto", "json-repair"])
+async def test_the_normalize_hook_is_given_through_the_client(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path, strategy: str
+) -> None:
+    fake_upstream.set_default("a", Reply.ok(content=f"[{VALID}]"))
+    settings = scope(fake_upstream, structured_strategy=strategy, cache="none")
+    async with make_rig(tmp_path / "plain", settings).client as client:
+        with pytest.raises(ResultInvalidError):  # a list is no City
+            await client.chat(MESSAGES, structured=City)
+    async with make_rig(tmp_path / "hook", settings, normalize=_unwrap).client as client:
+        assert client.components.strategy.normalize is _unwrap  # type: ignore[attr-defined]
+        response = await client.chat(MESSAGES, structured=City)
+        assert response.structured_data == City(name="Paris", country="FR")
+        loose = await client.chat(MESSAGES, structured="json")
+        assert loose.structured_data == {"name": "Paris", "country": "FR"}
+
+
+def test_a_normalize_hook_that_would_be_ignored_is_a_config_error(
+    fake_upstream: FakeUpstream,
+) -> None:
+    with pytest.raises(ConfigError, match="normalize must be a callable"):
+        GatewayClient(scope(fake_upstream), normalize="unwrap")  # type: ignore[arg-type]
+    registry = load_registry(autoload=False, extra_plugins=[("fixed-strategy", _FixedPlugin())])
+    settings = scope(fake_upstream, structured_strategy="fixed")
+    GatewayClient(settings, registry=registry)  # fine without a hook
+    with pytest.raises(ConfigError, match="'fixed' takes no normalize hook"):
+        GatewayClient(settings, registry=registry, normalize=_unwrap)

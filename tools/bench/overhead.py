@@ -2,6 +2,7 @@
 
     python tools/bench/overhead.py [--seconds 1.5] [--calls 20000] [--chunks 20] [--rounds 5]
                                    [--only aiohttp,governed-aiohttp] [--modes stream,json]
+    python tools/bench/overhead.py --callgrind [--callgrind-calls 100]
 
 Starts ``pgw fake-upstream`` in its own process, then for every client measures, at concurrency
 1 and 64, streaming and not: calls/s (wall) and client CPU microseconds per call (process time
@@ -807,6 +808,88 @@ def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
             print(f"{on} vs {off}: {extra:+.1%} instructions per call ({verdict}, budget +15%)")
 
 
+# --------------------------------------------------------------------------- callgrind mode
+
+CALLGRIND_CLIENTS = ("chat", "client-stream")
+"""``chat``: ``await client.chat(messages)`` (streamed from the upstream); ``client-stream``:
+``async with client.stream(messages)`` with every delta handed to the caller. Both on the
+default engine, telemetry and cache off (the ``governed-<engine>`` set-up)."""
+
+
+async def callgrind_child(url: str, client_name: str, calls: int) -> None:
+    """The measured process: warm-up, then ``calls`` sequential calls of one client."""
+    from polygateway import GatewayClient
+
+    env = governed_env(url, default_engine(), telemetry="none", cache="none", db="")
+    client = GatewayClient.from_env(env=env)
+    try:
+        for n in range(WARMUP_CALLS + calls):
+            if n == WARMUP_CALLS:
+                # Start-up objects out of the collector's sight: an occasional full collection
+                # over them would land in one run and not the other, swamping the difference.
+                gc.collect()
+                gc.freeze()
+            messages = [{"role": "user", "content": f"Say hello #{n}"}]
+            if client_name == "chat":
+                await client.chat(messages)
+                continue
+            async with client.stream(messages) as deltas:
+                async for _ in deltas:
+                    pass
+    finally:
+        await client.aclose()
+
+
+def callgrind_instructions(url: str, client_name: str, calls: int) -> int:
+    """Instructions (Ir) of one whole child process under callgrind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={tmp}/callgrind.out",
+                sys.executable,
+                __file__,
+                "--callgrind-child",
+                f"{url},{client_name},{calls}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    for line in done.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.rsplit(":", 1)[1].strip())
+    raise RuntimeError(f"no callgrind total in: {done.stderr[-2000:]}")
+
+
+def callgrind_main(args: argparse.Namespace) -> None:
+    """Instructions per call of ``chat`` and ``client-stream``: each client runs in two
+    processes under callgrind, with ``n`` and ``3n`` timed calls; the difference divided by
+    ``2n`` is the per-call count, free of start-up and warm-up. Deterministic up to a few
+    tenths of a percent (hash seeds, timers), unlike CPU time on a shared machine."""
+    port = free_port()
+    proc = start_upstream(port, args.chunks)
+    url = f"http://127.0.0.1:{port}/v1"
+    n = args.callgrind_calls
+    per_call: dict[str, float] = {}
+    only = set(args.only.split(",")) if args.only else set(CALLGRIND_CLIENTS)
+    try:
+        for name in (name for name in CALLGRIND_CLIENTS if name in only):
+            small = callgrind_instructions(url, name, n)
+            large = callgrind_instructions(url, name, 3 * n)
+            per_call[name] = (large - small) / (2 * n)
+            print(f"{name:14} {per_call[name]:12,.0f} instructions/call ({small:,} / {large:,})")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    if len(per_call) < len(CALLGRIND_CLIENTS):
+        return
+    ratio = per_call["client-stream"] / per_call["chat"]
+    verdict = "within" if ratio <= 1.10 else "OVER"
+    print(f"client.stream / chat: {ratio:.3f}x ({verdict} the 1.10x budget)")
+
+
 def main() -> None:
     if {"--otel-child", "--otel-callgrind", "--otel-wall"} & set(sys.argv):
         otel = argparse.ArgumentParser()
@@ -836,7 +919,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per point")
     parser.add_argument("--only", default="", help="comma list of client names")
     parser.add_argument("--modes", default="stream,json", help="stream,json or one of them")
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="instructions per call of chat() and client.stream under valgrind's callgrind",
+    )
+    parser.add_argument("--callgrind-calls", type=int, default=100, help="n (callgrind mode)")
+    parser.add_argument("--callgrind-child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.callgrind_child:
+        url, name, calls = args.callgrind_child.rsplit(",", 2)
+        asyncio.run(callgrind_child(url, name, int(calls)))
+        return
+    if args.callgrind:
+        callgrind_main(args)
+        return
     print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}", flush=True)
     rows = asyncio.run(main_async(args))
     print(f"load average after: {os.getloadavg()}")

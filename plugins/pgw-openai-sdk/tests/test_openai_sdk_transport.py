@@ -293,3 +293,54 @@ async def test_tool_calls_are_assembled(
     )
     assert result.finish_reason == "tool_calls"
     assert result.tool_calls == tuple(ToolCall(*call) for call in calls)
+
+
+async def test_client_stream_yields_deltas_as_the_chunks_arrive(
+    fake_upstream: FakeUpstream,
+) -> None:
+    from polygateway import GatewayClient
+    from polygateway.settings import CacheSettings, ScopeSettings
+
+    text = "one two three four five six seven eight"
+    fake_upstream.script(
+        "sdk",
+        Reply.ok(
+            text,
+            reasoning="thinking it over",
+            chunks=6,
+            inter_token_delay=0.05,
+            tool_calls=[("call-1", "lookup", '{"city": "Paris"}')],
+            finish_reason="tool_calls",
+        ),
+    )
+    source = _source(fake_upstream.base_url("sdk"), transport="openai-sdk")
+    settings = ScopeSettings(
+        scope="LLM",
+        sources=(source,),
+        cache=CacheSettings(backend="none"),
+        middleware=("structured",),
+    )
+    deltas = []
+    in_flight_at_first_content: int | None = None
+    async with (
+        GatewayClient(settings) as client,
+        client.stream(MESSAGES) as stream,
+    ):
+        assert type(client.components.transports["sdk"]).__name__ == "OpenAISDKTransport"
+        async for delta in stream:
+            if delta.kind == "content" and in_flight_at_first_content is None:
+                in_flight_at_first_content = fake_upstream.inflight("sdk")
+            deltas.append(delta)
+    response = stream.response
+    # The first content arrived while the upstream was still sending the rest.
+    assert in_flight_at_first_content == 1
+    content = [d.text for d in deltas if d.kind == "content"]
+    assert len(content) >= 3
+    assert "".join(content) == text == response.content
+    assert deltas[0].kind == "thinking"
+    assert "".join(d.text for d in deltas if d.kind == "thinking") == "thinking it over"
+    assert response.thinking == "thinking it over"
+    calls = [d for d in deltas if d.kind == "tool_call"]
+    assert (calls[0].tool_call_id, calls[0].name) == ("call-1", "lookup")
+    assert "".join(d.text for d in calls) == '{"city": "Paris"}'
+    assert response.tool_calls[0].parsed_arguments() == {"city": "Paris"}

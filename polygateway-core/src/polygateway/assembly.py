@@ -9,7 +9,7 @@ pluggy or this module: the result is a plain async callable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -29,16 +29,24 @@ from polygateway.ports import (
     ProviderProfile,
     RateLimiter,
     SourceSelector,
+    StructuredOutputStrategy,
     TelemetryRecorder,
     Transport,
 )
-from polygateway.settings import ScopeSettings
+from polygateway.settings import Limits, ScopeSettings
 from polygateway.types import ChatRequest
 
 if TYPE_CHECKING:
     from polygateway.plugins import Registry
 
-__all__ = ["OFF", "GovernanceParts", "build_governance", "build_pipeline", "unknown_middleware"]
+__all__ = [
+    "OFF",
+    "GovernanceParts",
+    "build_governance",
+    "build_pipeline",
+    "build_strategy",
+    "unknown_middleware",
+]
 
 OFF = "none"
 """The backend name that switches the cache or telemetry off."""
@@ -97,6 +105,29 @@ def _context(
     return ComponentContext(settings=settings, options=options, clock=clock)
 
 
+def check_shared_limits(settings: ScopeSettings, limiter: RateLimiter) -> None:
+    """Refuse a scope's own global limits that an injected limiter would silently ignore.
+
+    The scope-wide gates (global concurrency, RPM, TPM) are the limiter's: a scope handed
+    another scope's limiter shares those. Its own ``{SCOPE}__GLOBAL__*`` limits, when set and
+    different, would be ignored, so they are a ``ConfigError`` instead.
+    """
+    own = settings.global_limits
+    theirs = getattr(limiter, "global_limits", None)
+    if own == Limits() or not isinstance(theirs, Limits) or theirs == own:
+        return
+    scope = settings.scope
+    raise ConfigError(
+        f"{scope}: global limits {_limits_text(own)} are configured, but the injected limiter "
+        f"applies its own {_limits_text(theirs)} to every scope sharing it; unset "
+        f"{scope}__GLOBAL__* (the shared gates then apply) or configure the same limits"
+    )
+
+
+def _limits_text(limits: Limits) -> str:
+    return f"(max_concurrency={limits.max_concurrency}, rpm={limits.rpm}, tpm={limits.tpm})"
+
+
 def build_governance(
     settings: ScopeSettings,
     registry: Registry,
@@ -118,6 +149,8 @@ def build_governance(
     recorder unless its backend is ``none``.
     """
     built: set[str] = set()
+    if limiter is not None:
+        check_shared_limits(settings, limiter)
     if limiter is None:
         limiter = registry.build(
             "limiter", settings.limiter.name, _context(settings, clock, settings.limiter.options)
@@ -163,6 +196,36 @@ def _build_telemetry(settings: ScopeSettings, registry: Registry, clock: Clock) 
     return fanout(sinks)
 
 
+def build_strategy(
+    settings: ScopeSettings,
+    registry: Registry,
+    clock: Clock,
+    normalize: Callable[[Any], Any] | None,
+) -> StructuredOutputStrategy:
+    """The scope's structured strategy, given the caller's ``normalize`` hook (if any).
+
+    :raises ConfigError: ``normalize`` is not callable, or the strategy does not take it
+        (a hook that would be silently ignored).
+    """
+    name = settings.structured_strategy
+    if normalize is None:
+        return registry.build("structured", name, _context(settings, clock))
+    if not callable(normalize):
+        raise ConfigError(
+            f"{settings.scope}: normalize must be a callable (parsed JSON -> JSON), "
+            f"got {type(normalize).__name__}"
+        )
+    strategy = registry.build(
+        "structured", name, _context(settings, clock, MappingProxyType({"normalize": normalize}))
+    )
+    if getattr(strategy, "normalize", None) is not normalize:
+        raise ConfigError(
+            f"{settings.scope}: the structured strategy {name!r} takes no normalize hook "
+            "(the builtin 'auto', 'native-schema' and 'json-repair' do)"
+        )
+    return strategy
+
+
 def build_pipeline(
     settings: ScopeSettings,
     registry: Registry,
@@ -175,13 +238,15 @@ def build_pipeline(
     pricing: Pricing | None = None,
     transports: Mapping[str, Transport] | None = None,
     selector: SourceSelector | None = None,
+    normalize: Callable[[Any], Any] | None = None,
 ) -> Pipeline:
     """Build the onion for one scope: the handler, the parts, the layers (outer first).
 
     ``registry`` is a ``polygateway.plugins.Registry``. Injected parts are used as given (and
     stay the caller's to close); ``transports`` may cover only some sources, the rest are
     built from each source's ``transport`` name. The cache and telemetry are built only when
-    their layer is in ``settings.middleware`` and their backend is not ``none``.
+    their layer is in ``settings.middleware`` and their backend is not ``none``. ``normalize``
+    is the structured strategy's hook (parsed JSON -> reshaped JSON, before validation).
 
     :raises ConfigError: no sources, a failed startup guard, a bad middleware list, a cache
         without namespace or TTL, or a name no plugin registered.
@@ -220,7 +285,7 @@ def build_pipeline(
     )
     limiter, breaker, selector = governance.limiter, governance.breaker, governance.selector
     telemetry, pricing = governance.telemetry, governance.pricing
-    strategy = registry.build("structured", settings.structured_strategy, _context(settings, clock))
+    strategy = build_strategy(settings, registry, clock, normalize)
     if cache is None and cache_on:
         cache = registry.build(
             "cache", settings.cache.backend, _context(settings, clock, settings.cache.options)
@@ -260,6 +325,7 @@ def build_pipeline(
         breaker_settings=settings.breaker,
         backpressure=settings.backpressure,
         clock=clock,
+        scope=settings.scope,
     )
     layers: list[Middleware] = []
     for name in settings.middleware:

@@ -45,6 +45,7 @@ def pgw_register_limiters(register: Register) -> None:
             global_limits=ctx.settings.global_limits,
             lease_ttl_s=ctx.settings.lease_ttl_s,
             clock=ctx.clock,
+            scope=ctx.settings.scope,
         )
 
     register("memory", memory)
@@ -108,15 +109,17 @@ def pgw_register_selectors(register: Register) -> None:
 
 @hookimpl
 def pgw_register_structured(register: Register) -> None:
+    # ``normalize`` is the client's hook (``GatewayClient(normalize=...)``), handed over in
+    # the options mapping.
     def auto(ctx: BuildContext) -> Any:
         from polygateway.structured.native_schema import NativeSchemaStrategy
 
-        return NativeSchemaStrategy()
+        return NativeSchemaStrategy(ctx.options.get("normalize"))
 
     def json_repair(ctx: BuildContext) -> Any:
         from polygateway.structured.json_repair import JsonRepairStrategy
 
-        return JsonRepairStrategy()
+        return JsonRepairStrategy(ctx.options.get("normalize"))
 
     register("auto", auto)
     register("native-schema", auto)

@@ -16,13 +16,15 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, Literal, TypedDict, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypedDict, Unpack, overload
+
+from typing_extensions import TypeVar
 
 from polygateway.assembly import build_pipeline
 from polygateway.chat.messages import check_message_shape
 from polygateway.chat.stream import ChatStream
 from polygateway.clock import SystemClock
-from polygateway.context import CallContext, with_context
+from polygateway.context import CallContext
 from polygateway.errors import (
     ClientClosedError,
     RequestRejectedError,
@@ -47,21 +49,27 @@ from polygateway.ports import (
 from polygateway.settings import GatewaySettings, ScopeSettings
 from polygateway.types import ChatRequest, LLMResponse, Message, StructuredSpec
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 __all__ = ["GatewayClient", "Injected", "gather_bounded"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ModelT = TypeVar("ModelT", bound="BaseModel", default=Any)
+"""The model class of ``structured=`` (unsolved, i.e. ``"json"`` or ``None``: ``Any``)."""
+StructuredArg: TypeAlias = type[ModelT] | Literal["json"] | None
+"""What ``structured=`` accepts; the response's ``structured_data`` is typed after it."""
 
 
 class ChatOptions(TypedDict, total=False):
-    """The keywords of ``GatewayClient.chat`` other than ``stream`` (for ``stream()``)."""
+    """The keywords of ``GatewayClient.chat`` other than ``structured`` and ``stream``."""
 
     session_id: str | None
     parent_call_id: str | None
     cache_salt: str | None
     cache_namespace: str | None
-    structured: StructuredSpec
     model: str | None
     temperature: float | None
     top_p: float | None
@@ -91,6 +99,7 @@ class Injected(TypedDict, total=False):
     pricing: Pricing
     transports: Mapping[str, Transport]
     selector: SourceSelector
+    normalize: Callable[[Any], Any] | None
 
 
 class GatewayClient:
@@ -99,6 +108,11 @@ class GatewayClient:
     Parts passed in stay the caller's: ``aclose()`` closes only what this client built
     (transports, limiter, breaker, cache, telemetry recorder), and flushes the telemetry
     recorder either way so a graceful shutdown loses no row.
+
+    ``normalize`` is the structured strategy's hook for provider variants (rung ② of
+    ARCHITECTURE §7.9): called with the parsed JSON of every ``structured=`` answer, it
+    returns the data to validate (e.g. unwrap ``[{...}]``, regroup flattened arguments). A
+    ``ConfigError`` if the configured strategy does not take one.
     """
 
     __slots__ = (
@@ -126,6 +140,7 @@ class GatewayClient:
         pricing: Pricing | None = None,
         transports: Mapping[str, Transport] | None = None,
         selector: SourceSelector | None = None,
+        normalize: Callable[[Any], Any] | None = None,
     ) -> None:
         if not isinstance(settings, ScopeSettings):
             raise TypeError(
@@ -147,6 +162,7 @@ class GatewayClient:
             pricing=pricing,
             transports=transports,
             selector=selector,
+            normalize=normalize,
         )
         components = pipeline.components
         self._settings = settings
@@ -226,7 +242,7 @@ class GatewayClient:
         parent_call_id: str | None = None,
         cache_salt: str | None = None,
         cache_namespace: str | None = None,
-        structured: StructuredSpec = None,
+        structured: StructuredArg[ModelT] = None,
         stream: bool = True,
         model: str | None = None,
         temperature: float | None = None,
@@ -243,14 +259,17 @@ class GatewayClient:
         user: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
         deadline_s: float | None = None,
-    ) -> LLMResponse:
+    ) -> LLMResponse[ModelT]:
         """One governed chat call (ARCHITECTURE §5.2).
 
         :param deadline_s: end-to-end deadline across every attempt, backoff and admission
             wait (default: the scope's ``retry.call_deadline_s``); past it the call raises
             ``AllSourcesExhausted(reason="retry_exhausted")``.
         :param structured: ``None`` raw text, ``"json"`` repaired JSON in
-            ``structured_data``, or a pydantic model class (the full D14 ladder).
+            ``structured_data``, or a pydantic model class (the full D14 ladder); the result
+            is typed after it (``structured=Invoice`` -> ``LLMResponse[Invoice]``, else
+            ``LLMResponse[Any]``). Anything
+            else is a type error, and a ``StructuredSpecError`` (a ``TypeError``) at runtime.
         The generation parameters (``model`` ... ``extra_body``, see ``polygateway.params``)
         override the source's defaults for this call, are sent through the provider profile
         (``max_tokens`` as ``max_completion_tokens`` for OpenAI) and are part of the cache key.
@@ -294,16 +313,17 @@ class GatewayClient:
         self,
         messages: Sequence[Message],
         *,
+        structured: StructuredArg[ModelT] = None,
         restart_on_cut: bool = False,
         **options: Unpack[ChatOptions],
-    ) -> ChatStream:
+    ) -> ChatStream[ModelT]:
         """The same governed call as ``chat`` (same keywords, always streamed), its deltas
         yielded as they arrive::
 
             async with client.stream(messages, temperature=0.2) as stream:
                 async for delta in stream:  # StreamDelta: content, thinking, tool_call
                     print(delta.text, end="")
-            response = stream.response
+            response = stream.response  # typed after structured=, as chat()'s result
 
         Before the first delta a failure retries / switches sources as ``chat`` does; after
         it a cut ends the stream with ``TransientError``, unless ``restart_on_cut=True``
@@ -312,13 +332,16 @@ class GatewayClient:
         releases its permit, probe and connection.
         :raises RequestRejectedError: as ``chat``, at once (before any network).
         """
-        request = self._request(messages, stream=True, **options)
         handler = self._handler
 
-        async def start(context: CallContext) -> LLMResponse:
-            return await handler(with_context(request, context))
+        async def start(context: CallContext) -> LLMResponse[ModelT]:
+            return await handler(request)  # built with the stream's context already
 
-        return ChatStream(start, restart_on_cut=restart_on_cut)
+        chat_stream: ChatStream[ModelT] = ChatStream(start, restart_on_cut=restart_on_cut)
+        request = self._request(
+            messages, structured=structured, stream=True, context=chat_stream.context, **options
+        )
+        return chat_stream
 
     def _request(
         self,
@@ -345,6 +368,7 @@ class GatewayClient:
         user: str | None = None,
         extra_body: Mapping[str, Any] | None = None,
         deadline_s: float | None = None,
+        context: CallContext | None = None,
     ) -> ChatRequest:
         """The validated request of one call (shared by ``chat`` and ``stream``)."""
         if self._closed:
@@ -389,7 +413,7 @@ class GatewayClient:
             stream=stream,
             params=None if plain else params,
             deadline_s=deadline_s,
-            context=CallContext(),
+            context=context if context is not None else CallContext(),
         )
         return request
 

@@ -138,6 +138,7 @@ class GovernedParts:
             backpressure=settings.backpressure,
             clock=self.clock,
             rng=rng,
+            scope=settings.scope,
         )
         self._closed = False
 

@@ -289,7 +289,7 @@ class ScopeSettings:
     cache: CacheSettings = field(default_factory=CacheSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     pricing_path: str | None = None
-    structured_strategy: str = "json-repair"
+    structured_strategy: str = "auto"
     max_structured_retries: int = 1
     middleware: tuple[str, ...] = ("telemetry", "cache", "structured")
     """The wrapping layers, outer -> inner; the governed chat dispatcher is always innermost

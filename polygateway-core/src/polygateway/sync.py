@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-from polygateway.client import ChatOptions, GatewayClient
+from polygateway.client import ChatOptions, GatewayClient, ModelT, StructuredArg
 from polygateway.errors import ClientClosedError
 from polygateway.types import LLMResponse, Message
 
@@ -120,11 +120,18 @@ class SyncGatewayClient:
         return client
 
     def chat(
-        self, messages: Sequence[Message], *, stream: bool = True, **options: Unpack[ChatOptions]
-    ) -> LLMResponse:
-        """``GatewayClient.chat`` (same keywords), waiting for the result."""
+        self,
+        messages: Sequence[Message],
+        *,
+        structured: StructuredArg[ModelT] = None,
+        stream: bool = True,
+        **options: Unpack[ChatOptions],
+    ) -> LLMResponse[ModelT]:
+        """``GatewayClient.chat`` (same keywords, typed the same), waiting for the result."""
         client = self.client
-        return self._runner.run(lambda: client.chat(messages, stream=stream, **options))
+        return self._runner.run(
+            lambda: client.chat(messages, structured=structured, stream=stream, **options)
+        )
 
     def close(self) -> None:
         """Close the client and stop the private loop. Idempotent."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias
+
+from typing_extensions import TypeVar
 
 from polygateway.params import ChatParams
 
@@ -21,6 +23,10 @@ Message: TypeAlias = Mapping[str, Any]
 UsageSource: TypeAlias = Literal["measured", "estimated"]
 StructuredSpec: TypeAlias = Any
 """``None`` (raw text), ``"json"`` (repair only) or a pydantic model class (full ladder)."""
+
+DataT = TypeVar("DataT", default=Any)
+"""The type of ``LLMResponse.structured_data``: the model class given as ``structured=``,
+``Any`` for ``"json"``, ``None`` for raw text. A bare ``LLMResponse`` is ``LLMResponse[Any]``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +104,17 @@ def assistant_message(response: LLMResponse) -> dict[str, Any]:
     return message
 
 
-@dataclass(frozen=True, slots=True)
-class LLMResponse:
+# Not slotted: ``LLMResponse[Invoice](...)`` sets ``__orig_class__`` on the instance, which a
+# slotted frozen dataclass rejects with a TypeError on Python 3.11.
+@dataclass(frozen=True)
+class LLMResponse(Generic[DataT]):
     """The result of one governed chat call (ARCHITECTURE §5.1).
 
     The first eleven fields are the frozen consumer surface; later fields have defaults.
-    ``structured_data`` is never serialized into the cache; a cache hit rebuilds it.
+    ``structured_data`` is never serialized into the cache; a cache hit rebuilds it. Its
+    type follows ``structured=``: ``chat(messages, structured=Invoice)`` is typed
+    ``LLMResponse[Invoice]``, ``structured="json"`` ``LLMResponse[Any]``, no ``structured``
+    ``LLMResponse[None]``.
     """
 
     content: str
@@ -120,7 +131,7 @@ class LLMResponse:
     source_name: str = ""
     cost: float | None = None
     usage_source: UsageSource = "measured"
-    structured_data: Any = field(default=None, compare=False)
+    structured_data: DataT = field(default=None, compare=False)  # type: ignore[assignment]
     finish_reason: str | None = None
     salvaged: bool = False
     """The stream ended without ``[DONE]`` and ``missing_done="salvage"`` kept what arrived:

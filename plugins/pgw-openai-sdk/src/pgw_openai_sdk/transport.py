@@ -50,6 +50,7 @@ from polygateway.transports.errors import (
     wire_error,
 )
 from polygateway.transports.openai_chunks import (
+    DeltaTap,
     ParsedCompletion,
     ToolCallAssembler,
     tool_calls_of,
@@ -116,13 +117,13 @@ class _StreamState:
         "model",
         "prompt_tokens",
         "splitter",
-        "thinking",
         "tools",
     )
 
     def __init__(self, tags: tuple[tuple[str, str], ...]) -> None:
+        # Reasoning fields and inline think tags both land in the splitter's thinking, in
+        # arrival order (as the core parser does), where the delta tap reads them.
         self.splitter = ThinkTagSplitter(tags)
-        self.thinking: list[str] = []
         self.model = ""
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
@@ -300,7 +301,16 @@ class OpenAISDKTransport:
         try:
             if request.stream:
                 return await self._send_stream(
-                    client, body, extra, request, source, monitor, started, reasoning, tags
+                    client,
+                    body,
+                    extra,
+                    request,
+                    source,
+                    monitor,
+                    started,
+                    reasoning,
+                    tags,
+                    call_id,
                 )
             return await self._send_json(
                 client, body, extra, request, source, monitor, started, reasoning, tags
@@ -323,9 +333,18 @@ class OpenAISDKTransport:
         started: float,
         reasoning: tuple[str, ...],
         tags: tuple[tuple[str, str], ...],
+        call_id: str,
     ) -> TransportResult:
         liveness = attempt_liveness(source, stream=True, started=started, monitor=monitor)
         state = _StreamState(tags)
+        # GatewayClient.stream: each chunk's new text is handed on as it arrives.
+        tap = DeltaTap.for_request(
+            request,
+            call_id,
+            content=state.splitter.content,
+            thinking=state.splitter.thinking,
+            calls=state.tools.calls,
+        )
         stream: openai.AsyncStream[ChatCompletionChunk] | None = None
         try:
             with liveness:
@@ -343,12 +362,13 @@ class OpenAISDKTransport:
                         raise self._malformed(exc) from exc
                 if self._chunk(chunk, state, reasoning):
                     liveness.token()
+                    if tap is not None:
+                        tap.flush()
         finally:
             liveness.close()
             if stream is not None:
                 await stream.close()
-        content, inline = state.splitter.finish()
-        thinking = "".join(state.thinking) + inline
+        content, thinking = state.splitter.finish()
         cached, written = state.cache
         return transport_result(
             ParsedCompletion(
@@ -414,7 +434,7 @@ class OpenAISDKTransport:
         token = False
         thought = _reasoning(_extra(delta), reasoning)
         if thought:
-            state.thinking.append(thought)
+            state.splitter.thinking.append(thought)
             token = True
         if delta.tool_calls:
             state.has_tool_calls = True

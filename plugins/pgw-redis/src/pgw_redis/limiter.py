@@ -312,6 +312,16 @@ class RedisLimiter:
     def scope(self) -> str:
         return self._scope
 
+    @property
+    def global_limits(self) -> Limits:
+        """The scope-wide gates' limits (every client sharing this limiter shares them)."""
+        return self._global_limits
+
+    def claim_scope(self, scope: str) -> str:
+        """The owner scope (this limiter's key space): another scope's sources are keyed
+        ``<scope>:<name>`` inside it, so same-named sources of two roles never share a gate."""
+        return self._scope
+
     # ------------------------------------------------------------------ admission
 
     async def try_acquire(

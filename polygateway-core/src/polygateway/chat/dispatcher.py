@@ -67,6 +67,7 @@ class ChatDispatcher:
         backpressure: BackpressureSettings,
         clock: Clock,
         rng: random.Random | None = None,
+        scope: str | None = None,
     ) -> ChatDispatcher:
         """The governor over ``sources`` and the dispatcher on it; every problem at once.
 
@@ -87,6 +88,7 @@ class ChatDispatcher:
             clock=clock,
             rng=rng,
             health_probe=functools.partial(_health_probe, dict(transports)),
+            scope=scope,
         )
         return cls(governor, transports, clock=clock)
 

@@ -23,7 +23,9 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from polygateway.context import CallContext
 from polygateway.errors import TransientError
@@ -32,12 +34,13 @@ from polygateway.types import ChatRequest, LLMResponse, StreamDelta
 
 __all__ = ["ChatStream"]
 
-Start = Callable[[CallContext], Coroutine[Any, Any, LLMResponse]]
+DataT = TypeVar("DataT", default=Any)
+Start = Callable[[CallContext], Coroutine[Any, Any, LLMResponse[Any]]]
 
 
-class ChatStream:
+class ChatStream(Generic[DataT]):
     """``async with client.stream(messages) as stream: async for delta in stream: ...``;
-    then ``stream.response`` (the full ``LLMResponse``)."""
+    then ``stream.response`` (the full ``LLMResponse``, typed after ``structured=``)."""
 
     __slots__ = (
         "_attempt",
@@ -50,21 +53,27 @@ class ChatStream:
         "_shown_content",
         "_start",
         "_task",
-        "_wake",
+        "_waiter",
+        "context",
     )
 
     def __init__(self, start: Start, *, restart_on_cut: bool = False) -> None:
         self._start = start
         self._restart = restart_on_cut
-        self._task: asyncio.Task[LLMResponse] | None = None
+        self._task: asyncio.Task[LLMResponse[Any]] | None = None
         self._pending: deque[StreamDelta] = deque()
-        self._wake = asyncio.Event()
+        # The consumer's wake-up: a bare future it awaits when nothing is pending (cheaper
+        # than an Event: no waiter list, no coroutine per wait).
+        self._waiter: asyncio.Future[None] | None = None
         self._attempt = ""  # the call id whose deltas are being shown
         self._shown = 0  # deltas handed to the consumer since the last restart
         self._deltas = 0  # deltas received from the current attempt
         self._shown_content: list[str] = []
         self._cut: TransientError | None = None
         self._ended = False
+        self.context = CallContext(stream=self)
+        """The call's context (deltas and attempts come back here); ``start`` gets it."""
+        self.context.add_observer(self)
 
     # ------------------------------------------------------------------ the call's side
 
@@ -104,14 +113,19 @@ class ChatStream:
         self._cut.__cause__ = outcome
         if self._task is not None:
             self._task.cancel()  # the governor stops: permit, probe and connection released
-        self._wake.set()
+        self._wake()
 
     def on_result_invalid(self, call_id: str, error: BaseException) -> None:
         return None
 
     def _push(self, delta: StreamDelta) -> None:
         self._pending.append(delta)
-        self._wake.set()
+        self._wake()
+
+    def _wake(self, _: object = None) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _finish(self, response: LLMResponse) -> None:
         """What the consumer has not seen of ``response`` yet, as deltas."""
@@ -130,12 +144,19 @@ class ChatStream:
 
     # ------------------------------------------------------------------ the consumer's side
 
-    async def __aenter__(self) -> ChatStream:
-        context = CallContext(stream=self)
-        context.add_observer(self)
-        self._task = asyncio.get_running_loop().create_task(self._start(context))
-        self._task.add_done_callback(lambda _: self._wake.set())
+    async def __aenter__(self) -> ChatStream[DataT]:
+        self._task = asyncio.get_running_loop().create_task(self._run(self.context))
+        # A call that ends by cancellation never reaches _run's own wake-up.
+        self._task.add_done_callback(self._wake)
         return self
+
+    async def _run(self, context: CallContext) -> LLMResponse[Any]:
+        try:
+            return await self._start(context)
+        finally:
+            # Wakes the consumer from inside the call's task, one loop turn before a done
+            # callback would: the task is done by the time the consumer runs.
+            self._wake()
 
     async def __aexit__(
         self,
@@ -154,7 +175,7 @@ class ChatStream:
         if not task.cancelled():
             task.exception()  # retrieved: never "exception was never retrieved"
 
-    def __aiter__(self) -> ChatStream:
+    def __aiter__(self) -> ChatStream[DataT]:
         return self
 
     async def __anext__(self) -> StreamDelta:
@@ -173,18 +194,20 @@ class ChatStream:
                 self._ended = True
                 self._finish(task.result())  # raises the call's error
                 continue
-            self._wake.clear()
-            await self._wake.wait()
+            waiter = self._waiter = task.get_loop().create_future()
+            await waiter
+            self._waiter = None
 
     @property
-    def response(self) -> LLMResponse:
+    def response(self) -> LLMResponse[DataT]:
         """The full response, once the stream is consumed (``TransientError`` if cut)."""
         if self._cut is not None:
             raise self._cut
         task = self._task
         if task is None or not task.done():
             raise TypeError("stream.response is available once the stream has ended")
-        return task.result()
+        result: LLMResponse[DataT] = task.result()
+        return result
 
     def __repr__(self) -> str:
         state = "cut" if self._cut else ("ended" if self._ended else "open")

@@ -37,11 +37,26 @@ from polygateway.ports import (
 from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
 from polygateway.types import GovernanceEvent
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "gate_key"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def gate_key(limiter: RateLimiter, scope: str | None, source: str) -> str:
+    """The limiter key of ``source`` of ``scope`` (ARCHITECTURE §7.7: gates are per scope
+    and source).
+
+    A limiter that can name its owner scope (``claim_scope``: the builtin memory and the Redis
+    limiter) keys its owner's sources by their bare names and another scope's by
+    ``<scope>:<name>``, so two roles sharing one limiter share its global gates but each keeps
+    its own per-source gates, even for same-named sources. Other limiters get the bare name.
+    """
+    claim = getattr(limiter, "claim_scope", None)
+    if scope is None or claim is None:
+        return source
+    return source if claim(scope) == scope else f"{scope}:{source}"
 
 
 class Admission:
@@ -55,6 +70,7 @@ class Admission:
     __slots__ = (
         "_breaker",
         "_clock",
+        "_gate_keys",
         "_joint",
         "_limiter",
         "_memo",
@@ -76,11 +92,17 @@ class Admission:
         memo: CooldownMemo,
         clock: Clock,
         stall_window_s: float,
+        scope: str | None = None,
     ) -> None:
         self._limiter = limiter
+        self._gate_keys = {s.name: gate_key(limiter, scope, s.name) for s in sources}
         self._breaker = breaker
-        # Gate and limiter asked in one backend round trip when the limiter can (Redis).
-        self._joint = limiter.joint_with(breaker) if isinstance(limiter, JointAdmission) else None
+        # Gate and limiter asked in one backend round trip when the limiter can (Redis); that
+        # step keys the limiter by the bare source name, so not for another scope's sources.
+        bare = all(key == name for name, key in self._gate_keys.items())
+        self._joint = (
+            limiter.joint_with(breaker) if bare and isinstance(limiter, JointAdmission) else None
+        )
         self._memo = memo
         self._clock = clock
         self._thresholds: dict[str, int] = {
@@ -126,7 +148,9 @@ class Admission:
         probe_pending = decision.probe_owner is not None
         try:
             if admitted is None:
-                admitted = await self._limiter.try_acquire(name, est_tokens, source.limits)
+                admitted = await self._limiter.try_acquire(
+                    self._gate_keys[name], est_tokens, source.limits
+                )
             if isinstance(admitted, Denial):
                 return admitted
             permit: Permit = admitted

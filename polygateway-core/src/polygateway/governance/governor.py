@@ -168,9 +168,12 @@ class Governor:
         clock: Clock,
         rng: random.Random | None = None,
         health_probe: Attempt[Any] | None = None,
+        scope: str | None = None,
     ) -> None:
         """:param health_probe: the call kind's cheap request, sent in the background to an
-        open source when ``breaker_settings.health_probe`` is on (``aclose`` stops them)."""
+        open source when ``breaker_settings.health_probe`` is on (``aclose`` stops them).
+        :param scope: the scope the sources belong to, for the limiter's per-source keys
+        (``polygateway.governance.admission.gate_key``)."""
         self._sources: tuple[SourceConfig, ...] = tuple(sources)
         self._names: tuple[str, ...] = tuple(s.name for s in self._sources)
         problems = governor_problems(self._sources, retry, backpressure)
@@ -207,6 +210,7 @@ class Governor:
             memo=self._memo,
             clock=clock,
             stall_window_s=self._blocked.stall_window_s,
+            scope=scope,
         )
         self._prober: HealthProber | None = None
         if health_probe is not None and breaker_settings.health_probe:

@@ -4,7 +4,9 @@
 is a dict or list. A pydantic model: ① native schema when every provider of the scope supports
 it, ② repair, ③ validation, ④ up to ``max_retries`` re-asks with feedback, ⑤ then
 ``ResultInvalidError`` with the raw text, the repair and validation errors and the attempt
-count.
+count. A re-ask always carries the native schema where the providers support it, even when
+the strategy did not ask for it on the first attempt (repair failed: the prompt convention was
+not enough, so the re-ask escalates to the protocol constraint).
 
 A re-ask is ``call_next`` again, so it passes the limiter and breaker like any request and is
 recorded in telemetry; its messages are a new list: the caller's messages, the bad output as
@@ -29,6 +31,7 @@ from pydantic import BaseModel
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ports import Handler, ProviderProfile, StructuredOutputStrategy
 from polygateway.settings import SourceConfig
+from polygateway.structured.native_schema import NativeSchemaStrategy
 from polygateway.types import ChatRequest, LLMResponse, Message
 
 FEEDBACK_MAX_ERRORS = 3
@@ -101,7 +104,7 @@ def scope_profile(
 class StructuredMiddleware:
     """Turns the completion into ``structured_data`` (or ``ResultInvalidError``)."""
 
-    __slots__ = ("_profile", "_strategy", "max_retries")
+    __slots__ = ("_escalation", "_profile", "_strategy", "max_retries")
 
     def __init__(
         self,
@@ -119,6 +122,8 @@ class StructuredMiddleware:
         self._strategy = strategy
         self._profile = scope_profile(providers, sources)
         self.max_retries = max_retries
+        # What re-asks add when the first attempt went without the native schema.
+        self._escalation = NativeSchemaStrategy() if self.native_schema else None
 
     @property
     def native_schema(self) -> bool:
@@ -163,6 +168,9 @@ class StructuredMiddleware:
             current = dataclasses.replace(
                 prepared, messages=reask_messages(request.messages, response.content, errors)
             )
+            escalation = self._escalation
+            if escalation is not None and current.response_format is None:
+                current = escalation.prepare(current, schema, self._profile)
 
     async def _check(self, response: LLMResponse, schema: Any) -> Any:
         """The parsed data, or the ``ResultInvalidError`` describing why there is none."""

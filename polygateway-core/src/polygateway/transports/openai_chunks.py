@@ -21,7 +21,7 @@ from polygateway.ports import DeltaSink, ErrorRule
 from polygateway.transports.errors import error_for_stream_event, sanitize_message
 from polygateway.transports.sse import SSEEvent
 from polygateway.transports.think_tags import BODY, ThinkTagSplitter, opens_think_block, split_think
-from polygateway.types import StreamDelta, ToolCall
+from polygateway.types import ChatRequest, StreamDelta, ToolCall
 
 try:
     import orjson as _orjson
@@ -122,6 +122,24 @@ class DeltaTap:
         self._calls = calls
         self._seen = [0, 0]
         self._seen_calls: dict[int, int] = {}
+
+    @classmethod
+    def for_request(
+        cls,
+        request: ChatRequest,
+        call_id: str,
+        *,
+        content: list[str],
+        thinking: list[str],
+        calls: Mapping[int, list[Any]],
+    ) -> DeltaTap | None:
+        """The tap of attempt ``call_id`` when its caller streams (``GatewayClient.stream``
+        set ``request.context.stream``), else ``None``: nothing to hand on."""
+        context = request.context
+        sink = context.stream if context is not None else None
+        if sink is None:
+            return None
+        return cls(sink, call_id, content=content, thinking=thinking, calls=calls)
 
     def flush(self) -> None:
         emit = self._sink.on_delta

@@ -545,18 +545,12 @@ class OpenAICompatTransport:
                 # Otherwise labelled JSON but not a JSON object: read it as the stream it
                 # probably is.
             if completion is None:
-                context = request.context
-                sink = context.stream if context is not None else None
-                tap = (
-                    None
-                    if sink is None
-                    else DeltaTap(
-                        sink,
-                        call_id,
-                        content=parser.content_parts,
-                        thinking=parser.thinking_parts,
-                        calls=parser.tools.calls,
-                    )
+                tap = DeltaTap.for_request(
+                    request,
+                    call_id,
+                    content=parser.content_parts,
+                    thinking=parser.thinking_parts,
+                    calls=parser.tools.calls,
                 )
                 await self._read_events(chunk, response, parser, liveness, tap)
                 if parser.done and not response.at_eof():

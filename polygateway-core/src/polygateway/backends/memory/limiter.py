@@ -144,14 +144,26 @@ class InMemoryLimiter:
         "_lease_ttl_s",
         "_leases",
         "_progress_at",
+        "_scope",
         "_sources",
     )
 
-    def __init__(self, *, global_limits: Limits, lease_ttl_s: float, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        global_limits: Limits,
+        lease_ttl_s: float,
+        clock: Clock,
+        scope: str | None = None,
+    ) -> None:
+        """``scope``: the scope this limiter is built for (its sources are keyed by their bare
+        names; another scope's sources by ``<scope>:<name>``). ``None``: the first scope
+        whose client is assembled on it (``claim_scope``)."""
         check_limits(global_limits, "global_limits")
         if not (lease_ttl_s > 0.0 and math.isfinite(lease_ttl_s)):
             raise ValueError(f"lease_ttl_s must be a finite number > 0, got {lease_ttl_s!r}")
         self._global_limits = global_limits
+        self._scope = scope
         self._lease_ttl_s = float(lease_ttl_s)
         self._clock = clock
         # lease number -> source state, scope-wide; insertion order is expiry order (see above).
@@ -164,6 +176,17 @@ class InMemoryLimiter:
         # the key; the id string is built only when a permit's ``lease_id`` is read).
         self._lease_prefix = secrets.token_hex(4) + "-"
         self._lease_numbers = itertools.count(1)
+
+    @property
+    def global_limits(self) -> Limits:
+        """The scope-wide gates' limits (every client sharing this limiter shares them)."""
+        return self._global_limits
+
+    def claim_scope(self, scope: str) -> str:
+        """The owner scope: the one given at construction, else the first to claim it."""
+        if self._scope is None:
+            self._scope = scope
+        return self._scope
 
     # ------------------------------------------------------------------ admission
 
