@@ -121,3 +121,22 @@ async def test_aclose_cancels_a_probe_in_flight_and_hands_its_lease_back(
     assert await client.breaker.retry_after_s([PRIMARY]) == 0.0
     assert client.governor.inflight[PRIMARY] == 0
     await _until(lambda: fake.inflight("primary") == 0)
+
+
+async def test_a_reasoning_source_that_spends_the_probe_token_thinking_comes_back(
+    fake: FakeUpstream, clock: FakeClock
+) -> None:
+    fake.set_default("primary", Reply.error(503))
+    async with _client(fake, clock) as client:
+        await _open_primary(client)
+        # Back, but a reasoning model: the probe's one token goes to thinking, the answer is
+        # empty with finish_reason=length. The source is up; the probe must close it.
+        fake.set_default(
+            "primary", Reply.ok("", reasoning="hmm", finish_reason="length", completion_tokens=1)
+        )
+        before = sum(_probe_bodies(fake))
+        prober = client.governor.health_prober
+        assert prober is not None
+        await _until(lambda: sum(_probe_bodies(fake)) > before and not prober.watching)
+        assert sum(_probe_bodies(fake)) == before + 1  # one probe was enough
+        assert await client.breaker.state(PRIMARY) == "closed"

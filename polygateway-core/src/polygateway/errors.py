@@ -86,6 +86,12 @@ class StreamLivenessTimeout(TransientError):
         self.limit_s = limit_s
 
 
+class EmptyCompletionError(TransientError):
+    """A well-formed answer with no content and no tool call (a reasoning model that spent its
+    whole token budget thinking, an upstream glitch): transient for a call, but it proves the
+    source is up, which is all a health probe asks."""
+
+
 class SourceDeadError(PolyGatewayError):
     """401/403, exhausted quota or credit: the source is unusable until someone acts."""
 
@@ -222,6 +228,7 @@ __all__ = [
     "ConfigError",
     "ContentFilterError",
     "ContextWindowExceededError",
+    "EmptyCompletionError",
     "GovernanceBackendError",
     "PluginError",
     "PolyGatewayError",

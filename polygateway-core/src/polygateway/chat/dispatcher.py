@@ -14,7 +14,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from polygateway.chat.messages import check_message_fields
-from polygateway.errors import ConfigError
+from polygateway.errors import ConfigError, EmptyCompletionError
 from polygateway.governance import Attempted, AttemptObserver, Governor, governor_problems
 from polygateway.ids import elapsed_ms
 from polygateway.params import ChatParams
@@ -169,7 +169,12 @@ _HEALTH_PROBE_REQUEST = ChatRequest(
 async def _health_probe(
     transports: Mapping[str, Transport], source: SourceConfig, call_id: str
 ) -> Attempted[None]:
-    result = await transports[source.name].send(_HEALTH_PROBE_REQUEST, source, call_id=call_id)
+    try:
+        result = await transports[source.name].send(_HEALTH_PROBE_REQUEST, source, call_id=call_id)
+    except EmptyCompletionError:
+        # Answered, just without text (a reasoning model spends the one token thinking): the
+        # source is up. Treated as a failure, it would keep a healthy source open for good.
+        return Attempted(None, None)
     if result.usage_source == "estimated":
         return Attempted(None, None)  # TPM keeps the pre-charge, as for a call
     return Attempted(None, result.prompt_tokens + result.completion_tokens)

@@ -42,6 +42,7 @@ from polygateway.digest import canonical_messages_json
 from polygateway.errors import (
     ConfigError,
     ContentFilterError,
+    EmptyCompletionError,
     RequestRejectedError,
     TransientError,
 )
@@ -384,7 +385,7 @@ def transport_result(
                 "(finish_reason=content_filter)",
                 source_name=source.name,
             )
-        raise TransientError(
+        raise EmptyCompletionError(
             f"source {source.name!r}: empty completion (finish_reason={completion.finish_reason})",
             source_name=source.name,
         )

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import pytest
 
 from polygateway.errors import (
+    EmptyCompletionError,
     PolyGatewayError,
     RequestRejectedError,
     SourceDeadError,
@@ -73,7 +74,7 @@ ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
     ("cut", Reply.cut(after_chunks=2), TransientError, None),
     ("early-eof", Reply.early_eof(), TransientError, None),
     ("malformed", Reply.malformed(), TransientError, None),
-    ("empty", Reply.empty(), TransientError, None),
+    ("empty", Reply.empty(), EmptyCompletionError, None),
     ("mid-stream-error", Reply.mid_stream_error(), TransientError, None),
     ("reset", Reply.reset(), TransientError, None),
     ("reset-after-headers", Reply.reset(after_headers=True), TransientError, None),
