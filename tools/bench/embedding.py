@@ -18,7 +18,7 @@ microseconds per text of embedding ``--texts`` short texts in batches of ``--bat
 
 At each batch concurrency (``--concurrency``: 1 is the default, serial batches), every client
 runs ``--rounds`` times, interleaved (the order rotates each round), each after a warm-up
-call; medians are reported, and the budget (issue 15: governed >= 85% of raw texts/s) is judged
+call; medians are reported, and the budget (governed >= 85% of raw texts/s) is judged
 on the median of the per-round paired ratios, as ``overhead.py`` does.
 """
 

@@ -44,7 +44,7 @@ Every point is measured ``--rounds`` times with the clients interleaved (the ord
 round) and the median is reported: these machines are shared and noisy, and interleaving
 spreads load changes over every client alike. The budget ratios are paired: each round's
 governed measurement is divided by the same round's raw aiohttp measurement (seconds apart),
-and the median of those ratios is the verdict. The budgets (issues 3 and 4) are checked at the
+and the median of those ratios is the verdict. The budgets are checked at the
 end.
 """
 
@@ -566,7 +566,7 @@ def describe(ratios: list[float], percent: bool) -> str:
 
 
 def print_budgets(rows: list[Row]) -> None:
-    """The budgets of issues 3 and 4, on the default engine, against raw aiohttp: medians of
+    """The governed and full-pipeline budgets on the default engine, against raw aiohttp: medians of
     the per-round paired ratios."""
     by_key = {(r.client, r.mode, r.concurrency): r for r in rows}
     governed = f"governed-{default_engine()}"

@@ -21,7 +21,7 @@ drops it at the end. Two parts:
   the verdict is the median of the paired per-round ratios postgres/none. Rows written are
   counted against the calls made.
 
-Budgets (issue 14): the recorder sustains >= 10,000 rows/s; governed calls/s with PostgreSQL
+Budgets: the recorder sustains >= 10,000 rows/s; governed calls/s with PostgreSQL
 telemetry >= 90% of telemetry off.
 """
 

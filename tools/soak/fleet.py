@@ -16,7 +16,7 @@ what each source was meant to do and which limits it had).
 | emb-bad-key | EMBED | generic-3 | 401 (dead) | |
 | ocr-a, ocr-b (fake MonkeyOCR) | OCR | monkey-1, -2 | ocr-b serialises | ocr-b concurrency 1 |
 
-Global gates per scope (M2 §8.1): concurrency 100, RPM 600 (``--global-rpm`` changes it; 0
+Global gates per scope (the soak budget): concurrency 100, RPM 600 (``--global-rpm`` changes it; 0
 turns it off for throughput runs).
 """
 

@@ -588,9 +588,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenario", choices=("P1", "P2", "P3", "P4", "P5", "P6"), default="P6")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--concurrency", type=int, default=16, help="calls in flight per worker")
-    parser.add_argument("--budget-calls", type=int, default=8000, help="calls in all (M2 §8.1)")
+    parser.add_argument("--budget-calls", type=int, default=8000, help="calls in all")
     parser.add_argument(
-        "--budget-tokens", type=int, default=200_000_000, help="input+output tokens (M2 §8.1)"
+        "--budget-tokens", type=int, default=200_000_000, help="input+output tokens in all"
     )
     parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
     parser.add_argument("--seed", type=int, default=1)
