@@ -499,6 +499,7 @@ class _Metrics:
     the SDK would keep for the first recorder only and never release."""
 
     __slots__ = (
+        "_breakers",
         "admissions",
         "attempts",
         "breaker_refusals",
@@ -519,6 +520,8 @@ class _Metrics:
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
+        self._breakers: dict[tuple[str, str], str] = {}
+        """(scope, source) -> the breaker state last set on the gauge."""
         self.admissions = meter.create_counter(
             "pgw.limiter.admissions",
             unit="{attempt}",
@@ -612,8 +615,11 @@ class _Metrics:
                 self.breaker_refusals.add(1, {**where, "pgw.breaker.state": event.breaker_state})
             elif event.kind == "waited":
                 self.queue_wait.record(event.wait_s, {"pgw.scope": scope})
-            if event.breaker_state and event.source:
-                rank = _BREAKER_RANK.get(event.breaker_state, -1)
+            state = event.breaker_state
+            if state and event.source and self._breakers.get((scope, event.source)) != state:
+                # Set on a change only: a measurement costs more than the dict lookup.
+                self._breakers[scope, event.source] = state
+                rank = _BREAKER_RANK.get(state, -1)
                 self.breaker_state.set(rank, {"pgw.scope": scope, "pgw.source": event.source})
 
     def record_call(
