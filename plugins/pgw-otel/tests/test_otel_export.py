@@ -274,3 +274,52 @@ async def test_a_row_without_a_call_is_a_call_of_one_attempt(sdk: Sdk) -> None:
     assert abs(call.end_time - call.start_time - 250_000_000) < 1_000  # float seconds
     assert attrs(call)["gen_ai.usage.input_tokens"] == 5 and attrs(call)["pgw.cost"] == 0.001
     assert len(attempts) == 1
+
+
+async def test_recorders_on_one_meter_provider_each_report_their_own(
+    sdk: Sdk, fake_upstream: FakeUpstream
+) -> None:
+    chat, embed, broken = (scope(fake_upstream, scope=name) for name in ("LLM", "EMBED", "BAD"))
+    first = sdk.recorder(chat)
+    async with GatewayClient(chat, telemetry=first) as client:
+        assert (await client.chat(MESSAGES)).content
+        assert (await client.chat(MESSAGES)).content  # a cache hit
+    await first.aclose()  # passed in: the caller's to close
+    # A client rebuilt after aclose, on the same scope: it keeps counting there.
+    async with GatewayClient(chat, telemetry=sdk.recorder(chat)) as client:
+        assert (await client.chat([{"role": "user", "content": "rebuilt"}])).content
+    async with GatewayClient(embed, telemetry=sdk.recorder(embed)) as client:
+        for n in range(3):
+            assert (await client.chat([{"role": "user", "content": f"embed {n}"}])).content
+    failing = OtelRecorder(
+        tracer_provider=_BrokenTracerProvider(), meter_provider=sdk.meter_provider
+    )
+    async with GatewayClient(broken, telemetry=failing) as client:
+        for n in range(7):
+            assert (await client.chat([{"role": "user", "content": f"bad {n}"}])).content
+    assert failing.dropped == 7
+    # A closed recorder reports nothing more, even when a call still reaches it.
+    async with GatewayClient(chat, telemetry=first) as client:
+        assert (await client.chat([{"role": "user", "content": "after close"}])).content
+
+    found = sdk.metrics()
+    lookups = {
+        (p.attributes["pgw.scope"], p.attributes["pgw.cache.hit"]): p.value
+        for p in found["pgw.cache.lookups"].data.data_points
+    }
+    assert lookups == {("LLM", False): 2, ("LLM", True): 1, ("EMBED", False): 3}
+    dropped = {
+        (p.attributes["pgw.scope"], p.attributes["pgw.sink"]): p.value
+        for p in found["pgw.telemetry.dropped"].data.data_points
+    }
+    assert dropped == {("BAD", "otel"): 7}
+    durations = {
+        p.attributes["pgw.scope"]: p.count
+        for p in found["gen_ai.client.operation.duration"].data.data_points
+    }
+    assert durations == {"LLM": 2, "EMBED": 3}  # cache hits are not timed
+    gauge = {
+        (p.attributes["pgw.scope"], p.attributes["pgw.source"]): p.value
+        for p in found["pgw.breaker.state"].data.data_points
+    }
+    assert gauge == {("LLM", "a"): 0, ("EMBED", "a"): 0, ("BAD", "a"): 0}

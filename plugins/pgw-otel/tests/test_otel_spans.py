@@ -293,4 +293,4 @@ async def test_a_breaker_refusal_and_the_scope_verdict_are_counted(
         p.attributes["pgw.source"]: p.value for p in found["pgw.breaker.state"].data.data_points
     }
     assert gauge["a"] == 2
-    assert found["pgw.telemetry.dropped"].data.data_points[0].value == 0
+    assert "pgw.telemetry.dropped" not in found  # nothing dropped: no point yet

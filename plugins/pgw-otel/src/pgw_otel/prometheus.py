@@ -49,7 +49,8 @@ def serve_prometheus(port: int, *, addr: str = "127.0.0.1") -> PrometheusEndpoin
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as exc:
         raise ImportError(
-            f"serve_prometheus needs the prometheus extra: pip install 'pgw-otel[prometheus]' "
+            "serve_prometheus needs the prometheus extra: "
+            "pip install -e 'plugins/pgw-otel[prometheus]' "
             f"({exc})"
         ) from exc
     registry = CollectorRegistry(auto_describe=True)

@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+from opentelemetry.metrics import Meter, MeterProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 from polygateway.settings import SourceConfig
 from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
@@ -76,6 +76,9 @@ PER_CHUNK_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 """Time per output chunk (s), the conventions' advised boundaries."""
+
+_BREAKER_RANK = {"closed": 0, "half_open": 1, "open": 2}
+"""``pgw.breaker.state`` gauge values."""
 
 _REFUSALS = {
     "CircuitOpenError": "breaker_open",
@@ -122,9 +125,8 @@ class OtelRecorder:
         self._owned = tuple(owned)
         self._flush_ms = int(flush_timeout_s * 1000)
         self._warned: set[str] = set()
-        self._breaker_states: dict[str, str] = {}
-        """Source -> the breaker state the governor last saw (the ``pgw.breaker.state`` gauge)."""
-        self._metrics.observe(self)
+        self._closed = False
+        """After ``aclose`` the recorder adds nothing to the shared metric instruments."""
         self.calls = 0
         self.spans = 0
         self.dropped = 0
@@ -232,6 +234,7 @@ class OtelRecorder:
 
     async def aclose(self) -> None:
         """Flush, then shut down the providers the recorder made (never the global ones)."""
+        self._closed = True
         owned, self._owned = self._owned, ()
         for provider in owned:
             try:
@@ -258,6 +261,14 @@ class OtelRecorder:
         except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
             self.dropped += len(rows)
             self._warn("export", exc)
+            if rows and not self._closed:
+                try:
+                    self._metrics.dropped.add(
+                        len(rows),
+                        {"pgw.sink": "otel", "pgw.scope": start.scope or rows[0][0].scope},
+                    )
+                except Exception as again:  # noqa: BLE001 - a broken meter is dropped too
+                    self._warn("metrics", again)
 
     def _export(
         self,
@@ -279,11 +290,8 @@ class OtelRecorder:
         call_attrs = self._call_attributes(start, rows, request_model, error_type)
         if events:
             _decision_attributes(call_attrs, events)
-            self._metrics.record_decisions(call_attrs["pgw.scope"], events)
-            states = self._breaker_states
-            for _, event in events:
-                if event.breaker_state and event.source:
-                    states[event.source] = event.breaker_state
+            if not self._closed:
+                self._metrics.record_decisions(call_attrs["pgw.scope"], events)
         if error is not None:
             reason = getattr(error, "reason", None)
             if isinstance(reason, str) and reason:
@@ -309,6 +317,8 @@ class OtelRecorder:
             )
         span.end(end_time=ended_ns)
         self.spans += 1 + len(rows)
+        if self._closed:
+            return
         self._metrics.record_call(
             start, rows, call_attrs, (ended_ns - started_ns) / 1e9, final_outcome
         )
@@ -482,36 +492,20 @@ class _Call:
         self._recorder.export(self._start, self._parent, rows, ended_at, error, events)
 
 
-class _Tally:
-    """A monotonic counter summed in a dict and read by the metric reader (an observable
-    counter): counting is a dict update on the call path, not an SDK measurement."""
-
-    __slots__ = ("_counts",)
-
-    def __init__(self, meter: Meter, name: str, *, unit: str, description: str) -> None:
-        self._counts: dict[tuple[tuple[str, Any], ...], int] = {}
-        meter.create_observable_counter(
-            name, callbacks=[self._observe], unit=unit, description=description
-        )
-
-    def add(self, attributes: Mapping[str, Any]) -> None:
-        key = tuple(attributes.items())
-        counts = self._counts
-        counts[key] = counts.get(key, 0) + 1
-
-    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        # One C-level copy: safe against the loop thread adding meanwhile.
-        return [Observation(value, dict(key)) for key, value in list(self._counts.items())]
-
-
 class _Metrics:
-    """The instruments, made once per recorder."""
+    """The instruments. Synchronous ones: the SDK hands every recorder on a meter provider the
+    same instrument for a name, so recorders (two clients, a client rebuilt after ``aclose``)
+    add to shared instruments under their own ``pgw.scope`` instead of registering callbacks
+    the SDK would keep for the first recorder only and never release."""
 
     __slots__ = (
+        "_breakers",
         "admissions",
         "attempts",
         "breaker_refusals",
+        "breaker_state",
         "cache",
+        "dropped",
         "duration",
         "limiter_refusals",
         "meter",
@@ -526,20 +520,19 @@ class _Metrics:
 
     def __init__(self, meter: Meter) -> None:
         self.meter = meter
-        self.admissions = _Tally(
-            meter,
+        self._breakers: dict[tuple[str, str], str] = {}
+        """(scope, source) -> the breaker state last set on the gauge."""
+        self.admissions = meter.create_counter(
             "pgw.limiter.admissions",
             unit="{attempt}",
             description="Attempts the breaker and the limiter let go, by pgw.source.",
         )
-        self.limiter_refusals = _Tally(
-            meter,
+        self.limiter_refusals = meter.create_counter(
             "pgw.limiter.refusals",
             unit="{refusal}",
             description="Limiter refusals, by pgw.source and pgw.limiter.gate.",
         )
-        self.breaker_refusals = _Tally(
-            meter,
+        self.breaker_refusals = meter.create_counter(
             "pgw.breaker.refusals",
             unit="{refusal}",
             description="Breaker refusals, by pgw.source and pgw.breaker.state.",
@@ -574,76 +567,60 @@ class _Metrics:
             description="Mean time per output chunk after the first one, per attempt.",
             explicit_bucket_boundaries_advisory=PER_CHUNK_BUCKETS,
         )
-        self.attempts = _Tally(
-            meter,
+        self.attempts = meter.create_counter(
             "pgw.call.attempts",
             unit="{call}",
             description="Calls by their number of attempts (pgw.attempts: retries, switches, "
             "re-asks; 0 for a cache hit or a refusal): the attempts-per-call distribution.",
         )
-        self.retries = _Tally(
-            meter,
+        self.retries = meter.create_counter(
             "pgw.attempt.outcomes",
             unit="{attempt}",
             description="Attempts by what followed them (pgw.attempt.next) and error.type.",
         )
-        self.refusals = _Tally(
-            meter,
+        self.refusals = meter.create_counter(
             "pgw.call.refusals",
             unit="{call}",
             description="Calls refused before any attempt (breaker open, scope unavailable).",
         )
-        self.verdicts = _Tally(
-            meter,
+        self.verdicts = meter.create_counter(
             "pgw.call.verdicts",
             unit="{call}",
             description="Calls ended by a scope-level verdict, by pgw.error.reason (stalled, ...).",
         )
-        self.cache = _Tally(
-            meter,
+        self.cache = meter.create_counter(
             "pgw.cache.lookups",
             unit="{call}",
             description="Calls by pgw.cache.hit: the cache hit ratio is hits over all.",
         )
-
-    def observe(self, recorder: OtelRecorder) -> None:
-        """The gauges read from the recorder (called back by the metric reader)."""
-        states = recorder._breaker_states
-        rank = {"closed": 0, "half_open": 1, "open": 2}
-
-        def breaker_state(options: CallbackOptions) -> Iterable[Observation]:
-            return [
-                Observation(rank.get(state, -1), {"pgw.source": source, "pgw.breaker.state": state})
-                for source, state in list(states.items())
-            ]
-
-        def dropped(options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(recorder.dropped, {"pgw.sink": "otel"})]
-
-        self.meter.create_observable_gauge(
+        self.breaker_state = meter.create_gauge(
             "pgw.breaker.state",
-            callbacks=[breaker_state],
             unit="1",
             description="Breaker state per source as last seen: 0 closed, 1 half_open, 2 open.",
         )
-        self.meter.create_observable_counter(
+        self.dropped = meter.create_counter(
             "pgw.telemetry.dropped",
-            callbacks=[dropped],
             unit="{row}",
-            description="Telemetry rows this recorder could not turn into spans.",
+            description="Telemetry rows the recorder could not turn into spans, by pgw.scope.",
         )
 
     def record_decisions(self, scope: str, events: Sequence[tuple[int, GovernanceEvent]]) -> None:
         for _, event in events:
             where = {"pgw.scope": scope, "pgw.source": event.source}
             if event.kind == "admitted":
-                self.admissions.add({**where, "pgw.breaker.probe": event.probe})
+                self.admissions.add(1, {**where, "pgw.breaker.probe": event.probe})
             elif event.kind == "limiter_refused":
-                self.limiter_refusals.add({**where, "pgw.limiter.gate": event.gate})
+                self.limiter_refusals.add(1, {**where, "pgw.limiter.gate": event.gate})
             elif event.kind == "breaker_refused":
-                self.breaker_refusals.add({**where, "pgw.breaker.state": event.breaker_state})
+                self.breaker_refusals.add(1, {**where, "pgw.breaker.state": event.breaker_state})
             elif event.kind == "waited":
                 self.queue_wait.record(event.wait_s, {"pgw.scope": scope})
+            state = event.breaker_state
+            if state and event.source and self._breakers.get((scope, event.source)) != state:
+                # Set on a change only: a measurement costs more than the dict lookup.
+                self._breakers[scope, event.source] = state
+                rank = _BREAKER_RANK.get(state, -1)
+                self.breaker_state.set(rank, {"pgw.scope": scope, "pgw.source": event.source})
 
     def record_call(
         self,
@@ -685,19 +662,22 @@ class _Metrics:
                 gap_s = max(0.0, final.latency_ms - final.ttft_ms) / 1000 / (chunks - 1)
                 self.per_chunk.record(gap_s, base)
         scope = {"pgw.scope": base.get("pgw.scope", "")}
-        self.attempts.add({**scope, "pgw.attempts": call_attrs["pgw.attempts"]})
-        self.cache.add({**scope, "pgw.cache.hit": final.cache_hit})
+        self.attempts.add(1, {**scope, "pgw.attempts": call_attrs["pgw.attempts"]})
+        self.cache.add(1, {**scope, "pgw.cache.hit": final.cache_hit})
         reason = call_attrs.get("pgw.error.reason")
         if reason is not None:  # a scope-level verdict: stalled, quota_exhausted, ...
             verdict = {**scope, "pgw.error.reason": reason, "error.type": base["error.type"]}
-            self.verdicts.add(verdict)
+            self.verdicts.add(1, verdict)
         refusal = call_attrs.get("pgw.refusal")
         if refusal is not None:
-            self.refusals.add({**scope, "pgw.refusal": refusal, "error.type": base["error.type"]})
+            self.refusals.add(
+                1, {**scope, "pgw.refusal": refusal, "error.type": base["error.type"]}
+            )
         for number, (record, _) in enumerate(rows[:-1], 1):
             following = rows[number][0]
             what = _next_step(record, following)
             self.retries.add(
+                1,
                 {
                     **scope,
                     "pgw.source": record.source_name,
