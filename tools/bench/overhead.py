@@ -758,29 +758,8 @@ def otel_wall(calls: int, rounds: int) -> None:
         )
 
 
-def _callgrind_instructions(mode: str, calls: int, url: str, tmp: str) -> int:
-    out = os.path.join(tmp, f"cg.{mode}.{calls}")
-    cmd = [
-        "valgrind",
-        "--tool=callgrind",
-        f"--callgrind-out-file={out}",
-        sys.executable,
-        __file__,
-        "--otel-child",
-        mode,
-        "--calls",
-        str(calls),
-        "--url",
-        url,
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
-    with open(out) as f:
-        for line in f:
-            if line.startswith("summary:") or line.startswith("totals:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no instruction total in {out}")
+def _otel_instructions(mode: str, calls: int, url: str) -> int:
+    return callgrind_instructions("--otel-child", mode, "--calls", str(calls), "--url", url)
 
 
 def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
@@ -791,14 +770,11 @@ def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
     url = f"http://127.0.0.1:{port}/v1"
     per_call: dict[str, float] = {}
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for mode in modes:
-                low = _callgrind_instructions(mode, few, url, tmp)
-                high = _callgrind_instructions(mode, many, url, tmp)
-                per_call[mode] = (high - low) / (many - few)
-                print(
-                    f"{mode:12s} Ir {few}: {low}  Ir {many}: {high}  per call {per_call[mode]:.0f}"
-                )
+        for mode in modes:
+            low = _otel_instructions(mode, few, url)
+            high = _otel_instructions(mode, many, url)
+            per_call[mode] = (high - low) / (many - few)
+            print(f"{mode:12s} Ir {few}: {low}  Ir {many}: {high}  per call {per_call[mode]:.0f}")
     finally:
         upstream.kill()
     for on, off in (("otel", "none"), ("sqlite+otel", "sqlite")):
@@ -840,8 +816,9 @@ async def callgrind_child(url: str, client_name: str, calls: int) -> None:
         await client.aclose()
 
 
-def callgrind_instructions(url: str, client_name: str, calls: int) -> int:
-    """Instructions (Ir) of one whole child process under callgrind."""
+def callgrind_instructions(*child_args: str) -> int:
+    """Instructions (Ir) of one whole run of this script with ``child_args`` under callgrind:
+    the one runner of both callgrind modes (``--callgrind`` and ``--otel-callgrind``)."""
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run(
             [
@@ -850,13 +827,14 @@ def callgrind_instructions(url: str, client_name: str, calls: int) -> int:
                 f"--callgrind-out-file={tmp}/callgrind.out",
                 sys.executable,
                 __file__,
-                "--callgrind-child",
-                f"{url},{client_name},{calls}",
+                *child_args,
             ],
             capture_output=True,
             text=True,
-            check=True,
+            check=False,
         )
+    if done.returncode != 0:
+        raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
     for line in done.stderr.splitlines():
         if "Collected :" in line:
             return int(line.rsplit(":", 1)[1].strip())
@@ -876,8 +854,8 @@ def callgrind_main(args: argparse.Namespace) -> None:
     only = set(args.only.split(",")) if args.only else set(CALLGRIND_CLIENTS)
     try:
         for name in (name for name in CALLGRIND_CLIENTS if name in only):
-            small = callgrind_instructions(url, name, n)
-            large = callgrind_instructions(url, name, 3 * n)
+            small = callgrind_instructions("--callgrind-child", f"{url},{name},{n}")
+            large = callgrind_instructions("--callgrind-child", f"{url},{name},{3 * n}")
             per_call[name] = (large - small) / (2 * n)
             print(f"{name:14} {per_call[name]:12,.0f} instructions/call ({small:,} / {large:,})")
     finally:
