@@ -158,7 +158,7 @@ class JsonBodyParser:
         if self._done:
             return
         try:
-            self._value = self._parse()
+            self._value = self._parse(yielding=self.heavy)
         except ValueError as exc:
             self._error = exc
         self._done = True
@@ -193,11 +193,13 @@ class JsonBodyParser:
         """The parsed document (the body must be complete)."""
         if self._done:
             if self._error is not None:
-                raise ValueError(str(self._error))
+                raise self._error
             return self._value
-        return self._parse()
+        return self._parse(yielding=False)
 
-    def _parse(self) -> Any:
+    def _parse(self, *, yielding: bool) -> Any:
+        """The document; ``yielding``: with the pure-Python scanner (only worth it off the
+        loop, in ``finish()``: on the loop it would block it longer than orjson)."""
         if self._broken:
             raise ValueError("invalid string literal in the body")
         if not self._scanning:
@@ -205,7 +207,7 @@ class JsonBodyParser:
         if self._in_string or self._pending:
             raise ValueError("unterminated string at the end of the body")
         skeleton = b"".join(self._skeleton)
-        if self._skeleton_size > THREAD_STRUCTURE_BYTES:
+        if yielding:
             try:
                 value = _yielding_loads(skeleton)
             except RecursionError:
