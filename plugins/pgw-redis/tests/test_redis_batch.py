@@ -280,11 +280,22 @@ async def test_governed_calls_cost_one_script_call_each_and_fewer_when_concurren
     client = GatewayClient(settings)
     try:
         await client.chat([{"role": "user", "content": "warm"}])
+
+        async def warm_call_settled() -> bool:  # its admission, then its release alone
+            return await _script_calls(admin) >= 2
+
+        await wait_until(warm_call_settled)
         await admin.config_resetstat()
         for i in range(20):
             await client.chat([{"role": "user", "content": f"one {i}"}])
-        # Gate + admission + the previous call's release: one script call per call.
-        assert await _script_calls(admin) <= 20
+    finally:
+        await client.aclose()
+    # Gate + admission + the previous call's release: one script call per call, and the
+    # last call's release, sent by aclose().
+    assert await _script_calls(admin) == 21
+    client = GatewayClient(settings)
+    try:
+        await client.chat([{"role": "user", "content": "warm"}])
         await admin.config_resetstat()
         await asyncio.gather(
             *(client.chat([{"role": "user", "content": f"many {i}"}]) for i in range(40))

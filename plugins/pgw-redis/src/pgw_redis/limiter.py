@@ -122,6 +122,9 @@ RETRY_FOR_S: Final = 60.0
 MAX_BATCH_ADMISSIONS: Final = 256
 """Admissions sent in one script call at most; more wait for the next one."""
 
+MAX_BATCHES_IN_FLIGHT: Final = 2
+"""Batches of admissions on the wire at once (each on a connection of its own)."""
+
 # Operation codes of the BATCH script.
 _OP_ACQUIRE: Final = 1
 _OP_RELEASE: Final = 2
@@ -246,8 +249,8 @@ class RedisLimiter:
         "_admissions",
         "_client",
         "_closed",
-        "_flush_scheduled",
-        "_flush_task",
+        "_flush_tasks",
+        "_forming",
         "_global_limits",
         "_keys",
         "_lease_ttl_ms",
@@ -303,8 +306,9 @@ class RedisLimiter:
         self._made_keys: dict[str, tuple[str, ...]] = {}
         self._made_keys_window = -1
         self._progress_pending = False
-        self._flush_task: asyncio.Task[None] | None = None
-        self._flush_scheduled = False
+        self._flush_tasks: set[asyncio.Task[None]] = set()
+        self._forming: asyncio.Task[None] | None = None
+        """The batch task made but not yet started: what is queued meanwhile goes in it."""
         self._closed = False
         self._warn = WarnOnce(logger, f"Redis limiter (scope {scope!r})")
 
@@ -475,7 +479,8 @@ class RedisLimiter:
             return await future
         except (asyncio.CancelledError, GovernanceBackendError):
             if not admission.sent:
-                self._admissions.remove(admission)
+                if admission in self._admissions:  # else a batch left it out already
+                    self._admissions.remove(admission)
             else:
                 self._queue(lease_id, source_keys, window, delta=-est_tokens, compensate=True)
             raise
@@ -545,10 +550,7 @@ class RedisLimiter:
 
     async def flush(self) -> None:
         """Wait until every accounting write queued so far has been sent (and answered)."""
-        task = self._flush_task
-        if task is not None:
-            # asyncio.wait: a caller cancelled here must not cancel the flush itself.
-            await asyncio.wait((task,))
+        await self._wait_in_flight()
         batch = self._take_queued()
         if batch is not None:
             await self._send_accounting(batch)
@@ -597,14 +599,12 @@ class RedisLimiter:
     async def _exchange(self, call: ScriptCall, operation: str) -> Any:
         """Run the read ``call`` behind the queued accounting, in one round trip.
 
-        It first waits for the batch in flight, if any, so that it sees every write this
+        It first waits for the batches in flight, if any, so that it sees every write this
         limiter queued before it. Backend failures raise ``GovernanceBackendError``. The
         accounting taken along is not this caller's: if the exchange does not complete it is
         queued again.
         """
-        if self._flush_task is not None:
-            # asyncio.wait: a reader cancelled here must not cancel the flush itself.
-            await asyncio.wait((self._flush_task,))
+        await self._wait_in_flight()
         batch = self._take_queued()
         delivered = False
         try:
@@ -662,47 +662,64 @@ class RedisLimiter:
         self._schedule_flush()
 
     def _schedule_flush(self, *, admission: bool = False) -> None:
-        # At the next turn of the loop, not now: the caller usually has more to queue, and
-        # every admission and write queued in the same turn goes in one script call. During
-        # an outage the retry timer starts the next flush of accounting (no busy loop); an
-        # admission is sent at once all the same (it must fail or pass promptly).
-        if (
-            self._flush_task is None
-            and not self._flush_scheduled
-            and (self._retry_handle is None or admission)
-            and not self._closed
-        ):
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._start_flush)
+        # The batch task is made now and runs at the next turn of the loop: the caller usually
+        # has more to queue, and every admission and write queued in the same turn goes in
+        # one script call. Admissions may start a batch while up to MAX_BATCHES_IN_FLIGHT - 1
+        # others are on the wire (an admission never waits for another's round trip); writes
+        # alone wait for the batches in flight, and then go together. During an outage the
+        # retry timer starts the next flush of accounting (no busy loop); an admission is sent
+        # at once all the same (it must fail or pass promptly).
+        if self._forming is not None or self._closed:
+            return
+        in_flight = len(self._flush_tasks)
+        if admission:
+            if in_flight >= MAX_BATCHES_IN_FLIGHT:
+                return  # sent as soon as a batch in flight lands
+        elif in_flight or self._retry_handle is not None:
+            return
+        self._start_flush()
 
     def _retry_due(self) -> None:
         self._retry_handle = None
-        self._start_flush()
+        if self._forming is None and not self._flush_tasks and not self._closed:
+            self._start_flush()
 
     def _start_flush(self) -> None:
-        self._flush_scheduled = False
-        if self._closed:
-            return
-        if self._flush_task is None and (
-            self._pending or self._progress_pending or self._admissions
-        ):
-            self._flush_task = asyncio.get_running_loop().create_task(
-                self._flush_queued(), name=f"pgw-redis limiter flush ({self._scope})"
-            )
+        task = asyncio.get_running_loop().create_task(
+            self._flush_queued(), name=f"pgw-redis limiter flush ({self._scope})"
+        )
+        self._forming = task
+        self._flush_tasks.add(task)
+        task.add_done_callback(self._flush_done)
+
+    def _flush_done(self, task: asyncio.Task[None]) -> None:
+        self._flush_tasks.discard(task)
+        if self._forming is task:  # cancelled before its first step: it took nothing
+            self._forming = None
+
+    async def _wait_in_flight(self) -> None:
+        """Wait for every batch sent or forming now (not for those started meanwhile)."""
+        if self._flush_tasks:
+            # asyncio.wait: a caller cancelled here must not cancel the batches themselves.
+            await asyncio.wait(tuple(self._flush_tasks))
 
     async def _flush_queued(self) -> None:
-        # Runs once the caller yields: everything queued in the same turn goes in one script
-        # call. One batch in flight at a time, so what is queued meanwhile coalesces into the
-        # next one (and a reader waiting for "the flush in flight" waits one round trip).
-        try:
-            admissions = self._take_admissions()
-            batch = self._take_queued()
-            if admissions:
-                await self._send_admissions(batch, admissions)
-            elif batch is not None:
-                await self._send_accounting(batch)
-        finally:
-            self._flush_task = None
+        # Runs at the turn after the one that made it: everything queued until then goes in
+        # one script call; what is queued while it is on the wire forms the next batch.
+        self._forming = None
+        if self._closed:
+            return
+        admissions = self._take_admissions()
+        batch = self._take_queued()
+        if admissions:
+            await self._send_admissions(batch, admissions)
+        elif batch is not None:
+            await self._send_accounting(batch)
+        # This batch has landed: count it out before starting the next (the done callback
+        # would do so only after this returns).
+        task = asyncio.current_task()
+        if task is not None:
+            self._flush_tasks.discard(task)
         if self._admissions:
             self._schedule_flush(admission=True)
         elif self._pending or self._progress_pending:
@@ -716,9 +733,14 @@ class RedisLimiter:
         else:
             taken = admissions
             self._admissions = []
+        # An admission whose caller was cancelled since it queued (its future is cancelled at
+        # once, before the caller runs again) is left out: it was never sent.
+        sent = []
         for admission in taken:
-            admission.sent = True
-        return taken
+            if not admission.future.done():
+                admission.sent = True
+                sent.append(admission)
+        return sent
 
     async def _send_admissions(self, batch: _Batch | None, admissions: list[_Admission]) -> None:
         """Queued accounting and ``admissions`` in one script call; each admission's reply
