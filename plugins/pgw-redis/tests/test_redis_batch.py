@@ -320,3 +320,40 @@ async def test_decisions_from_the_joint_step_are_the_gates_own(spare_redis: Redi
     finally:
         await limiter.aclose()
         await gate.aclose()
+
+
+async def _blocked_clients(admin: Any) -> int:
+    return int((await admin.info("clients")).get("blocked_clients", 0))
+
+
+async def test_an_admission_does_not_wait_for_the_reply_of_a_batch_it_missed(
+    spare_redis: RedisServer, admin: Any
+) -> None:
+    limiter = _limiter(spare_redis.url, Limits(max_concurrency=1))
+    try:
+        await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
+        await limiter.flush()
+        # Writes paused on the server: a batch sent stays there, unanswered, until unpaused.
+        await admin.execute_command("CLIENT", "PAUSE", "10000", "WRITE")
+        try:
+            first = asyncio.create_task(limiter.try_acquire("a", 1, NO_LIMITS))
+            await wait_until(lambda: _at_least_blocked(admin, 1))
+            second = asyncio.create_task(limiter.try_acquire("a", 1, NO_LIMITS))
+            # Sent while the first batch waits for its reply, on a connection of its own.
+            await wait_until(lambda: _at_least_blocked(admin, 2))
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+        results = await asyncio.gather(first, second)
+        # Still exact: the server ran the two batches one after the other.
+        assert sorted(type(r).__name__ for r in results) == ["Denial", "RedisPermit"]
+        for result in results:
+            if isinstance(result, Permit):
+                await result.release()
+        await limiter.flush()
+        assert await limiter.inflight() == 0
+    finally:
+        await limiter.aclose()
+
+
+async def _at_least_blocked(admin: Any, count: int) -> bool:
+    return await _blocked_clients(admin) >= count

@@ -14,9 +14,14 @@ is learned from every reply, so the repeat happens only around minute boundaries
 
 Round trips: admissions (``try_acquire``, and ``enter_and_acquire``, which runs a
 ``RedisGate``'s ``try_enter`` of the same scope and server in the same script) are queued and
-sent at the next turn of the event loop, all of that turn in one call of the ``BATCH`` script
-(one batch in flight at a time; what arrives meanwhile goes in the next). Each admission in a
-batch is decided as it would be alone, in order. Reads are one round trip each. Accounting
+sent at the next turn of the event loop, all of that turn in one call of the ``BATCH`` script.
+Up to ``MAX_BATCHES_IN_FLIGHT`` batches of admissions are on the wire at once (each on its own
+connection), so an admission does not wait for the reply of a batch it missed; what arrives
+while that many are in flight goes in the next. Each admission in a batch is decided as it
+would be alone, in order. Batches on two connections may run in either order on the server:
+each call's writes are queued only after its admission's reply (a release never overtakes its
+acquire), and an acquire that overtakes a release sees one lease too many, so at worst it
+refuses early, never admits too much. Reads are one round trip each. Accounting
 (``settle``, ``release``, ``mark_progress``) never raises and never waits for Redis: it is
 queued and sent in front of the next batch of admissions, or by a background flush as soon as
 the caller yields to the event loop. A permit settled and then
@@ -47,8 +52,8 @@ A queued compensation therefore releases the lease and refunds its TPM pre-charg
 lease exists, and otherwise records the id as abandoned so that the acquire, should it run
 afterwards, admits nothing. redis-py drops the connection of a cancelled command, so it is
 never a reply behind. Batches are sent by the limiter's own flush task, which a cancelled
-caller does not cancel; an admission cancelled while still queued is taken off the queue (it
-was never sent: nothing to compensate).
+caller does not cancel; an admission cancelled while still queued is taken off the queue, or left
+out by the batch that would have taken it (it was never sent: nothing to compensate).
 """
 
 from __future__ import annotations
