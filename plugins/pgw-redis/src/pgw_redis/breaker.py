@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import uuid
 from collections.abc import Coroutine, Sequence
 from typing import Any, Final, cast
 
@@ -46,7 +45,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient, as_text
-from pgw_redis.keys import gate_key, scope_tag
+from pgw_redis.keys import gate_key, new_id, scope_tag
 from pgw_redis.scripts import (
     GATE_FORCE_OPEN,
     GATE_RECORD_FAILURE,
@@ -139,7 +138,7 @@ class RedisGate:
 
     async def try_enter(self, source: str) -> GateDecision:
         key = self._key(source)
-        owner = uuid.uuid4().hex
+        owner = new_id()
         call = ScriptCall(GATE_TRY_ENTER, (key,), (owner, self._probe_ttl_ms, self._key_ttl_ms))
         try:
             reply = await self._run(call, "try_enter", idempotent=True)
@@ -158,7 +157,7 @@ class RedisGate:
 
     def joint_enter_args(self, source: str) -> tuple[str, str, tuple[str | int, ...]]:
         """The gate key, a new probe owner id and the try_enter arguments for ``source``."""
-        owner = uuid.uuid4().hex
+        owner = new_id()
         return self._key(source), owner, (owner, self._probe_ttl_ms, self._key_ttl_ms)
 
     def hand_back_later(self, key: str, owner: str) -> None:

@@ -286,25 +286,33 @@ def _pack(call: ScriptCall, memo: dict[str | int, bytes]) -> bytes:
 
     Keys and integer arguments repeat from call to call (a batch carries the same few keys
     and limits for every admission): their encoded form is taken from ``memo``. String
-    arguments (lease and probe ids) are new each time and encoded directly.
+    arguments (lease and probe ids) are new each time: encoded directly, not kept.
     """
     keys, args = call.keys, call.args
     if len(memo) > _MEMO_MAX:
         memo.clear()
-    out = [b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(keys) + len(args) + 3), call.script.sha_resp]
-    out.append(_bulk(len(keys), memo))
+    get = memo.get
+    out = [
+        b"*%d\r\n$7\r\nEVALSHA\r\n" % (len(keys) + len(args) + 3),
+        call.script.sha_resp,
+        _bulk(len(keys), memo),
+    ]
+    append = out.append
     for key in keys:
-        encoded = memo.get(key)
+        encoded = get(key)
         if encoded is None:
             raw = key.encode()
             encoded = memo[key] = b"$%d\r\n%s\r\n" % (len(raw), raw)
-        out.append(encoded)
+        append(encoded)
     for arg in args:
-        if isinstance(arg, str):
-            raw = arg.encode()
-            out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-        else:
-            out.append(_bulk(arg, memo))
+        encoded = get(arg)
+        if encoded is None:
+            if isinstance(arg, str):
+                raw = arg.encode()
+                append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+                continue
+            encoded = _bulk(arg, memo)
+        append(encoded)
     return b"".join(out)
 
 

@@ -62,7 +62,6 @@ import asyncio
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
@@ -84,7 +83,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient
-from pgw_redis.keys import LimiterKeys, SourceKeys
+from pgw_redis.keys import LimiterKeys, SourceKeys, new_id
 from pgw_redis.scripts import BATCH, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
 
 if TYPE_CHECKING:
@@ -339,7 +338,7 @@ class RedisLimiter:
         source_keys, est_tokens = self._admission_inputs(source, est_tokens, source_limits)
         # Made before sending, so a script that ran for a caller who never saw the reply can
         # still be released by id.
-        lease_id = uuid.uuid4().hex
+        lease_id = new_id()
         window = self._guess_window()
         for _ in range(_WINDOW_ATTEMPTS):
             op = (
@@ -384,7 +383,7 @@ class RedisLimiter:
         """
         source_keys, est_tokens = self._admission_inputs(source, est_tokens, source_limits)
         gate_key, owner, gate_args = gate.joint_enter_args(source)
-        lease_id = uuid.uuid4().hex
+        lease_id = new_id()
         window = self._guess_window()
         for _ in range(_WINDOW_ATTEMPTS):
             op = (
