@@ -173,6 +173,22 @@ def test_strings_that_look_like_placeholders_do_not_collide() -> None:
     assert part_sha256({"url": data, "note": "\x00"}) != part_sha256({"url": data, "note": ""})
 
 
+class LoudStr(str):
+    def encode(self, *args: Any, **kwargs: Any) -> bytes:
+        return b"not the text"
+
+    def __getitem__(self, index: Any) -> str:
+        return "not the text"
+
+
+def test_str_subclasses_and_long_non_ascii_strings_hash_their_text() -> None:
+    text = "QUJD" * 40_000  # several hash pieces
+    assert part_sha256({"url": LoudStr(text)}) == part_sha256({"url": text})
+    assert part_sha256({"url": text}) == reference_sha256({"url": text})
+    wide = "日本" * 40_000
+    assert part_sha256({"url": wide}) == reference_sha256({"url": wide})
+
+
 def test_deep_or_circular_parts_take_the_plain_form_and_its_errors() -> None:
     deep: Any = "A" * STREAMED_MIN_CHARS
     for _ in range(40):
