@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from polygateway.context import CallContext
 from polygateway.errors import RequestRejectedError
 from polygateway.providers import BUILTIN_PROFILES, builtin_profiles_by_name
 from polygateway.settings import SourceConfig
@@ -75,9 +76,14 @@ def test_json_dumps_handles_read_only_mappings_and_keeps_unicode() -> None:
 
 def test_token_estimates() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}}
-    small = estimate_prompt_tokens([{"role": "user", "content": [image]}])
+    messages = [{"role": "user", "content": [image]}]
+    small = estimate_prompt_tokens(messages)
     # The base64 payload is counted by its digest, not its size.
     assert 1 <= small < 200
+    # From the JSON the call's context holds (shared with the cache key and the rows): equal.
+    context = CallContext()
+    assert estimate_prompt_tokens(messages, context) == small
+    assert context.canonical_messages(messages) is context.canonical_messages(messages)
     assert estimate_completion_tokens("abcdefgh") == 2
     assert estimate_completion_tokens("abc", "d") == 1
     assert estimate_completion_tokens("") == 0

@@ -35,7 +35,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence, Set
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from polygateway.digest import canonical_messages_json
@@ -70,6 +70,9 @@ from polygateway.transports.openai_chunks import (
 )
 from polygateway.transports.sse import SSEDecoder, SSEProtocolError
 from polygateway.types import ChatRequest, Message, TransportResult
+
+if TYPE_CHECKING:
+    from polygateway.context import CallContext
 
 try:
     import orjson as _orjson
@@ -158,9 +161,16 @@ def build_request_body(
     return body
 
 
-def estimate_prompt_tokens(messages: Sequence[Message]) -> int:
-    """About 4 characters per token of the messages' JSON, images counted by their digest."""
-    return max(1, math.ceil(len(canonical_messages_json(messages)) / CHARS_PER_TOKEN))
+def estimate_prompt_tokens(messages: Sequence[Message], context: CallContext | None = None) -> int:
+    """About 4 characters per token of the messages' JSON, images counted by their digest
+    (the JSON the call's ``context`` already holds, when there is one: nothing is hashed
+    again)."""
+    encoded = (
+        context.canonical_messages(messages)
+        if context is not None
+        else canonical_messages_json(messages)
+    )
+    return max(1, math.ceil(len(encoded) / CHARS_PER_TOKEN))
 
 
 def estimate_completion_tokens(content: str, thinking: str = "") -> int:
@@ -393,7 +403,7 @@ def transport_result(
     completion_tokens = completion.completion_tokens
     if prompt_tokens is None or completion_tokens is None:
         estimated = True
-        prompt_tokens = estimate_prompt_tokens(request.messages)
+        prompt_tokens = estimate_prompt_tokens(request.messages, request.context)
         completion_tokens = estimate_completion_tokens(content, completion.thinking)
     return TransportResult(
         content=content,
