@@ -707,8 +707,14 @@ def _startup_instructions(env: dict[str, str]) -> None:
         for name, code in (("empty", "pass"), ("ready", STARTUP_CODE)):
             out = os.path.join(tmp, f"cg.startup.{name}")
             subprocess.run(
-                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-                + [sys.executable, "-c", code],
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    "-c",
+                    code,
+                ],
                 check=True,
                 env=env,
                 stdout=subprocess.DEVNULL,
