@@ -3,7 +3,7 @@
     python tools/bench/floor.py [--seconds 1.0] [--rounds 3] [--conc 1,64,1024]
                                 [--modes stream,json] [--only name,name]
     python tools/bench/floor.py --callgrind [--calls 200,600] [--only ...]
-    python tools/bench/floor.py --startup [--runs 9]
+    python tools/bench/floor.py --startup [--runs 9] [--callgrind]
     python tools/bench/floor.py --rss [--rss-calls 100000] [--conc 64] [--modes stream]
 
 Starts ``pgw fake-upstream`` (its own process) and a ``redis-server`` of its own on a free port
@@ -32,7 +32,10 @@ over the difference of the counts (start-up and warm-up cancel out; concurrency 
 
 ``--startup``: the median wall time of ``--runs`` fresh interpreters doing ``import
 polygateway`` plus ``GatewayClient.from_env`` with the default configuration (one source),
-minus the median of as many empty interpreters.
+minus the median of as many empty interpreters (wall and CPU). Bytecode is written and read as
+for an installed package (``PYTHONDONTWRITEBYTECODE`` is dropped for these children, and one
+untimed run comes first), so sources are not compiled in the timed runs. With ``--callgrind``
+also the instructions of one start-up minus an empty interpreter's (independent of the load).
 
 ``--rss``: the process's RSS every 5% of ``--rss-calls`` full-pipeline calls (SQLite telemetry,
 every call a cache miss), the growth from the end of the warm-up (the first 10%) to the end,
@@ -666,11 +669,17 @@ client = GatewayClient.from_env(env={
 def run_startup(args: argparse.Namespace) -> None:
     # Interleave the two kinds so load changes touch both alike. Wall time is the budget's
     # measure; CPU time (user + system of the child) moves less with the machine's load.
+    env = _startup_env()
+    # One untimed run first: it writes the bytecode of any module that has none yet (what
+    # ``pip install`` does for an installed package), so the timed runs measure importing,
+    # not compiling sources, and the files are in the page cache.
+    _time_once(STARTUP_CODE, env)
+    print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}")
     empty: list[tuple[float, float]] = []
     ready: list[tuple[float, float]] = []
     for _ in range(args.runs):
-        empty.append(_time_once("pass"))
-        ready.append(_time_once(STARTUP_CODE))
+        empty.append(_time_once("pass", env))
+        ready.append(_time_once(STARTUP_CODE, env))
     for label, index in (("wall", 0), ("CPU", 1)):
         e = statistics.median(t[index] for t in empty)
         r = statistics.median(t[index] for t in ready)
@@ -683,19 +692,59 @@ def run_startup(args: argparse.Namespace) -> None:
             f"(runs {_ms([t[index] for t in ready])})"
         )
         print(f"{label}: start-up to a ready client {(r - e) * 1000:.0f} ms (budget 300 ms)")
+    print(f"load average after: {os.getloadavg()}")
+    if args.callgrind:
+        _startup_instructions(env)
+
+
+def _startup_instructions(env: dict[str, str]) -> None:
+    """Instructions of one start-up under callgrind, minus an empty interpreter's (no load
+    dependence; one run each, the count is deterministic to well under 1%)."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind not found")
+    counts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, code in (("empty", "pass"), ("ready", STARTUP_CODE)):
+            out = os.path.join(tmp, f"cg.startup.{name}")
+            subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    "-c",
+                    code,
+                ],
+                check=True,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            counts.append(callgrind_total(out))
+    print(
+        f"callgrind: empty interpreter {counts[0] / 1e6:.1f} M instructions, import + from_env "
+        f"{counts[1] / 1e6:.1f} M: start-up to a ready client {(counts[1] - counts[0]) / 1e6:.1f} M"
+    )
 
 
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("PGW_", "LLM__", "REDIS"))}
 
 
-def _time_once(code: str) -> tuple[float, float]:
+def _startup_env() -> dict[str, str]:
+    # Bytecode may be written (see run_startup): an installed package has it.
+    env = _clean_env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _time_once(code: str, env: dict[str, str]) -> tuple[float, float]:
     """Wall and CPU seconds of one fresh interpreter running ``code``."""
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, env=_clean_env())
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

@@ -486,17 +486,14 @@ def _distribution_version(dist: str, fallback: str) -> str:
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def _missing_requirements(dist: str) -> list[str]:
-    """The declared dependencies of ``dist`` that are not installed (unconditional ones only:
-    a requirement with an environment marker or an extra is not judged here).
+def _missing_requirements(requirements: Iterable[str]) -> list[str]:
+    """The declared dependencies (``Requires-Dist`` lines) that are not installed
+    (unconditional ones only: a requirement with an environment marker or an extra is not
+    judged here).
 
     A plugin imports its heavy dependencies lazily (when a factory runs), so importing it
     proves nothing; without this a missing ``redis`` would surface as a raw
     ``ModuleNotFoundError`` at the first call."""
-    try:
-        requirements = importlib.metadata.requires(dist) or []
-    except importlib.metadata.PackageNotFoundError:
-        return []
     missing: list[str] = []
     for requirement in requirements:
         match = _REQUIREMENT.match(requirement)
@@ -525,20 +522,44 @@ def _pip_hint(requirements: Sequence[str]) -> str:
     return "pip install " + " ".join(quoted)
 
 
+@dataclass(frozen=True)
+class _Found:
+    """One entry point of group ``polygateway`` with its distribution's metadata, read once
+    (each read parses the distribution's ``METADATA`` file)."""
+
+    entry_point: importlib.metadata.EntryPoint
+    dist: str
+    version: str
+    requirements: tuple[str, ...]
+
+
+def _found(ep: importlib.metadata.EntryPoint) -> _Found:
+    if ep.dist is None:
+        return _Found(ep, ep.name, "unknown", ())
+    metadata = ep.dist.metadata
+    return _Found(
+        ep,
+        metadata["Name"],
+        metadata["Version"],
+        # An egg-info distribution keeps them in requires.txt, which ``requires`` reads.
+        tuple(metadata.get_all("Requires-Dist") or ep.dist.requires or ()),
+    )
+
+
 def _discover(
     allowed: Sequence[str] | None,
-) -> tuple[list[tuple[_Candidate, importlib.metadata.EntryPoint]], list[tuple[str, str]]]:
+) -> tuple[list[tuple[_Candidate, _Found]], list[tuple[str, str]]]:
     """Entry points of group ``polygateway`` that pass the filter, and the names left out."""
     allowed_set = None if allowed is None else {_canonical(a) for a in allowed}
-    chosen: list[tuple[_Candidate, importlib.metadata.EntryPoint]] = []
+    chosen: list[tuple[_Candidate, _Found]] = []
     excluded: list[tuple[str, str]] = []
     matched: set[str] = set()
-    for ep in sorted(
-        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
-        key=lambda e: (e.dist.name if e.dist else "", e.name),
+    found = [_found(ep) for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    for item in sorted(
+        found,
+        key=lambda f: (f.dist if f.entry_point.dist else "", f.entry_point.name),
     ):
-        dist = ep.dist.name if ep.dist is not None else ep.name
-        version = ep.dist.version if ep.dist is not None else "unknown"
+        dist, ep = item.dist, item.entry_point
         if _canonical(dist) == BUILTIN_DISTRIBUTION:
             continue  # the builtin plugin is always registered directly
         if allowed_set is not None and not any(
@@ -547,7 +568,7 @@ def _discover(
             excluded.append((dist, ep.name))
             continue
         matched.update({_canonical(ep.name), _canonical(dist)})
-        chosen.append((_Candidate(dist=dist, version=version, entry_point=ep.name), ep))
+        chosen.append((_Candidate(dist=dist, version=item.version, entry_point=ep.name), item))
     if allowed_set:
         unmatched = sorted(allowed_set - matched - {BUILTIN_DISTRIBUTION})
         if unmatched:
@@ -688,16 +709,16 @@ def load_registry(
     excluded: list[tuple[str, str]] = []
     if autoload:
         discovered, excluded = _discover(allowed)
-        for candidate, ep in discovered:
+        for candidate, item in discovered:
             try:
-                plugin = ep.load()
+                plugin = item.entry_point.load()
             # Importing a plugin runs third-party code: any failure is that plugin's alone.
             except Exception as exc:
                 logger.debug("plugin %s failed to import", candidate.dist, exc_info=True)
                 candidate.errors.append(_one_line(exc))
                 candidate.hint = _module_hint(exc) or candidate.hint
                 plugin = None
-            missing = _missing_requirements(candidate.dist)
+            missing = _missing_requirements(item.requirements)
             if missing:
                 if plugin is not None:
                     candidate.errors.append(

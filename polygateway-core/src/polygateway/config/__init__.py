@@ -14,7 +14,8 @@ format are documented in ``env.py``, ``merge.py`` and ``pgw.example.toml``; comp
 
 from __future__ import annotations
 
-from polygateway.config.describe import describe_settings
+from typing import TYPE_CHECKING, Any
+
 from polygateway.config.env import read_env
 from polygateway.config.guards import (
     NameRegistry,
@@ -25,6 +26,19 @@ from polygateway.config.guards import (
 from polygateway.config.inputs import plugin_filter
 from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.config.loader import load_scope, load_settings
+
+if TYPE_CHECKING:
+    from polygateway.config.describe import describe_settings
+
+
+def __getattr__(name: str) -> Any:
+    # ``pgw config check`` is its only user: loading settings does not import it.
+    if name == "describe_settings":
+        from polygateway.config.describe import describe_settings
+
+        return describe_settings
+    raise AttributeError(f"module 'polygateway.config' has no attribute {name!r}")
+
 
 __all__ = [
     "CHAT_CALLS",
