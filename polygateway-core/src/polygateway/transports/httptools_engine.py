@@ -283,6 +283,10 @@ class _Connection(asyncio.Protocol):
         return data
 
     @property
+    def reading_paused(self) -> bool:
+        return self._read_paused
+
+    @property
     def reusable(self) -> bool:
         return self.complete and self._keep_alive and not self.closed and self.error is None
 
@@ -354,6 +358,16 @@ class _HttptoolsResponse:
             )
         raise error
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Body bytes received and not yet taken by the reader."""
+        return 0 if self._connection is None else self._connection.buffered
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether the connection stopped reading because the reader is behind."""
+        return self._connection is not None and self._connection.reading_paused
+
     def at_eof(self) -> bool:
         connection = self._connection
         complete = connection is None or (connection.complete and not connection.body)
@@ -394,6 +408,18 @@ class HttptoolsEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._permits: asyncio.Semaphore | None = None
         self._ssl: ssl.SSLContext | None = None
+
+    @property
+    def idle_connections(self) -> int:
+        """Open keep-alive connections waiting in the pool."""
+        return sum(
+            1 for pool in self._idle.values() for connection in pool if not connection.closed
+        )
+
+    @property
+    def busy_connections(self) -> int:
+        """Connections carrying a request or a response not closed yet."""
+        return len(self._busy)
 
     # ------------------------------------------------------------------ set-up
 
