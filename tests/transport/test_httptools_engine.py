@@ -62,6 +62,31 @@ def engine_of(transport: OpenAICompatTransport) -> Any:
     return engine
 
 
+async def send_expecting_error(source: SourceConfig) -> TransientError:
+    """The ``TransientError`` one streamed call on a new transport for ``source`` raises."""
+    transport = OpenAICompatTransport(source)
+    try:
+        with pytest.raises(TransientError) as caught:
+            await transport.send(chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+    return caught.value
+
+
+async def serve(
+    path: str,
+    handler: Callable[[web.Request], Any],
+    ssl_context: ssl.SSLContext | None = None,
+) -> tuple[web.AppRunner, int]:
+    """An aiohttp server on a free loopback port answering POST ``path``."""
+    app = web.Application()
+    app.router.add_post(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
+    return runner, runner.addresses[0][1]
+
+
 # --------------------------------------------------------------------------- pool
 
 
@@ -172,16 +197,12 @@ async def test_an_endless_response_head_is_a_network_error() -> None:
             await writer.drain()
 
     server, url = await _raw_server(respond)
-    source = source_at(url)
-    transport = OpenAICompatTransport(source)
     try:
-        with pytest.raises(TransientError) as caught:
-            await transport.send(chat(), source, call_id="c")
+        error = await send_expecting_error(source_at(url))
     finally:
-        await transport.aclose()
         server.close()
-    assert caught.value.reason == "network_error"
-    assert "response head over" in str(caught.value)
+    assert error.reason == "network_error"
+    assert "response head over" in str(error)
 
 
 async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
@@ -196,13 +217,7 @@ async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/big", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    runner, port = await serve("/big", handler)
     engine = make_engine("httptools", EngineConfig(source_name="big"))
     try:
         response = await engine.post(f"http://127.0.0.1:{port}/big", b"{}")
@@ -262,13 +277,8 @@ async def tls_upstream(certificate: tuple[Path, Path]) -> AsyncIterator[int]:
 
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(*certificate)
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
-    await site.start()
-    yield runner.addresses[0][1]
+    runner, port = await serve("/v1/chat/completions", handler, context)
+    yield port
     await runner.cleanup()
 
 
@@ -280,15 +290,10 @@ async def test_tls_verifies_the_certificate_by_default(tls_upstream: int, engine
         api_key=Secret("sk-tls-0123456789abcdef"),
         options={"engine": engine},
     )
-    transport = OpenAICompatTransport(source)
-    try:
-        with pytest.raises(TransientError) as caught:
-            await transport.send(chat(), source, call_id="c")
-    finally:
-        await transport.aclose()
-    assert caught.value.reason == "network_error"
-    assert "certificate" in str(caught.value).lower()
-    assert "sk-tls-0123456789abcdef" not in str(caught.value)
+    error = await send_expecting_error(source)
+    assert error.reason == "network_error"
+    assert "certificate" in str(error).lower()
+    assert "sk-tls-0123456789abcdef" not in str(error)
 
 
 @needs_openssl
@@ -309,13 +314,8 @@ async def test_tls_with_a_trusted_certificate_streams_and_checks_the_host_name(
     assert zipped.content == "plain"
     # The same server by address: the certificate does not name 127.0.0.1.
     elsewhere = dataclasses.replace(source, base_url=f"https://127.0.0.1:{tls_upstream}/v1")
-    transport = OpenAICompatTransport(elsewhere)
-    try:
-        with pytest.raises(TransientError) as caught:
-            await transport.send(chat(), elsewhere, call_id="c")
-    finally:
-        await transport.aclose()
-    assert "certificate" in str(caught.value).lower() or "hostname" in str(caught.value).lower()
+    text = str(await send_expecting_error(elsewhere)).lower()
+    assert "certificate" in text or "hostname" in text
 
 
 # --------------------------------------------------------------------------- refused set-ups

@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from polygateway.errors import ConfigError, SourceDeadError
+from polygateway.errors import ConfigError, SourceDeadError, TransientError
 from polygateway.transports.engines import BodyReader, EngineConfig, EngineResponse
 from polygateway.transports.errors import sanitize_message, wire_error
 
@@ -294,6 +294,17 @@ class _Connection(asyncio.Protocol):
         self._active = False
 
 
+def _wire_error(exc: Exception, config: EngineConfig) -> TransientError:
+    """A socket, TLS, parse or read failure, or a timeout (``TimeoutError``), as the transport's
+    error class."""
+    return wire_error(
+        exc,
+        timeout=isinstance(exc, TimeoutError),
+        source_name=config.source_name,
+        secret=config.secret,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Target:
     """What one URL resolves to, worked out once per URL."""
@@ -342,20 +353,8 @@ class _HttptoolsResponse:
                 async with asyncio.timeout(timeout):
                     return await connection.read()
             return await connection.read()
-        except TimeoutError as exc:
-            error = wire_error(
-                exc,
-                timeout=True,
-                source_name=self._config.source_name,
-                secret=self._config.secret,
-            )
-        except (OSError, httptools.HttpParserError) as exc:
-            error = wire_error(
-                exc,
-                timeout=False,
-                source_name=self._config.source_name,
-                secret=self._config.secret,
-            )
+        except (OSError, httptools.HttpParserError) as exc:  # TimeoutError included
+            error = _wire_error(exc, self._config)
         raise error
 
     @property
@@ -553,14 +552,8 @@ class HttptoolsEngine:
                     await connection.wait_headers()
             else:
                 await connection.wait_headers()
-        except TimeoutError as exc:
-            error: Exception = wire_error(
-                exc, timeout=True, source_name=config.source_name, secret=config.secret
-            )
-        except (OSError, httptools.HttpParserError) as exc:
-            error = wire_error(
-                exc, timeout=False, source_name=config.source_name, secret=config.secret
-            )
+        except (OSError, httptools.HttpParserError) as exc:  # TimeoutError included
+            error = _wire_error(exc, config)
         except BaseException:
             if connection is not None:
                 connection.abort()
