@@ -178,7 +178,7 @@ def test_scope_without_sources_names_the_expected_keys() -> None:
         ("LLM__QWEN__1__MISSING_DONE", "ignore", "'retry' or 'salvage'"),
         ("LLM__QWEN__1__MAX_RESPONSE_BYTES", "-1", "must be >= 0"),
         ("LLM__QWEN__1__MAX_RESPONSE_BYTES", "lots", "must be an integer"),
-        ("LLM__QWEN__1__ENGINE", "curl", "'aiohttp', 'httpx', 'httpx-aiohttp' or 'httpx2'"),
+        ("LLM__QWEN__1__ENGINE", "curl", "'httpx-aiohttp', 'httpx2' or 'httptools'"),
         ("LLM__QWEN__1__BASE_URL", "ftp://example.com", "http:// or https://"),
         ("LLM__QWEN__1__BASE_URL", "not a url", "http:// or https://"),
         ("LLM__RETRY__MAX_ATTEMPTS", "0", "must be >= 1"),

@@ -34,7 +34,7 @@ from polygateway.transports.openai_compat import OpenAICompatTransport
 from polygateway.types import ChatRequest, TransportResult
 
 # Engines on optional packages run when their package is installed and are skipped otherwise.
-_ENGINE_MODULES = {"httpx-aiohttp": "httpx_aiohttp", "httpx2": "httpx2"}
+_ENGINE_MODULES = {"httpx-aiohttp": "httpx_aiohttp", "httpx2": "httpx2", "httptools": "httptools"}
 ENGINES = [
     pytest.param(
         name,
@@ -231,7 +231,8 @@ def test_bad_options_are_config_errors() -> None:
 
 
 @pytest.mark.parametrize(
-    ("engine", "module"), [("httpx2", "httpx2"), ("httpx-aiohttp", "httpx_aiohttp")]
+    ("engine", "module"),
+    [("httpx2", "httpx2"), ("httpx-aiohttp", "httpx_aiohttp"), ("httptools", "httptools")],
 )
 def test_engine_on_a_missing_optional_package_names_the_pip_command(
     engine: str, module: str, monkeypatch: pytest.MonkeyPatch

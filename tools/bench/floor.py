@@ -2,7 +2,8 @@
 
     python tools/bench/floor.py [--seconds 1.0] [--rounds 3] [--conc 1,64,1024]
                                 [--modes stream,json] [--only name,name]
-    python tools/bench/floor.py --callgrind [--calls 200,600] [--only ...]
+    python tools/bench/floor.py --callgrind [--calls-pair 200,600] [--only ...]
+                                [--engines aiohttp,httptools]
     python tools/bench/floor.py --startup [--runs 9] [--callgrind]
     python tools/bench/floor.py --rss [--rss-calls 100000] [--conc 64] [--modes stream]
 
@@ -54,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import closing
 from functools import partial
 from pathlib import Path
@@ -182,9 +183,10 @@ class _HttptoolsConnection(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def bench_floor_httptools(
-    host: str, port: int, stream: bool, load: Load
-) -> tuple[float, float, str]:
+def floor_httptools_call(
+    host: str, port: int, stream: bool
+) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
+    """One call of the httptools floor and the closer of its pool."""
     import httptools
 
     data = body(stream)
@@ -228,12 +230,22 @@ async def bench_floor_httptools(
             assert conn.transport is not None
             conn.transport.close()
 
-    try:
-        rate, cpu, _ = await run_calls(call, load)
-    finally:
+    async def close() -> None:
         for conn in made:
             if conn.transport is not None:
                 conn.transport.close()
+
+    return call, close
+
+
+async def bench_floor_httptools(
+    host: str, port: int, stream: bool, load: Load
+) -> tuple[float, float, str]:
+    call, close = floor_httptools_call(host, port, stream)
+    try:
+        rate, cpu, _ = await run_calls(call, load)
+    finally:
+        await close()
     return rate, cpu, ""
 
 
@@ -280,13 +292,14 @@ def state_env(redis_url: str | None) -> dict[str, str]:
     }
 
 
-def make_client(url: str, db: str, *, redis_url: str | None, full: bool) -> Any:
+def make_client(url: str, db: str, *, redis_url: str | None, full: bool, engine: str = "") -> Any:
+    """The governed (or ``full``) client on ``engine`` (empty: the default engine)."""
     from polygateway import GatewayClient
     from polygateway.transports.engines import DEFAULT_ENGINE
 
     env = governed_env(
         url,
-        DEFAULT_ENGINE,
+        engine or DEFAULT_ENGINE,
         telemetry="sqlite" if full else "none",
         cache="memory" if full else "none",
         db=db,
@@ -483,6 +496,7 @@ async def worker_async(args: argparse.Namespace) -> None:
                 db,
                 redis_url=redis_url if name.endswith("redis") else None,
                 full=name.startswith("full-"),
+                engine=args.engine,
             )
             counter = iter(range(10**9))
             closer = client.aclose
@@ -508,6 +522,37 @@ async def worker_async(args: argparse.Namespace) -> None:
                             consumer.feed(chunk)
                     else:
                         orjson.loads(await r.read())
+        elif name == "engine":
+            # The engine alone, as the transport drives it: post, raw reads to the end, close.
+            from overhead import HEADERS
+            from polygateway.transports.engines import (
+                ACCEPT_ENCODING,
+                DEFAULT_ENGINE,
+                EngineConfig,
+                make_engine,
+            )
+
+            data = body(stream)
+            engine = make_engine(
+                args.engine or DEFAULT_ENGINE,
+                EngineConfig(
+                    source_name="bench",
+                    headers={"Accept-Encoding": ACCEPT_ENCODING, **HEADERS},
+                    plain_http=True,
+                ),
+            )
+            closer = engine.aclose
+
+            async def call() -> None:
+                response = await engine.post(f"{url}/chat/completions", data)
+                try:
+                    while await response.read_chunk():
+                        pass
+                finally:
+                    await response.aclose()
+        elif name == "floor-httptools":
+            host, port = url.removeprefix("http://").split("/")[0].split(":")
+            call, closer = floor_httptools_call(host, int(port), stream)
         else:
             raise SystemExit(f"--callgrind: no worker for {name!r}")
 
@@ -546,13 +591,24 @@ def run_callgrind(args: argparse.Namespace) -> None:
     server = RedisServer()
     url = f"http://127.0.0.1:{port}/v1"
     results: dict[tuple[str, str], float] = {}
+    # Governed and full clients, and ``engine`` (the bare engine: post, reads, close), run once
+    # per engine of --engines, named "client[engine]".
+    engines = [e for e in args.engines.split(",") if e]
+    runs = [
+        (name, engine)
+        for name in names
+        for engine in (
+            engines if name.startswith(("governed-", "full-", "engine")) and engines else [""]
+        )
+    ]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for mode in args.modes.split(","):
-                for name in names:
+                for base_name, engine in runs:
+                    name = f"{base_name}[{engine}]" if engine else base_name
                     totals = []
                     for n in (low, high):
-                        out = os.path.join(tmp, f"cg.{name}.{mode}.{n}")
+                        out = os.path.join(tmp, f"cg.{base_name}.{engine}.{mode}.{n}")
                         cmd = [
                             "valgrind",
                             "--tool=callgrind",
@@ -560,7 +616,9 @@ def run_callgrind(args: argparse.Namespace) -> None:
                             sys.executable,
                             __file__,
                             "--worker",
-                            name,
+                            base_name,
+                            "--engine",
+                            engine,
                             "--url",
                             url,
                             "--redis-url",
@@ -585,22 +643,31 @@ def run_callgrind(args: argparse.Namespace) -> None:
                     per_call = (totals[1] - totals[0]) / (high - low)
                     results[(name, mode)] = per_call
                     print(
-                        f"{name:18} {mode:6} {per_call / 1000:9.1f} k instructions/call", flush=True
+                        f"{name:27} {mode:6} {per_call / 1000:9.1f} k instructions/call",
+                        flush=True,
                     )
     finally:
         upstream.terminate()
         upstream.wait(10)
         server.stop()
     print()
-    print("| client | mode | k instructions/call | vs floor-aiohttp | vs governed-memory |")
-    print("|---|---|---:|---:|---:|")
+    print(
+        "| client | mode | k instructions/call | vs floor-aiohttp | vs governed-memory "
+        "| vs same client on aiohttp |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
     for (name, mode), value in results.items():
         floor = results.get(("floor-aiohttp", mode))
-        mem = results.get(("governed-memory", mode))
+        mem = results.get(("governed-memory", mode)) or results.get(
+            ("governed-memory[aiohttp]", mode)
+        )
+        base_name, _, engine = name.partition("[")
+        on_aiohttp = results.get((f"{base_name}[aiohttp]", mode)) if engine else None
         print(
             f"| {name} | {mode} | {value / 1000:.1f} | "
             f"{f'{value / floor:.2f}x' if floor else '-'} | "
-            f"{f'{value / mem:.2f}x' if mem else '-'} |"
+            f"{f'{value / mem:.2f}x' if mem else '-'} | "
+            f"{f'{value / on_aiohttp:.2f}x' if on_aiohttp else '-'} |"
         )
 
 
@@ -770,6 +837,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--rss", action="store_true", help="RSS over many full-pipeline calls")
     parser.add_argument("--rss-calls", type=int, default=100_000)
+    parser.add_argument(
+        "--engines",
+        default="",
+        help="--callgrind: run the governed and full clients on each of these engines",
+    )
+    parser.add_argument("--engine", default="", help=argparse.SUPPRESS)
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", default="", help=argparse.SUPPRESS)

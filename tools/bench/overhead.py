@@ -71,7 +71,7 @@ import orjson
 MESSAGES = [{"role": "user", "content": "Say hello in twenty small pieces."}]
 MODEL = "bench-model"
 WARMUP_CALLS = 20
-ENGINES = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2")
+ENGINES = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2", "httptools")
 RAW_CLIENTS = ("aiohttp", "httpx", "httpx2")
 
 Measure = Callable[[], Awaitable[tuple[float, float, str]]]

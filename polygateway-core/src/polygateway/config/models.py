@@ -71,7 +71,7 @@ ProviderName = Annotated[
 HttpUrl = Annotated[str, StringConstraints(strip_whitespace=True), AfterValidator(_http_url)]
 Options = dict[str, Any]
 
-Engine = Literal["aiohttp", "httpx", "httpx-aiohttp", "httpx2"]
+Engine = Literal["aiohttp", "httpx", "httpx-aiohttp", "httpx2", "httptools"]
 
 
 class LayerModel(BaseModel):

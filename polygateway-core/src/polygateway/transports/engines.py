@@ -1,8 +1,10 @@
-"""HTTP engines: the one thing the transport needs from an HTTP client, four ways.
+"""HTTP engines: the one thing the transport needs from an HTTP client, five ways.
 
 ``aiohttp`` (default: the fastest per call, see ``tools/bench/RESULTS.md``), ``httpx``,
 ``httpx-aiohttp`` (httpx's API over aiohttp's connection handling; optional package
-``httpx-aiohttp``) and ``httpx2`` (the successor of httpx; optional package ``httpx2``). Each
+``httpx-aiohttp``), ``httpx2`` (the successor of httpx; optional package ``httpx2``) and
+``httptools`` (asyncio's Protocol with the httptools parser, no proxies; optional package
+``httptools``, see ``polygateway.transports.httptools_engine``). Each
 engine holds one client/session per source, created lazily inside the running loop, with split
 timeouts and a connection pool sized for high concurrency (the limiter, not the pool, governs
 concurrency).
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 _AIOHTTP_FAILURES: tuple[type[Exception], ...] = (aiohttp.ClientError, OSError)
 
-ENGINE_NAMES: tuple[str, ...] = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2")
+ENGINE_NAMES: tuple[str, ...] = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2", "httptools")
 DEFAULT_ENGINE = "aiohttp"
 """The fastest engine that passes the whole transport suite (measured: tools/bench/RESULTS.md)."""
 
@@ -54,6 +56,7 @@ DEFAULT_ENGINE = "aiohttp"
 _OPTIONAL: dict[str, tuple[str, str]] = {
     "httpx-aiohttp": ("httpx_aiohttp", "httpx-aiohttp>=0.1"),
     "httpx2": ("httpx2", "httpx2>=2"),
+    "httptools": ("httptools", "httptools>=0.6"),
 }
 
 
@@ -137,6 +140,10 @@ def make_engine(name: str, config: EngineConfig) -> HttpEngine:
             ) from exc
         if name == "httpx2":
             return HttpxEngine(config, api="httpx2")
+        if name == "httptools":
+            from polygateway.transports.httptools_engine import HttptoolsEngine
+
+            return HttptoolsEngine(config)
         return HttpxEngine(config, over_aiohttp=True)
     raise ConfigError(
         f"source {config.source_name!r}: unknown transport engine {name!r}; "

@@ -1,0 +1,332 @@
+"""What only the ``httptools`` engine has to show (the contract suite and the wire cases run it
+with every other engine): its pool, TLS through asyncio, flow control, bodies delimited by the
+connection closing, interim answers, an endless head, and what it refuses to configure."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import gzip
+import shutil
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from polygateway.errors import ConfigError, TransientError
+from polygateway.settings import Secret, SourceConfig
+from polygateway.testing import FakeUpstream, Reply
+from polygateway.testing.contracts.transport import MESSAGES, wait_until
+from polygateway.transports.engines import EngineConfig, make_engine
+from polygateway.transports.openai_compat import OpenAICompatTransport
+from polygateway.types import ChatRequest
+
+httptools_engine = pytest.importorskip("polygateway.transports.httptools_engine")
+HttptoolsEngine = httptools_engine.HttptoolsEngine
+
+ANSWER = {
+    "model": "m",
+    "choices": [{"index": 0, "message": {"content": "plain"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+}
+SSE = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"over "}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"tls"},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def chat(stream: bool = True) -> ChatRequest:
+    return ChatRequest(messages=MESSAGES, stream=stream)
+
+
+def source_at(url: str, **options: Any) -> SourceConfig:
+    return SourceConfig(
+        name="ht",
+        provider="generic",
+        base_url=url,
+        model="m",
+        timeout_s=5.0,
+        options={"engine": "httptools", **options},
+    )
+
+
+def engine_of(transport: OpenAICompatTransport) -> Any:
+    engine = transport.engine
+    assert isinstance(engine, HttptoolsEngine)
+    return engine
+
+
+async def send_expecting_error(source: SourceConfig) -> TransientError:
+    """The ``TransientError`` one streamed call on a new transport for ``source`` raises."""
+    transport = OpenAICompatTransport(source)
+    try:
+        with pytest.raises(TransientError) as caught:
+            await transport.send(chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+    return caught.value
+
+
+async def serve(
+    path: str,
+    handler: Callable[[web.Request], Any],
+    ssl_context: ssl.SSLContext | None = None,
+) -> tuple[web.AppRunner, int]:
+    """An aiohttp server on a free loopback port answering POST ``path``."""
+    app = web.Application()
+    app.router.add_post(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
+    return runner, runner.addresses[0][1]
+
+
+# --------------------------------------------------------------------------- pool
+
+
+async def test_one_keepalive_connection_serves_sequential_calls(
+    fake_upstream: FakeUpstream,
+) -> None:
+    source = source_at(fake_upstream.base_url("pool"))
+    transport = OpenAICompatTransport(source)
+    try:
+        for stream in (True, False, True):
+            result = await transport.send(chat(stream), source, call_id="c")
+            assert result.content
+        engine = engine_of(transport)
+        assert (engine.idle_connections, engine.busy_connections) == (1, 0)
+        # A cancelled stream aborts its connection instead of pooling it half-read.
+        fake_upstream.script("pool", Reply.ok("a b c", chunks=3, inter_token_delay=30.0))
+        task = asyncio.create_task(transport.send(chat(), source, call_id="c"))
+        await wait_until(lambda: fake_upstream.inflight("pool") == 1)
+        assert engine.busy_connections == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine.busy_connections == 0
+        await wait_until(lambda: fake_upstream.inflight("pool") == 0)
+        assert (await transport.send(chat(), source, call_id="c")).content
+    finally:
+        await transport.aclose()
+
+
+async def test_concurrent_calls_open_no_more_than_max_connections(
+    fake_upstream: FakeUpstream,
+) -> None:
+    source = source_at(fake_upstream.base_url("lim"), max_connections=3)
+    transport = OpenAICompatTransport(source)
+    try:
+        results = await asyncio.gather(
+            *(transport.send(chat(), source, call_id=str(i)) for i in range(12))
+        )
+        assert all(r.content for r in results)
+        engine = engine_of(transport)
+        assert engine.busy_connections == 0
+        assert engine.idle_connections == 3
+    finally:
+        await transport.aclose()
+
+
+async def test_credentials_in_the_url_become_basic_auth(fake_upstream: FakeUpstream) -> None:
+    url = fake_upstream.base_url("cred").replace("http://", "http://us%40er:p%3Aw@")
+    source = source_at(url)
+    transport = OpenAICompatTransport(source)
+    try:
+        await transport.send(chat(), source, call_id="c")
+    finally:
+        await transport.aclose()
+    [received] = fake_upstream.received("cred")
+    expected = base64.b64encode(b"us@er:p:w").decode()
+    assert received.headers["authorization"] == f"Basic {expected}"
+
+
+# --------------------------------------------------------------------------- odd answers
+
+
+async def _raw_server(
+    respond: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any],
+) -> tuple[asyncio.Server, str]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            await respond(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/v1"
+
+
+async def test_an_interim_answer_then_a_body_ended_by_closing(fake_upstream: FakeUpstream) -> None:
+    data = orjson.dumps(ANSWER)
+
+    async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>; rel=preload\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+        for start in range(0, len(data), 5):  # no length, no chunks: the close ends it
+            writer.write(data[start : start + 5])
+            await writer.drain()
+
+    server, url = await _raw_server(respond)
+    source = source_at(url)
+    transport = OpenAICompatTransport(source)
+    try:
+        for _ in range(2):  # the closed connection is not reused: the second call opens one
+            result = await transport.send(chat(stream=False), source, call_id="c")
+            assert result.content == "plain"
+        assert engine_of(transport).idle_connections == 0
+    finally:
+        await transport.aclose()
+        server.close()
+
+
+async def test_an_endless_response_head_is_a_network_error() -> None:
+    async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(10_000):
+            writer.write(b"X-Filler-%d: %b\r\n" % (i, b"y" * 100))
+            await writer.drain()
+
+    server, url = await _raw_server(respond)
+    try:
+        error = await send_expecting_error(source_at(url))
+    finally:
+        server.close()
+    assert error.reason == "network_error"
+    assert "response head over" in str(error)
+
+
+async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
+    piece = b"z" * 65536
+    pieces = 128  # 8 MiB
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        for _ in range(pieces):
+            await response.write(piece)
+        await response.write_eof()
+        return response
+
+    runner, port = await serve("/big", handler)
+    engine = make_engine("httptools", EngineConfig(source_name="big"))
+    try:
+        response = await engine.post(f"http://127.0.0.1:{port}/big", b"{}")
+        total = len(await response.read_chunk())
+        # The reader is behind: the connection stops reading with a bounded buffer.
+        await wait_until(lambda: response.reading_paused)
+        assert response.buffered_bytes <= 512 * 1024
+        while chunk := await response.read_chunk():
+            total += len(chunk)
+            assert response.buffered_bytes <= 512 * 1024
+        assert total == len(piece) * pieces
+        assert response.at_eof()
+        await response.aclose()
+        assert engine.idle_connections == 1
+    finally:
+        await engine.aclose()
+        await runner.cleanup()
+
+
+# --------------------------------------------------------------------------- TLS
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI")
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for ``localhost`` only (not for 127.0.0.1)."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+async def tls_upstream(certificate: tuple[Path, Path]) -> AsyncIterator[int]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        asked = orjson.loads(await request.read())
+        if asked.get("stream"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for start in range(0, len(SSE), 9):
+                await response.write(SSE[start : start + 9])
+            await response.write_eof()
+            return response
+        return web.Response(
+            body=gzip.compress(orjson.dumps(ANSWER)),
+            headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        )
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    runner, port = await serve("/v1/chat/completions", handler, context)
+    yield port
+    await runner.cleanup()
+
+
+@needs_openssl
+@pytest.mark.parametrize("engine", ["aiohttp", "httptools"])
+async def test_tls_verifies_the_certificate_by_default(tls_upstream: int, engine: str) -> None:
+    source = dataclasses.replace(
+        source_at(f"https://localhost:{tls_upstream}/v1"),
+        api_key=Secret("sk-tls-0123456789abcdef"),
+        options={"engine": engine},
+    )
+    error = await send_expecting_error(source)
+    assert error.reason == "network_error"
+    assert "certificate" in str(error).lower()
+    assert "sk-tls-0123456789abcdef" not in str(error)
+
+
+@needs_openssl
+async def test_tls_with_a_trusted_certificate_streams_and_checks_the_host_name(
+    tls_upstream: int, certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine's default context, made with its first connection, trusts what this names
+    # (aiohttp builds its context when imported, so it cannot be shown the same way).
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+    source = source_at(f"https://localhost:{tls_upstream}/v1")
+    transport = OpenAICompatTransport(source)
+    try:
+        streamed = await transport.send(chat(), source, call_id="c")
+        zipped = await transport.send(chat(stream=False), source, call_id="c")
+    finally:
+        await transport.aclose()
+    assert streamed.content == "over tls"
+    assert zipped.content == "plain"
+    # The same server by address: the certificate does not name 127.0.0.1.
+    elsewhere = dataclasses.replace(source, base_url=f"https://127.0.0.1:{tls_upstream}/v1")
+    text = str(await send_expecting_error(elsewhere)).lower()
+    assert "certificate" in text or "hostname" in text
+
+
+# --------------------------------------------------------------------------- refused set-ups
+
+
+def test_proxies_and_broken_header_values_are_refused() -> None:
+    with pytest.raises(ConfigError, match="does not use proxies"):
+        OpenAICompatTransport(source_at("http://127.0.0.1:9/v1", trust_env=True))
+    secret = "tok-with-a-line-break-0123456789"
+    with pytest.raises(ConfigError, match="line break") as caught:
+        OpenAICompatTransport(
+            source_at("http://127.0.0.1:9/v1", headers={"X-Token": f"{secret}\r\nX-Evil: 1"})
+        )
+    assert secret not in str(caught.value)
