@@ -205,6 +205,80 @@ async def test_an_endless_response_head_is_a_network_error() -> None:
     assert "response head over" in str(error)
 
 
+async def _hold_open(reader: asyncio.StreamReader) -> None:
+    """Keep the server's end open until the client closes (a pool could keep it)."""
+    await reader.read()
+
+
+async def test_bytes_after_the_response_are_not_parsed_into_it_nor_pooled() -> None:
+    async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Evil: 1\r\n\r\nEVIL!"
+        )
+        await _hold_open(reader)
+
+    server, url = await _raw_server(respond)
+    engine = make_engine("httptools", EngineConfig(source_name="extra"))
+    try:
+        response = await engine.post(f"{url}/chat/completions", b"{}")
+        assert await response.read() == b"hello"
+        assert "x-evil" not in response.headers
+        assert response.headers["content-length"] == "5"
+        await response.aclose()
+        assert engine.idle_connections == 0  # the connection that lied is dropped
+    finally:
+        await engine.aclose()
+        server.close()
+
+
+async def test_chunked_trailers_are_not_kept() -> None:
+    async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        trailers = b"".join(b"X-Trailer-%d: %b\r\n" % (i, b"t" * 50) for i in range(5000))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n0\r\n" + trailers + b"\r\n"
+        )
+        await _hold_open(reader)
+
+    server, url = await _raw_server(respond)
+    engine = make_engine("httptools", EngineConfig(source_name="trailers"))
+    try:
+        response = await engine.post(f"{url}/chat/completions", b"{}")
+        assert await response.read() == b"hello"
+        assert not [name for name in response.headers if name.startswith("x-trailer")]
+        await response.aclose()
+    finally:
+        await engine.aclose()
+        server.close()
+
+
+async def test_a_response_left_unread_with_reading_paused_is_not_pooled() -> None:
+    # One byte over the pause threshold: reading pauses on the body's last byte, so the
+    # response is complete (and would look reusable) with the socket paused.
+    size = 256 * 1024 + 1
+
+    async def respond(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n" % size)
+        writer.write(b"e" * size)
+        await writer.drain()
+        await _hold_open(reader)
+
+    server, url = await _raw_server(respond)
+    engine = make_engine("httptools", EngineConfig(source_name="unread"))
+    try:
+        response = await engine.post(f"{url}/chat/completions", b"{}")
+        await wait_until(lambda: response.reading_paused)
+        await response.aclose()  # an error status: the body is not read
+        assert engine.idle_connections == 0
+        second = await engine.post(f"{url}/chat/completions", b"{}")  # a new connection
+        assert second.status == 400
+        await second.aclose()
+    finally:
+        await engine.aclose()
+        server.close()
+
+
 async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
     piece = b"z" * 65536
     pieces = 128  # 8 MiB

@@ -55,6 +55,10 @@ class _HeadersTooLarge(ConnectionError):
     """The response head exceeded ``_MAX_HEADER_BYTES``."""
 
 
+class _Unsolicited(ConnectionError):
+    """The server sent bytes after the end of the response asked for."""
+
+
 class _Headers(Mapping[str, str]):
     """Response headers, looked up case-insensitively (repeated fields joined with ``", "``)."""
 
@@ -160,11 +164,19 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second response behind the one asked for (a buggy or hostile server): never
+            # parsed into it; the connection is dropped, the answer already read stands.
+            raise _Unsolicited("bytes after the end of the response")
+
     def on_status(self, status: bytes) -> None:
         self._count_head(status)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # httptools calls this once per field, with its whole name and value.
+        if self.headers_done:
+            return  # a trailer of a chunked body: not kept (it would be held in no cap)
         self._count_head(name, value)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
@@ -208,8 +220,6 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ requests
 
     def _count_head(self, *parts: bytes) -> None:
-        if self.headers_done:
-            return  # trailers of a chunked body: not kept, counted in no cap
         self._head_bytes += sum(len(part) for part in parts)
         if self._head_bytes > _MAX_HEADER_BYTES:
             raise _HeadersTooLarge(f"response head over {_MAX_HEADER_BYTES} bytes")
@@ -288,7 +298,14 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.complete and self._keep_alive and not self.closed and self.error is None
+        # Paused reading would never resume on a pooled connection: its next answer would hang.
+        return (
+            self.complete
+            and self._keep_alive
+            and not self.closed
+            and self.error is None
+            and not self._read_paused
+        )
 
     def finish(self) -> None:
         self._active = False
