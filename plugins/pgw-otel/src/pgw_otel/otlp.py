@@ -64,6 +64,10 @@ class SpanData:
     """The status description of an ``ERROR`` status; ``None``: status unset."""
 
 
+_DOUBLE = struct.Struct("<Bd").pack
+"""A ``double_value`` field: its tag byte and the little-endian double."""
+
+
 def _varint(value: int) -> bytes:
     if value < 0x80:
         return bytes((value,)) if value >= 0 else _varint(value + (1 << 64))
@@ -151,15 +155,27 @@ class TraceEncoder:
     def _attributes(self, attributes: Mapping[str, Any], tag: int) -> bytes:
         """Each attribute as a ``KeyValue`` field ``tag``; cached per ``(key, value)``."""
         pairs = self._pairs
+        keys = self._keys
         out = []
         for key, value in attributes.items():
-            if key in _UNIQUE_KEYS or type(value) not in (str, bool):
-                out.append(self._pair(key, value, tag))
+            kind = type(value)
+            if kind is int or kind is float or key in _UNIQUE_KEYS:
+                # A value that rarely repeats: written around the key's bytes, kept once.
+                encoded_key = keys.get(key)
+                if encoded_key is None:
+                    encoded_key = keys[key] = _delimited(0x0A, key.encode())
+                if kind is int and 0 <= value < 0x80:
+                    any_value = bytes((0x18, value))
+                elif kind is float:
+                    any_value = _DOUBLE(0x21, value)
+                else:
+                    any_value = _any_value(value)
+                out.append(_delimited(tag, encoded_key + _delimited(0x12, any_value)))
                 continue
-            found = pairs.get((key, value))
+            found = pairs.get((key, value)) if kind is str or kind is bool else None
             if found is None:
                 found = self._pair(key, value, tag)
-                if tag == 0x4A and len(pairs) < _CACHE_LIMIT:
+                if (kind is str or kind is bool) and tag == 0x4A and len(pairs) < _CACHE_LIMIT:
                     pairs[key, value] = found
             out.append(found)
         return b"".join(out)
