@@ -17,12 +17,12 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PlainMeter"]
+__all__ = ["Key", "PlainCounter", "PlainGauge", "PlainHistogram", "PlainMeter"]
 
 Key = tuple[tuple[str, Any], ...]
 
 
-class _Counter:
+class PlainCounter:
     __slots__ = ("description", "name", "points", "unit")
 
     def __init__(self, name: str, unit: str, description: str) -> None:
@@ -30,11 +30,14 @@ class _Counter:
         self.points: dict[Key, int | float] = {}
 
     def add(self, amount: float, attributes: Mapping[str, Any]) -> None:
-        key = tuple(attributes.items())
+        self.add_key(amount, tuple(attributes.items()))
+
+    def add_key(self, amount: float, key: Key) -> None:
+        """``add`` with the attributes as their key (``tuple(attributes.items())``)."""
         self.points[key] = self.points.get(key, 0) + amount
 
 
-class _Gauge:
+class PlainGauge:
     __slots__ = ("description", "name", "points", "unit")
 
     def __init__(self, name: str, unit: str, description: str) -> None:
@@ -55,7 +58,7 @@ class _HistogramPoint:
         self.max = value
 
 
-class _Histogram:
+class PlainHistogram:
     __slots__ = ("bounds", "description", "name", "points", "unit")
 
     def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> None:
@@ -64,7 +67,10 @@ class _Histogram:
         self.points: dict[Key, _HistogramPoint] = {}
 
     def record(self, amount: float, attributes: Mapping[str, Any]) -> None:
-        key = tuple(attributes.items())
+        self.record_key(amount, tuple(attributes.items()))
+
+    def record_key(self, amount: float, key: Key) -> None:
+        """``record`` with the attributes as their key (``tuple(attributes.items())``)."""
         point = self.points.get(key)
         if point is None:
             point = self.points[key] = _HistogramPoint(len(self.bounds) + 1, amount)
@@ -81,15 +87,15 @@ class PlainMeter:
 
     def __init__(self, started_ns: int) -> None:
         self.started_ns = started_ns
-        self.instruments: list[_Counter | _Gauge | _Histogram] = []
+        self.instruments: list[PlainCounter | PlainGauge | PlainHistogram] = []
 
-    def create_counter(self, name: str, unit: str = "", description: str = "") -> _Counter:
-        counter = _Counter(name, unit, description)
+    def create_counter(self, name: str, unit: str = "", description: str = "") -> PlainCounter:
+        counter = PlainCounter(name, unit, description)
         self.instruments.append(counter)
         return counter
 
-    def create_gauge(self, name: str, unit: str = "", description: str = "") -> _Gauge:
-        gauge = _Gauge(name, unit, description)
+    def create_gauge(self, name: str, unit: str = "", description: str = "") -> PlainGauge:
+        gauge = PlainGauge(name, unit, description)
         self.instruments.append(gauge)
         return gauge
 
@@ -100,10 +106,24 @@ class PlainMeter:
         description: str = "",
         *,
         explicit_bucket_boundaries_advisory: Sequence[float] = (),
-    ) -> _Histogram:
-        histogram = _Histogram(name, unit, description, explicit_bucket_boundaries_advisory)
+    ) -> PlainHistogram:
+        histogram = PlainHistogram(name, unit, description, explicit_bucket_boundaries_advisory)
         self.instruments.append(histogram)
         return histogram
+
+    def histogram(self, name: str) -> PlainHistogram:
+        """The histogram created as ``name``."""
+        for instrument in self.instruments:
+            if isinstance(instrument, PlainHistogram) and instrument.name == name:
+                return instrument
+        raise KeyError(name)
+
+    def counter(self, name: str) -> PlainCounter:
+        """The counter created as ``name``."""
+        for instrument in self.instruments:
+            if isinstance(instrument, PlainCounter) and instrument.name == name:
+                return instrument
+        raise KeyError(name)
 
     def request(
         self, resource: Mapping[str, Any], scope_name: str, scope_version: str, now_ns: int
@@ -125,7 +145,7 @@ class PlainMeter:
             metric = pb.Metric(
                 name=instrument.name, unit=instrument.unit, description=instrument.description
             )
-            if isinstance(instrument, _Histogram):
+            if isinstance(instrument, PlainHistogram):
                 bounds = list(instrument.bounds)
                 metric.histogram.aggregation_temporality = cumulative
                 metric.histogram.data_points.extend(
@@ -154,7 +174,7 @@ class PlainMeter:
                     )
                     for key, value in instrument.points.items()
                 ]
-                if isinstance(instrument, _Counter):
+                if isinstance(instrument, PlainCounter):
                     metric.sum.aggregation_temporality = cumulative
                     metric.sum.is_monotonic = True
                     metric.sum.data_points.extend(points)

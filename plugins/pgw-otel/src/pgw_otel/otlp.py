@@ -21,7 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OtlpHttp", "SpanData", "TraceEncoder"]
+__all__ = [
+    "OtlpHttp",
+    "SpanData",
+    "TraceEncoder",
+    "attribute_field",
+    "key_field_of",
+    "name_field",
+    "wire_span",
+]
 
 KIND_INTERNAL = 1
 KIND_CLIENT = 3
@@ -64,6 +72,10 @@ class SpanData:
     """The status description of an ``ERROR`` status; ``None``: status unset."""
 
 
+_TIMES = struct.Struct("<BBBQBQ").pack
+"""The kind, start and end fields of a span (kinds are one-byte varints)."""
+_FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE)
+_FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
 _DOUBLE = struct.Struct("<Bd").pack
 """A ``double_value`` field: its tag byte and the little-endian double."""
 
@@ -121,36 +133,32 @@ class TraceEncoder:
 
     def request(self, spans: Sequence[SpanData]) -> bytes:
         """The serialized request holding ``spans``."""
-        scope_spans = self._scope_block + b"".join(
-            [_delimited(0x12, self.span(span)) for span in spans]
-        )
+        return self.request_of([self.span(span) for span in spans])
+
+    def request_of(self, encoded: Sequence[bytes]) -> bytes:
+        """The serialized request holding spans already encoded by ``span``/``wire_span``."""
+        scope_spans = self._scope_block + b"".join(encoded)
         resource_spans = self._resource_block + _delimited(0x12, scope_spans)
         return _delimited(0x0A, resource_spans)
 
     def span(self, span: SpanData) -> bytes:
-        """One ``Span`` message (fields in field-number order, as the SDK writes them)."""
-        parts = [
-            b"\x0a\x10",
-            span.trace_id.to_bytes(16, "big"),
-            b"\x12\x08",
-            span.span_id.to_bytes(8, "big"),
-        ]
-        if span.parent_span_id:
-            parts += (b"\x22\x08", span.parent_span_id.to_bytes(8, "big"))
-        parts += (
+        """One ``Span`` message as a field of ``ScopeSpans``."""
+        return wire_span(
+            span.trace_id,
+            span.span_id,
+            span.parent_span_id,
+            span.parent_is_remote,
             _delimited(0x2A, span.name.encode()),
-            bytes((0x30, span.kind, 0x39)),
-            struct.pack("<QBQ", span.start_ns, 0x41, span.end_ns),
-            self._attributes(span.attributes, 0x4A),
+            span.kind,
+            span.start_ns,
+            span.end_ns,
+            self.attributes(span.attributes),
+            span.error,
         )
-        if span.error is None:
-            parts.append(b"\x7a\x00")
-        else:
-            message = _delimited(0x12, span.error.encode()) if span.error else b""
-            parts.append(_delimited(0x7A, message + b"\x18\x02"))
-        flags = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if span.parent_is_remote else 0)
-        parts.append(b"\x85\x01" + struct.pack("<I", flags))
-        return b"".join(parts)
+
+    def attributes(self, attributes: Mapping[str, Any]) -> bytes:
+        """``attributes`` as the ``attributes`` fields of a span."""
+        return self._attributes(attributes, 0x4A)
 
     def _attributes(self, attributes: Mapping[str, Any], tag: int) -> bytes:
         """Each attribute as a ``KeyValue`` field ``tag``; cached per ``(key, value)``."""
@@ -185,6 +193,48 @@ class TraceEncoder:
         if encoded_key is None:
             encoded_key = self._keys[key] = _delimited(0x0A, key.encode())
         return _delimited(tag, encoded_key + _delimited(0x12, _any_value(value)))
+
+
+def wire_span(
+    trace_id: int,
+    span_id: int,
+    parent_span_id: int,
+    parent_is_remote: bool,
+    name_field: bytes,
+    kind: int,
+    start_ns: int,
+    end_ns: int,
+    attribute_fields: bytes,
+    error: str | None,
+) -> bytes:
+    """One ``Span`` message as a field of ``ScopeSpans``, its fields in field-number order as
+    the SDK writes them; ``name_field`` and ``attribute_fields`` already encoded."""
+    parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+    if parent_span_id:
+        parts += (b"\x22\x08", parent_span_id.to_bytes(8, "big"))
+    parts += (name_field, _TIMES(0x30, kind, 0x39, start_ns, 0x41, end_ns), attribute_fields)
+    if error is None:
+        parts.append(b"\x7a\x00")
+    else:
+        message = _delimited(0x12, error.encode()) if error else b""
+        parts.append(_delimited(0x7A, message + b"\x18\x02"))
+    parts.append(_FLAGS_REMOTE if parent_is_remote else _FLAGS_LOCAL)
+    return _delimited(0x12, b"".join(parts))
+
+
+def name_field(name: str) -> bytes:
+    """A span's ``name`` field."""
+    return _delimited(0x2A, name.encode())
+
+
+def attribute_field(key_field: bytes, value: Any) -> bytes:
+    """One span attribute field; ``key_field``: ``key_field_of(key)``."""
+    return _delimited(0x4A, key_field + _delimited(0x12, _any_value(value)))
+
+
+def key_field_of(key: str) -> bytes:
+    """The ``key`` field of a ``KeyValue``."""
+    return _delimited(0x0A, key.encode())
 
 
 class OtlpHttp:

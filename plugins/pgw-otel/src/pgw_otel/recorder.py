@@ -57,6 +57,7 @@ from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
 from pgw_otel.aggregate import PlainMeter
 from pgw_otel.batch import BatchThread
+from pgw_otel.fast import PlainCallWriter
 from pgw_otel.options import OtelOptions, parse_headers
 from pgw_otel.otlp import KIND_CLIENT, KIND_INTERNAL, OtlpHttp, SpanData, TraceEncoder
 from pgw_otel.sinks import OtlpSpanSink, SdkExporterSink, SpanSink
@@ -223,6 +224,10 @@ class OtelRecorder:
             )
             self._metrics = _Metrics(meter)
         self._ids = random.Random()
+        self._fast: PlainCallWriter | None = None
+        if isinstance(span_sink, OtlpSpanSink) and self._plain is not None and not capture_content:
+            # The common call straight to bytes and points (pgw_otel.fast); others: _build.
+            self._fast = PlainCallWriter(self._models, span_sink.encoder.attributes, self._plain)
         self._batches: BatchThread[_Ended] | None = None
         if span_sink is not None:
             self._batches = BatchThread(
@@ -372,9 +377,21 @@ class OtelRecorder:
     # ------------------------------------------------------------------ the batch thread
 
     def _handle(self, batch: list[_Ended]) -> None:
+        otlp = self._sink if isinstance(self._sink, OtlpSpanSink) else None
+        fast = self._fast
         spans: list[SpanData] = []
+        encoded: list[bytes] = []
         for start, parent, rows, ended_at, failure, events in batch:
             try:
+                if fast is not None and fast.takes(rows, failure, events):
+                    self.calls += 1
+                    trace_id, parent_id, remote, sampled = self._trace_of(parent)
+                    ids = self._ids
+                    encoded += fast.write(
+                        start, rows, ended_at, self._new_trace(trace_id), ids.getrandbits(64) or 1,
+                        ids.getrandbits(64) or 1, parent_id, remote, sampled,
+                    )  # fmt: skip
+                    continue
                 made = self._build(start, parent, rows, ended_at, failure, events)
             except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
                 self._count_drop(start, rows, exc)
@@ -384,15 +401,32 @@ class OtelRecorder:
             except Exception as exc:  # noqa: BLE001 - a broken meter never loses the spans
                 self._warn("metrics", exc)
             if made and made[0].kind != _UNSAMPLED:
-                spans += made
-        if not spans:
-            return
-        assert self._sink is not None
+                if otlp is not None:
+                    encoded += [otlp.encoder.span(span) for span in made]
+                else:
+                    spans += made
         try:
-            self._sink.export_spans(spans)
-            self.spans += len(spans)
+            if encoded:
+                assert otlp is not None
+                otlp.export_encoded(encoded)
+                self.spans += len(encoded)
+            elif spans:
+                assert self._sink is not None
+                self._sink.export_spans(spans)
+                self.spans += len(spans)
         except Exception as exc:  # noqa: BLE001 - a failing collector is counted, not raised
             self._warn("span export", exc)
+
+    @staticmethod
+    def _trace_of(parent: otel_context.Context) -> tuple[int, int, bool, bool]:
+        """The caller's span as (trace id, span id, remote, sampled); zeros: no span."""
+        context = trace.get_current_span(parent).get_span_context()
+        if context.is_valid:
+            return context.trace_id, context.span_id, context.is_remote, context.trace_flags.sampled
+        return 0, 0, False, True
+
+    def _new_trace(self, trace_id: int) -> int:
+        return trace_id or self._ids.getrandbits(128) or 1
 
     def _tick(self) -> None:
         """Drops counted on the call path, then (aggregated metrics) the metric export."""
@@ -509,15 +543,11 @@ class OtelRecorder:
         remote = False
         kind = KIND_CLIENT
         if self._tracer is None:
-            context = trace.get_current_span(parent).get_span_context()
-            ids = self._ids
-            call_id = ids.getrandbits(64) or 1
-            if context.is_valid:
-                trace_id, parent_id, remote = context.trace_id, context.span_id, context.is_remote
-                if not context.trace_flags.sampled:
-                    kind = _UNSAMPLED
-            else:
-                trace_id = ids.getrandbits(128) or 1
+            trace_id, parent_id, remote, sampled = self._trace_of(parent)
+            trace_id = self._new_trace(trace_id)
+            call_id = self._ids.getrandbits(64) or 1
+            if not sampled:
+                kind = _UNSAMPLED
         made = [
             SpanData(
                 f"{operation} {request_model}" if request_model else operation,

@@ -35,11 +35,15 @@ class OtlpSpanSink:
     """``ExportTraceServiceRequest`` bytes written by hand, POSTed to ``.../v1/traces``."""
 
     def __init__(self, encoder: TraceEncoder, http: OtlpHttp) -> None:
-        self._encoder = encoder
+        self.encoder = encoder
         self._http = http
 
     def export_spans(self, spans: Sequence[SpanData]) -> None:
-        self._http.post(self._encoder.request(spans))
+        self._http.post(self.encoder.request(spans))
+
+    def export_encoded(self, encoded: Sequence[bytes]) -> None:
+        """Spans already encoded with ``encoder`` (``TraceEncoder.span``/``wire_span``)."""
+        self._http.post(self.encoder.request_of(encoded))
 
     def shutdown(self) -> None:
         self._http.shutdown()
