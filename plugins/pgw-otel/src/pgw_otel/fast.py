@@ -1,6 +1,6 @@
 """The common call written straight to OTLP bytes and metric points: the batch thread's fast path.
 
-Most calls are one successful attempt with no governor decision to report. For those, with the
+Most calls are one successful attempt whose only governor decision is its admission. With the
 recorder's own OTLP export and aggregated metrics, ``PlainCallWriter.write`` makes the two spans'
 bytes and the metric points without building attribute dicts or span objects: the attributes
 that repeat from call to call (operation, provider, scope, models, source, finish reason, ...)
@@ -9,17 +9,17 @@ and each call adds only what is its own (ids, times, token counts, cost, timings
 
 The definition is the recorder's general path (``OtelRecorder._build`` and ``_Metrics``); the
 suite checks both give the same spans (parsed, attribute by attribute) and the same points. Any
-other call (a retry, a cache hit, an error, a refusal, governor events, content capture) takes
+other call (a retry, a cache hit, an error, a refusal, a probe, a wait, content capture) takes
 the general path: ``PlainCallWriter.takes`` says which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polygateway.types import CallStart, TelemetryRecord
+from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
 from pgw_otel.aggregate import Key, PlainMeter
 from pgw_otel.otlp import (
@@ -54,15 +54,18 @@ class _Block:
 
 class PlainCallWriter:
     """See the module docstring. ``models``: each source's configured model; ``attributes``: the
-    encoder's (its cache of repeated pairs); ``meter``: the recorder's aggregates."""
+    encoder's (its cache of repeated pairs); ``meter``: the recorder's aggregates;
+    ``decisions``: the recorder's metrics of governor decisions."""
 
     def __init__(
         self,
         models: Mapping[str, str],
         attributes: Callable[[Mapping[str, Any]], bytes],
         meter: PlainMeter,
+        decisions: Callable[[str, Sequence[tuple[int, GovernanceEvent]]], None],
     ) -> None:
         self._models = models
+        self._decisions = decisions
         self._attributes = attributes
         self._duration = meter.histogram("gen_ai.client.operation.duration")
         self._tokens = meter.histogram("gen_ai.client.token.usage")
@@ -93,17 +96,35 @@ class PlainCallWriter:
         }
 
     @staticmethod
-    def takes(rows: list[tuple[TelemetryRecord, object]], failure: object, events: object) -> bool:
-        """A call of one successful attempt, no error and no governor decision."""
-        if len(rows) != 1 or failure is not None or events:
+    def takes(
+        rows: list[tuple[TelemetryRecord, object]],
+        failure: object,
+        events: Sequence[tuple[int, GovernanceEvent]],
+    ) -> bool:
+        """A call of one successful attempt, no error, and at most the governor's admission
+        of that attempt (no probe, no refusal, no wait) to report."""
+        if len(rows) != 1 or failure is not None:
             return False
         record = rows[0][0]
-        return record.error is None and not record.cache_hit and bool(record.source_name)
+        if record.error is not None or record.cache_hit or not record.source_name:
+            return False
+        if not events:
+            return True
+        if len(events) != 1:
+            return False
+        before, event = events[0]
+        return (
+            before == 0
+            and event.kind == "admitted"
+            and not event.probe
+            and event.source == record.source_name
+        )
 
     def write(
         self,
         start: CallStart,
         rows: list[tuple[TelemetryRecord, object]],
+        events: Sequence[tuple[int, GovernanceEvent]],
         ended_at: float,
         trace_id: int,
         call_id: int,
@@ -120,6 +141,7 @@ class PlainCallWriter:
             finish = ""
         scope = start.scope or record.scope
         namespace = start.cache_namespace or record.cache_namespace
+        breaker_state = events[0][1].breaker_state if events else None
         block_key = (
             start.operation,
             record.provider,
@@ -130,10 +152,11 @@ class PlainCallWriter:
             record.model,
             namespace,
             finish,
+            breaker_state,
         )
         block = self._blocks.get(block_key)
         if block is None:
-            block = self._block(start, record, scope, namespace, finish)
+            block = self._block(start, record, scope, namespace, finish, breaker_state)
             if len(self._blocks) < _BLOCK_LIMIT:
                 self._blocks[block_key] = block
         started_s = start.started_at
@@ -144,7 +167,9 @@ class PlainCallWriter:
         ended_ns = int(ended_at * 1_000_000_000)
         if ended_ns < started_ns:
             ended_ns = started_ns
-        # Metrics (the definition: _Metrics.record_call).
+        # Metrics (the definition: _Metrics.record_decisions and record_call).
+        if events:
+            self._decisions(scope, events)
         base = block.base_key
         self._duration.record_key((ended_ns - started_ns) / 1e9, base)
         self._tokens.record_key(record.prompt_tokens, block.input_key)
@@ -216,7 +241,13 @@ class PlainCallWriter:
         ]  # fmt: skip
 
     def _block(
-        self, start: CallStart, record: TelemetryRecord, scope: str, namespace: str, finish: str
+        self,
+        start: CallStart,
+        record: TelemetryRecord,
+        scope: str,
+        namespace: str,
+        finish: str,
+        breaker_state: str | None,
     ) -> _Block:
         operation = start.operation
         provider = record.provider or "unknown"
@@ -254,6 +285,8 @@ class PlainCallWriter:
             attempt["gen_ai.response.model"] = record.model
         if finish:
             attempt["gen_ai.response.finish_reasons"] = (finish,)
+        if breaker_state is not None:
+            attempt["pgw.breaker.state"] = breaker_state
         base: list[tuple[str, Any]] = [
             ("gen_ai.operation.name", operation),
             ("gen_ai.provider.name", provider),

@@ -177,7 +177,7 @@ class OtelRecorder:
         flush_timeout_s: float = 10.0,
         metric_interval_s: float = 30.0,
         max_queue: int = 4096,
-        batch_delay_s: float = 1.0,
+        batch_delay_s: float = 5.0,
     ) -> None:
         if not isinstance(capture_content, bool):
             raise TypeError(f"OtelRecorder capture_content must be a bool, got {capture_content!r}")
@@ -227,7 +227,12 @@ class OtelRecorder:
         self._fast: PlainCallWriter | None = None
         if isinstance(span_sink, OtlpSpanSink) and self._plain is not None and not capture_content:
             # The common call straight to bytes and points (pgw_otel.fast); others: _build.
-            self._fast = PlainCallWriter(self._models, span_sink.encoder.attributes, self._plain)
+            self._fast = PlainCallWriter(
+                self._models,
+                span_sink.encoder.attributes,
+                self._plain,
+                self._metrics.record_decisions,
+            )
         self._batches: BatchThread[_Ended] | None = None
         if span_sink is not None:
             self._batches = BatchThread(
@@ -388,8 +393,9 @@ class OtelRecorder:
                     trace_id, parent_id, remote, sampled = self._trace_of(parent)
                     ids = self._ids
                     encoded += fast.write(
-                        start, rows, ended_at, self._new_trace(trace_id), ids.getrandbits(64) or 1,
-                        ids.getrandbits(64) or 1, parent_id, remote, sampled,
+                        start, rows, events, ended_at, self._new_trace(trace_id),
+                        ids.getrandbits(64) or 1, ids.getrandbits(64) or 1, parent_id, remote,
+                        sampled,
                     )  # fmt: skip
                     continue
                 made = self._build(start, parent, rows, ended_at, failure, events)
