@@ -25,9 +25,11 @@ from pgw_otel.aggregate import Key, PlainMeter
 from pgw_otel.otlp import (
     KIND_CLIENT,
     KIND_INTERNAL,
-    attribute_field,
-    key_field_of,
+    AttributeKey,
+    double_attribute,
+    int_attribute,
     name_field,
+    str_attribute,
     wire_span,
 )
 
@@ -75,7 +77,7 @@ class PlainCallWriter:
         self._cache = meter.counter("pgw.cache.lookups")
         self._blocks: dict[tuple[Any, ...], _Block] = {}
         self._keys = {
-            name: key_field_of(name)
+            name: AttributeKey(name)
             for name in (
                 "pgw.call_id",
                 "pgw.root_call_id",
@@ -187,43 +189,44 @@ class PlainCallWriter:
             return []
         # Spans (the definition: OtelRecorder._call_attributes and _attempt_span).
         keys = self._keys
-        own = [block.call_attrs, attribute_field(keys["pgw.call_id"], record.call_id)]
+        call_id_field = str_attribute(keys["pgw.call_id"], record.call_id)
+        own = [block.call_attrs, call_id_field]
         if record.root_call_id:
-            own.append(attribute_field(keys["pgw.root_call_id"], record.root_call_id))
+            own.append(str_attribute(keys["pgw.root_call_id"], record.root_call_id))
         session = start.session_id or record.session_id
         if session:
-            own.append(attribute_field(keys["gen_ai.conversation.id"], session))
-            own.append(attribute_field(keys["pgw.session_id"], session))
+            own.append(str_attribute(keys["gen_ai.conversation.id"], session))
+            own.append(str_attribute(keys["pgw.session_id"], session))
         parent_call = start.parent_call_id or record.parent_call_id
         if parent_call:
-            own.append(attribute_field(keys["pgw.parent_call_id"], parent_call))
+            own.append(str_attribute(keys["pgw.parent_call_id"], parent_call))
         prompt = record.prompt_tokens
         completion = record.completion_tokens
-        own.append(attribute_field(keys["gen_ai.usage.input_tokens"], prompt))
-        own.append(attribute_field(keys["gen_ai.usage.output_tokens"], completion))
+        own.append(int_attribute(keys["gen_ai.usage.input_tokens"], prompt))
+        own.append(int_attribute(keys["gen_ai.usage.output_tokens"], completion))
         attempt = [
             block.attempt_attrs,
-            attribute_field(keys["pgw.usage.input_tokens"], prompt),
-            attribute_field(keys["pgw.usage.output_tokens"], completion),
-            attribute_field(keys["pgw.call_id"], record.call_id),
+            int_attribute(keys["pgw.usage.input_tokens"], prompt),
+            int_attribute(keys["pgw.usage.output_tokens"], completion),
+            call_id_field,
         ]
         cached = getattr(outcome, "cached_prompt_tokens", 0)
         if type(cached) is int and cached:
-            own.append(attribute_field(keys["gen_ai.usage.cache_read.input_tokens"], cached))
-            attempt.append(attribute_field(keys["pgw.usage.cache_read.input_tokens"], cached))
+            own.append(int_attribute(keys["gen_ai.usage.cache_read.input_tokens"], cached))
+            attempt.append(int_attribute(keys["pgw.usage.cache_read.input_tokens"], cached))
         written = getattr(outcome, "cache_write_tokens", 0)
         if type(written) is int and written:
-            own.append(attribute_field(keys["gen_ai.usage.cache_creation.input_tokens"], written))
+            own.append(int_attribute(keys["gen_ai.usage.cache_creation.input_tokens"], written))
         if record.cost is not None:
-            cost = attribute_field(keys["pgw.cost"], float(record.cost))
+            cost = double_attribute(keys["pgw.cost"], float(record.cost))
             own.append(cost)
             attempt.append(cost)
         if ttft is not None:
-            field = attribute_field(keys["pgw.ttft_ms"], float(ttft))
+            field = double_attribute(keys["pgw.ttft_ms"], float(ttft))
             own.append(field)
             attempt.append(field)
         if record.max_inter_token_ms is not None:
-            field = attribute_field(
+            field = double_attribute(
                 keys["pgw.max_inter_token_ms"], float(record.max_inter_token_ms)
             )
             own.append(field)

@@ -22,12 +22,16 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "AttributeKey",
     "OtlpHttp",
     "SpanData",
     "TraceEncoder",
     "attribute_field",
+    "double_attribute",
+    "int_attribute",
     "key_field_of",
     "name_field",
+    "str_attribute",
     "wire_span",
 ]
 
@@ -77,6 +81,7 @@ _TIMES = struct.Struct("<BBBQBQ").pack
 _FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE)
 _FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
 _DOUBLE = struct.Struct("<Bd").pack
+_PACK_DOUBLE = struct.Struct("<d").pack
 """A ``double_value`` field: its tag byte and the little-endian double."""
 
 
@@ -235,6 +240,52 @@ def attribute_field(key_field: bytes, value: Any) -> bytes:
 def key_field_of(key: str) -> bytes:
     """The ``key`` field of a ``KeyValue``."""
     return _delimited(0x0A, key.encode())
+
+
+class AttributeKey:
+    """A span attribute key with the bytes before its value pre-encoded, per value type."""
+
+    __slots__ = ("double_prefix", "int_prefixes", "key_field")
+
+    def __init__(self, key: str) -> None:
+        field = key_field_of(key)
+        if len(field) > 100:
+            raise ValueError("attribute key too long for a one-byte length")
+        self.key_field = field
+        # An int's AnyValue is its tag and 1..10 varint bytes; a double's, its tag and 8 bytes.
+        self.int_prefixes = [b""] + [
+            bytes((0x4A, len(field) + 3 + size)) + field + bytes((0x12, size + 1, 0x18))
+            for size in range(1, 11)
+        ]
+        self.double_prefix = bytes((0x4A, len(field) + 11)) + field + b"\x12\x09\x21"
+
+
+def int_attribute(key: AttributeKey, value: int) -> bytes:
+    """A span attribute field holding the int ``value``."""
+    if 0 <= value < 0x80:
+        return key.int_prefixes[1] + bytes((value,))
+    encoded = _varint(value)
+    return key.int_prefixes[len(encoded)] + encoded
+
+
+def double_attribute(key: AttributeKey, value: float) -> bytes:
+    """A span attribute field holding the double ``value``."""
+    return key.double_prefix + _PACK_DOUBLE(value)
+
+
+def str_attribute(key: AttributeKey, value: str) -> bytes:
+    """A span attribute field holding the string ``value``."""
+    encoded = value.encode()
+    size = len(encoded)
+    field = key.key_field
+    if size + len(field) < 120:  # every length fits in one byte
+        return (
+            bytes((0x4A, len(field) + size + 4))
+            + field
+            + bytes((0x12, size + 2, 0x0A, size))
+            + encoded
+        )
+    return attribute_field(field, value)
 
 
 class OtlpHttp:

@@ -3,11 +3,20 @@
 The recorder takes whole calls (``polygateway.ports.SupportsCallTraces``): ``open_call`` runs
 in the caller's task when the call starts and keeps the caller's OpenTelemetry context (an
 application span current there becomes the parent) and the start time; the call's rows are
-collected as they are made, and when the call ends one span for the call and one child span per
-row (attempt, cache hit, refusal) are made with explicit start and end times from the rows
-(``created_at`` minus ``latency_ms``), so nothing is held open across awaits and the spans
-show what the rows show. A row that arrives without a call (``record``/``record_nowait``, e.g.
-from another recorder's replay) becomes a call of one attempt.
+collected as they are made. When the call ends, the call path only appends a compact record
+(the rows, the context, the error's name, the governor's decisions) to a bounded buffer
+(``pgw_otel.batch``; a full buffer drops the call, counted in ``dropped`` and
+``pgw.telemetry.dropped``), and a thread of the recorder's makes one span for the call and
+one child span per row (attempt, cache hit, refusal) with explicit start and end times from
+the rows (``created_at`` minus ``latency_ms``), so nothing is held open across awaits and the
+spans show what the rows show. With an endpoint the spans are written as OTLP protobuf by
+hand and posted (``pgw_otel.otlp``, ``pgw_otel.sinks``; the common call straight from its
+record, ``pgw_otel.fast``) and metrics are aggregated in plain Python
+(``pgw_otel.aggregate``); with an SDK ``span_exporter`` it gets ``ReadableSpan`` objects
+built directly. Only a ``tracer_provider`` (or the global one) gets its spans through the
+SDK's tracer when the call ends, on the call path: the SDK has no public way to hand a
+provider finished spans. A row that arrives without a call (``record``/``record_nowait``,
+e.g. from another recorder's replay) becomes a call of one attempt.
 
 Spans follow the OpenTelemetry GenAI semantic conventions: the call span is named
 ``{gen_ai.operation.name} {gen_ai.request.model}``, kind ``CLIENT``, with
@@ -34,9 +43,10 @@ and ``pgw.breaker.probe`` to attempt spans and ``pgw.limiter.refusals``, ``pgw.l
 verdict adds ``pgw.error.reason`` (``stalled``, ...). Prompts and answers
 (``gen_ai.input.messages``, ``gen_ai.output.messages``) only with ``capture_content``.
 
-Nothing here reaches the call: span and metric export run in the SDK's own threads (batch
-span processor, periodic metric reader), a failing or slow exporter is the SDK's to log, and
-every step here is guarded (a failure is one warning per cause and a count in ``dropped``).
+Nothing here reaches the call: span and metric export run in the recorder's batch thread (or,
+with SDK providers, the SDK's own threads), a failing or slow collector only delays or loses
+exports (one warning per cause), and every step here is guarded (a failure is one warning per
+cause and a count in ``dropped``).
 """
 
 from __future__ import annotations
@@ -770,7 +780,8 @@ class _Metrics:
     """The instruments. Synchronous ones: the SDK hands every recorder on a meter provider the
     same instrument for a name, so recorders (two clients, a client rebuilt after ``aclose``)
     add to shared instruments under their own ``pgw.scope`` instead of registering callbacks
-    the SDK would keep for the first recorder only and never release."""
+    the SDK would keep for the first recorder only and never release. The same definition
+    feeds the recorder's own aggregates (``PlainMeter``, which has the same ``create_*``)."""
 
     __slots__ = (
         "_breakers",
