@@ -624,6 +624,7 @@ OTEL_MODES = (
     "otel-sdk",
     "otel-failing",
     "otel-blackhole",
+    "otel-null",
     "sqlite",
     "sqlite+otel",
 )
@@ -633,7 +634,9 @@ metrics to a loopback collector answering 200); ``otel-exporter``: spans to the 
 ``otel-sdk``: an application's SDK providers (tracer with a batch span processor encoding
 every batch, meter with a reader): the SDK's span and metric machinery on the call path;
 ``otel-failing``: the default against a collector answering 500; ``otel-blackhole``: against
-one that never answers; ``sqlite``; ``sqlite+otel``: the fan-out of ``sqlite`` and ``otel``."""
+one that never answers; ``otel-null``: the core's side alone (a recorder taking whole calls,
+rows and governor decisions, that does nothing with them); ``sqlite``; ``sqlite+otel``: the
+fan-out of ``sqlite`` and ``otel``."""
 
 
 def _blackhole() -> tuple[socket.socket, str]:
@@ -727,6 +730,13 @@ def _otel_recorder(mode: str, sources: Any, collector: str) -> tuple[Any, list[A
     """The ``otel`` recorder of ``mode`` (see ``OTEL_MODES``) and SDK providers to shut down."""
     from pgw_otel import OtelOptions, OtelRecorder
 
+    if mode == "otel-null":
+
+        class Null(OtelRecorder):
+            def ended(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+        return Null(), []
     if mode in ("otel", "sqlite+otel", "otel-failing", "otel-blackhole"):
         base = f"{collector}/fail" if mode == "otel-failing" else collector
         options = OtelOptions(endpoint=base, export_timeout_s=30.0)
