@@ -52,22 +52,24 @@ class _Block:
     output_key: Key
     attempts_key: Key
     cache_key: Key
+    admission_key: Key
 
 
 class PlainCallWriter:
     """See the module docstring. ``models``: each source's configured model; ``attributes``: the
     encoder's (its cache of repeated pairs); ``meter``: the recorder's aggregates;
-    ``decisions``: the recorder's metrics of governor decisions."""
+    ``breaker_seen``: the recorder's breaker-state gauge update."""
 
     def __init__(
         self,
         models: Mapping[str, str],
         attributes: Callable[[Mapping[str, Any]], bytes],
         meter: PlainMeter,
-        decisions: Callable[[str, Sequence[tuple[int, GovernanceEvent]]], None],
+        breaker_seen: Callable[[str, str, str], None],
     ) -> None:
         self._models = models
-        self._decisions = decisions
+        self._breaker_seen = breaker_seen
+        self._admissions = meter.counter("pgw.limiter.admissions")
         self._attributes = attributes
         self._duration = meter.histogram("gen_ai.client.operation.duration")
         self._tokens = meter.histogram("gen_ai.client.token.usage")
@@ -170,8 +172,10 @@ class PlainCallWriter:
         if ended_ns < started_ns:
             ended_ns = started_ns
         # Metrics (the definition: _Metrics.record_decisions and record_call).
-        if events:
-            self._decisions(scope, events)
+        if breaker_state is not None:  # the attempt's admission
+            self._admissions.add_key(1, block.admission_key)
+            if breaker_state:
+                self._breaker_seen(scope, record.source_name, breaker_state)
         base = block.base_key
         self._duration.record_key((ended_ns - started_ns) / 1e9, base)
         self._tokens.record_key(record.prompt_tokens, block.input_key)
@@ -310,4 +314,9 @@ class PlainCallWriter:
             output_key=(*base_key, ("gen_ai.token.type", "output")),
             attempts_key=(("pgw.scope", scope), ("pgw.attempts", 1)),
             cache_key=(("pgw.scope", scope), ("pgw.cache.hit", False)),
+            admission_key=(
+                ("pgw.scope", scope),
+                ("pgw.source", record.source_name),
+                ("pgw.breaker.probe", False),
+            ),
         )

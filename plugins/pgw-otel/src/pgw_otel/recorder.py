@@ -241,7 +241,7 @@ class OtelRecorder:
                 self._models,
                 span_sink.encoder.attributes,
                 self._plain,
-                self._metrics.record_decisions,
+                self._metrics.breaker_seen,
             )
         self._batches: BatchThread[_Ended] | None = None
         if span_sink is not None:
@@ -900,12 +900,16 @@ class _Metrics:
                 self.breaker_refusals.add(1, {**where, "pgw.breaker.state": event.breaker_state})
             elif event.kind == "waited":
                 self.queue_wait.record(event.wait_s, {"pgw.scope": scope})
-            state = event.breaker_state
-            if state and event.source and self._breakers.get((scope, event.source)) != state:
-                # Set on a change only: a measurement costs more than the dict lookup.
-                self._breakers[scope, event.source] = state
-                rank = _BREAKER_RANK.get(state, -1)
-                self.breaker_state.set(rank, {"pgw.scope": scope, "pgw.source": event.source})
+            if event.breaker_state and event.source:
+                self.breaker_seen(scope, event.source, event.breaker_state)
+
+    def breaker_seen(self, scope: str, source: str, state: str) -> None:
+        """The breaker-state gauge as last seen, set on a change only (a measurement costs
+        more than the dict lookup)."""
+        if self._breakers.get((scope, source)) != state:
+            self._breakers[scope, source] = state
+            rank = _BREAKER_RANK.get(state, -1)
+            self.breaker_state.set(rank, {"pgw.scope": scope, "pgw.source": source})
 
     def record_call(
         self,
