@@ -436,6 +436,8 @@ class OtelRecorder:
     @staticmethod
     def _trace_of(parent: otel_context.Context) -> tuple[int, int, bool, bool]:
         """The caller's span as (trace id, span id, remote, sampled); zeros: no span."""
+        if not parent:  # an empty context, the usual case: no lookup
+            return 0, 0, False, True
         context = trace.get_current_span(parent).get_span_context()
         if context.is_valid:
             return context.trace_id, context.span_id, context.is_remote, context.trace_flags.sampled
