@@ -10,7 +10,9 @@ points both recorders aggregated are compared too.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -181,20 +183,13 @@ async def _run_both(
 ) -> tuple[_KeptRequests, InMemorySpanExporter, _KeptMetrics, _KeptMetrics]:
     own, own_metrics = _KeptRequests(), _KeptMetrics()
     sdk, sdk_metrics = InMemorySpanExporter(), _KeptMetrics()
-    written = OtelRecorder(
-        span_sink=own,
-        metric_exporter=own_metrics,
-        resource=RESOURCE,
-        sources=settings.sources,
-        capture_content=capture_content,
-    )
-    defined = OtelRecorder(
-        span_exporter=sdk,
-        metric_exporter=sdk_metrics,
-        resource=RESOURCE,
-        sources=settings.sources,
-        capture_content=capture_content,
-    )
+    common: dict[str, Any] = {
+        "resource": RESOURCE,
+        "sources": settings.sources,
+        "capture_content": capture_content,
+    }
+    written = OtelRecorder(span_sink=own, metric_exporter=own_metrics, **common)
+    defined = OtelRecorder(span_exporter=sdk, metric_exporter=sdk_metrics, **common)
     both = _Both(written, defined)
     async with GatewayClient(settings, telemetry=both) as client:
         await calls(client)
@@ -300,3 +295,43 @@ async def test_switches_and_calls_under_an_application_span_encode_as_the_sdk_do
     calls_ = [s for s in spans if s["name"].startswith("chat ")]
     assert calls_[0]["trace"] == calls_[1]["trace"] != calls_[2]["trace"]
     assert calls_[0]["parent"] == calls_[1]["parent"] != 0 and calls_[2]["parent"] == 0
+
+
+class _HeldSink(_KeptRequests):
+    """Holds the batch thread in its first export until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def export_encoded(self, encoded: Sequence[bytes]) -> None:
+        self.entered.set()
+        self.release.wait(30)
+        super().export_encoded(encoded)
+
+
+async def test_a_full_buffer_drops_calls_counted_and_never_waits(
+    fake_upstream: FakeUpstream,
+) -> None:
+    settings = scope(fake_upstream, cache=CacheSettings(backend="none"))
+    held, metrics = _HeldSink(), _KeptMetrics()
+    recorder = OtelRecorder(
+        span_sink=held,
+        metric_exporter=metrics,
+        resource=RESOURCE,
+        sources=settings.sources,
+        max_queue=2,
+        batch_delay_s=0.01,
+    )
+    async with GatewayClient(settings, telemetry=recorder) as client:
+        await client.chat(MESSAGES)
+        assert await asyncio.to_thread(held.entered.wait, 10)  # the thread is stuck exporting
+        for n in range(5):
+            assert (await client.chat([{"role": "user", "content": f"more {n}"}])).content
+        assert recorder.dropped == 3  # two waited in the buffer, three did not fit
+        held.release.set()
+    await recorder.aclose()
+    assert len(_spans([ExportTraceServiceRequest.FromString(b) for b in held.requests])) == 6
+    dropped = _points(metrics.bodies)["pgw.telemetry.dropped"]
+    assert dropped[0] == "sum" and '"as_int": 3' in dropped[2][0]

@@ -500,30 +500,27 @@ class OtelRecorder:
 
     def _start_spans(self, parent: otel_context.Context, made: Sequence[SpanData]) -> None:
         assert self._tracer is not None
-        call, attempts = made[0], made[1:]
-        span = self._tracer.start_span(
-            call.name,
-            context=parent,
-            kind=SpanKind.CLIENT,
-            attributes=call.attributes,
-            start_time=call.start_ns,
-        )
-        if call.error is not None:
-            span.set_status(Status(StatusCode.ERROR, call.error))
-        child_context = trace.set_span_in_context(span, parent)
-        for attempt in attempts:
-            child = self._tracer.start_span(
-                attempt.name,
-                context=child_context,
-                kind=SpanKind.INTERNAL,
-                attributes=attempt.attributes,
-                start_time=attempt.start_ns,
-            )
-            if attempt.error is not None:
-                child.set_status(Status(StatusCode.ERROR, attempt.error))
-            child.end(end_time=attempt.end_ns)
-        span.end(end_time=call.end_ns)
+        call = self._start_span(made[0], parent, SpanKind.CLIENT)
+        child_context = trace.set_span_in_context(call, parent)
+        for attempt in made[1:]:
+            self._start_span(attempt, child_context, SpanKind.INTERNAL).end(end_time=attempt.end_ns)
+        call.end(end_time=made[0].end_ns)
         self.spans += len(made)
+
+    def _start_span(
+        self, data: SpanData, parent: otel_context.Context, kind: SpanKind
+    ) -> trace.Span:
+        assert self._tracer is not None
+        span = self._tracer.start_span(
+            data.name,
+            context=parent,
+            kind=kind,
+            attributes=data.attributes,
+            start_time=data.start_ns,
+        )
+        if data.error is not None:
+            span.set_status(Status(StatusCode.ERROR, data.error))
+        return span
 
     def _build(
         self,
