@@ -56,7 +56,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -125,6 +125,14 @@ _Ended = tuple[
 ]
 """What the call path hands the batch thread: the call as it started, the caller's context,
 its rows, when it ended, its error and the governor's decisions."""
+
+
+class _Outcome(NamedTuple):
+    """What the spans read of an attempt's outcome (the rest of the response is not kept)."""
+
+    finish_reason: object
+    cached_prompt_tokens: object
+    cache_write_tokens: object
 
 
 class _Shutdown(Protocol):
@@ -761,7 +769,13 @@ class _Call:
         self._events: list[tuple[int, GovernanceEvent]] | None = None
 
     def attempt(self, record: TelemetryRecord, outcome: object) -> None:
-        self._rows.append((record, outcome))
+        # Only what the spans read of the outcome: the response itself is not kept waiting.
+        kept = _Outcome(
+            getattr(outcome, "finish_reason", None),
+            getattr(outcome, "cached_prompt_tokens", 0),
+            getattr(outcome, "cache_write_tokens", 0),
+        )
+        self._rows.append((record, kept))
 
     def on_governance(self, event: GovernanceEvent) -> None:
         """``polygateway.ports.SupportsGovernanceEvents``: kept with its place among the rows."""
