@@ -20,12 +20,13 @@ of this process, all its threads, divided by the calls). Clients:
   structured layer, retry) on the default engine, every call a cache miss; the telemetry rows
   written are counted against the calls made (warm-up included).
 - ``cache-hit``: one repeated prompt answered from the memory cache.
-- ``--otel-callgrind [--few 40 --many 240] [--otel-modes none,otel,...]``: instructions per
-  governed call under callgrind with telemetry off, ``otel`` (the default with an endpoint:
-  OTLP/HTTP to a loopback collector in its own process answering 200), ``otel-exporter`` (an
-  SDK span exporter), ``otel-sdk`` (an application's SDK providers), ``sqlite`` and
-  ``sqlite+otel`` (the fan-out); the difference of two run lengths cancels start-up. Budget:
-  otel at most 15% more per call.
+- ``--otel-callgrind [--few 40 --many 240 --repeat 3] [--otel-modes none,otel,...]``:
+  instructions per governed call under callgrind with telemetry off, ``otel`` (the default
+  with an endpoint: OTLP/HTTP to a loopback collector in its own process answering 200),
+  ``otel-exporter`` (an SDK span exporter), ``otel-sdk`` (an application's SDK providers),
+  ``sqlite`` and ``sqlite+otel`` (the fan-out); the difference of two run lengths cancels
+  start-up, children run with a fixed hash seed, and each mode is the median of ``--repeat``
+  such pairs. Budget: otel at most 15% more per call.
 - ``--otel-wall [--calls 200 --rounds 5]``: wall time per call with the default recorder
   against a healthy collector, one answering 500, and one that never answers, interleaved;
   median paired ratios against the healthy one.
@@ -861,11 +862,12 @@ def _otel_instructions(mode: str, calls: int, url: str, collector: str) -> int:
     )
 
 
-def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
+def otel_callgrind(few: int, many: int, modes: Sequence[str], repeat: int) -> None:
     """Instructions per governed call under callgrind: (Ir(many) - Ir(few)) / (many - few), so
     start-up and imports cancel out; every mode against the same fake upstream and collector
     (callgrind counts every thread: the batch thread's encoding and HTTP export are in).
-    Also what the collector received per mode (requests and bytes, both runs)."""
+    Each mode is the median of ``repeat`` such pairs (children run with a fixed hash seed).
+    Also what the collector received per mode (requests and bytes, all runs)."""
     port = free_port()
     upstream = start_upstream(port, 20)
     url = f"http://127.0.0.1:{port}/v1"
@@ -875,17 +877,22 @@ def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
     try:
         for mode in modes:
             before = collector_stats(collector)
-            low = _otel_instructions(mode, few, url, collector)
-            high = _otel_instructions(mode, many, url, collector)
+            runs = []
+            for _ in range(repeat):
+                low = _otel_instructions(mode, few, url, collector)
+                high = _otel_instructions(mode, many, url, collector)
+                runs.append((high - low) / (many - few))
             after = collector_stats(collector)
-            per_call[mode] = (high - low) / (many - few)
+            per_call[mode] = statistics.median(runs)
             received = {
                 path: (seen[0] - before.get(path, [0, 0])[0], seen[1] - before.get(path, [0, 0])[1])
                 for path, seen in after.items()
                 if seen != before.get(path)
             }
             print(
-                f"{mode:14s} Ir {few}: {low}  Ir {many}: {high}  per call {per_call[mode]:.0f}"
+                f"{mode:14s} per call {per_call[mode]:.0f} (median of "
+                + ", ".join(f"{run:.0f}" for run in runs)
+                + ")"
                 + (f"  collector (requests, bytes): {received}" if received else ""),
                 flush=True,
             )
@@ -953,6 +960,9 @@ def callgrind_instructions(*child_args: str) -> int:
             capture_output=True,
             text=True,
             check=False,
+            # A fixed hash seed: set and dict layouts (and so the instructions spent) are then the
+            # same in every run, and two runs of one mode differ by noise, not by seed.
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
     if done.returncode != 0:
         raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
@@ -1002,6 +1012,7 @@ def main() -> None:
         otel.add_argument("--collector", default="")
         otel.add_argument("--few", type=int, default=40)
         otel.add_argument("--many", type=int, default=240)
+        otel.add_argument("--repeat", type=int, default=3)
         otel.add_argument(
             "--otel-modes", default="none,otel,otel-exporter,otel-sdk,sqlite,sqlite+otel"
         )
@@ -1013,7 +1024,7 @@ def main() -> None:
         elif found.otel_wall:
             otel_wall(found.calls or 200, found.rounds)
         else:
-            otel_callgrind(found.few, found.many, found.otel_modes.split(","))
+            otel_callgrind(found.few, found.many, found.otel_modes.split(","), found.repeat)
         return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(

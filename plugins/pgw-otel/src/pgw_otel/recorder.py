@@ -326,6 +326,12 @@ class OtelRecorder:
 
     # ------------------------------------------------------------------ the call's side
 
+    @property
+    def wants_content(self) -> bool:
+        """Rows' content is read only with ``capture_content`` (``ports.DeclaresContentUse``):
+        without it the telemetry layer leaves the prompt unencoded."""
+        return self.capture_content
+
     def open_call(self, start: CallStart) -> _Call:
         return _Call(self, start, otel_context.get_current())
 
