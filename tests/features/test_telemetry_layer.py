@@ -20,6 +20,7 @@ from features_helpers import (  # make_rig_fixture provides the make_rig fixture
     scope,
     source,
 )
+from polygateway.client import GatewayClient
 from polygateway.errors import (
     AllSourcesExhausted,
     CircuitOpenError,
@@ -447,3 +448,41 @@ async def test_rows_carry_scope_namespace_and_the_call_parameters(
         (row,) = await rig.rows()
     assert (row["scope"], row["cache_namespace"]) == ("LLM", "tenant-9")
     assert json.loads(row["params"]) == {"temperature": 0.25, "seed": 3}
+
+
+class _ContentChoosingRecorder:
+    """A synchronous recorder declaring whether it reads content (``ports.DeclaresContentUse``)."""
+
+    def __init__(self, wants_content: bool) -> None:
+        self.wants_content = wants_content
+        self.records: list[TelemetryRecord] = []
+
+    def record_nowait(self, record: TelemetryRecord) -> None:
+        self.records.append(record)
+
+    async def record(self, record: TelemetryRecord) -> None:
+        self.record_nowait(record)
+
+    async def flush(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_recorder_reading_no_content_gets_the_same_rows_without_the_prompt(
+    fake_upstream: FakeUpstream,
+) -> None:
+    rows: dict[bool, list[TelemetryRecord]] = {}
+    for wants in (True, False):
+        fake_upstream.script("a", Reply.error(503), Reply.ok(content="fine"))
+        recorder = _ContentChoosingRecorder(wants)
+        async with GatewayClient(scope(fake_upstream), telemetry=recorder) as client:
+            assert (await client.chat(MESSAGES)).content == "fine"
+        rows[wants] = recorder.records
+    assert all("capital of France" in r.messages for r in rows[True]) and len(rows[True]) == 2
+    assert [r.messages for r in rows[False]] == ["", ""]
+    varying = ("call_id", "root_call_id", "created_at", "latency_ms", "ttft_ms", "messages")
+    for full, plain in zip(rows[True], rows[False], strict=True):
+        keep = {f: getattr(full, f) for f in (*FIELDS_18, "scope", "params") if f not in varying}
+        assert {f: getattr(plain, f) for f in keep} == keep

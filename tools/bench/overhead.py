@@ -20,12 +20,16 @@ of this process, all its threads, divided by the calls). Clients:
   structured layer, retry) on the default engine, every call a cache miss; the telemetry rows
   written are counted against the calls made (warm-up included).
 - ``cache-hit``: one repeated prompt answered from the memory cache.
-- ``--otel-callgrind [--few 40 --many 240]``: instructions per governed call under callgrind
-  with telemetry off, ``otel`` alone, ``sqlite`` and ``sqlite+otel`` (the fan-out); the
-  difference of two run lengths cancels start-up. Budget: otel at most 15% more per call.
-- ``--otel-wall [--calls 200 --rounds 5]``: wall time per call with a healthy span exporter,
-  one that raises on every batch, and the OTLP/HTTP exporter stuck on a collector that never
-  answers, interleaved; median paired ratios against the healthy one.
+- ``--otel-callgrind [--few 40 --many 240 --repeat 3] [--otel-modes none,otel,...]``:
+  instructions per governed call under callgrind with telemetry off, ``otel`` (the default
+  with an endpoint: OTLP/HTTP to a loopback collector in its own process answering 200),
+  ``otel-exporter`` (an SDK span exporter), ``otel-sdk`` (an application's SDK providers),
+  ``sqlite`` and ``sqlite+otel`` (the fan-out); the difference of two run lengths cancels
+  start-up, children run with a fixed hash seed, and each mode is the median of ``--repeat``
+  such pairs. Budget: otel at most 15% more per call.
+- ``--otel-wall [--calls 200 --rounds 5]``: wall time per call with the default recorder
+  against a healthy collector, one answering 500, and one that never answers, interleaved;
+  median paired ratios against the healthy one.
 - ``governed-openai-sdk``, ``governed-openai-sdk-aiohttp``: the governed client (as
   ``governed-<engine>``) on the ``openai-sdk`` transport (plugin pgw-openai-sdk), on the SDK's
   httpx2 and aiohttp HTTP clients; ``openai-sdk``: the bare ``AsyncOpenAI`` client (retries
@@ -614,7 +618,26 @@ OTEL_BUDGET = 0.15
 """CPU (instructions) per governed call with the ``otel`` recorder, at most this much more."""
 
 
-OTEL_MODES = ("none", "otel", "otel-failing", "otel-blackhole", "sqlite", "sqlite+otel")
+OTEL_MODES = (
+    "none",
+    "otel",
+    "otel-exporter",
+    "otel-sdk",
+    "otel-failing",
+    "otel-blackhole",
+    "otel-null",
+    "sqlite",
+    "sqlite+otel",
+)
+"""``otel``: the default with an endpoint (the recorder's own OTLP/HTTP export of spans and
+metrics to a loopback collector answering 200); ``otel-exporter``: spans to the SDK's
+``OTLPSpanExporter`` (same collector) as ``ReadableSpan`` objects, metrics as ``otel``;
+``otel-sdk``: an application's SDK providers (tracer with a batch span processor encoding
+every batch, meter with a reader): the SDK's span and metric machinery on the call path;
+``otel-failing``: the default against a collector answering 500; ``otel-blackhole``: against
+one that never answers; ``otel-null``: the core's side alone (a recorder taking whole calls,
+rows and governor decisions, that does nothing with them); ``sqlite``; ``sqlite+otel``: the
+fan-out of ``sqlite`` and ``otel``."""
 
 
 def _blackhole() -> tuple[socket.socket, str]:
@@ -638,14 +661,125 @@ def _blackhole() -> tuple[socket.socket, str]:
     return server, f"http://127.0.0.1:{server.getsockname()[1]}"
 
 
+def collector_child(port: int) -> None:
+    """An OTLP/HTTP collector on loopback: reads every POST, answers 200 (500 under
+    ``/fail``); ``GET /stats``: requests and bytes received per path, as JSON."""
+    import json
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    stats: dict[str, list[int]] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            size = int(self.headers.get("Content-Length", "0"))
+            self.rfile.read(size)
+            seen = stats.setdefault(self.path, [0, 0])
+            seen[0] += 1
+            seen[1] += size
+            self.send_response(500 if self.path.startswith("/fail") else 200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            payload = json.dumps(stats).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def start_collector() -> tuple[subprocess.Popen[bytes], str]:
+    """``collector_child`` in its own process (its CPU is not the client's)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--collector-child", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError("collector died") from None
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("collector did not start")
+
+
+def collector_stats(collector: str) -> dict[str, list[int]]:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{collector}/stats", timeout=10) as answer:
+        found: dict[str, list[int]] = json.loads(answer.read())
+        return found
+
+
+def _otel_recorder(mode: str, sources: Any, collector: str) -> tuple[Any, list[Any]]:
+    """The ``otel`` recorder of ``mode`` (see ``OTEL_MODES``) and SDK providers to shut down."""
+    from pgw_otel import OtelOptions, OtelRecorder
+
+    if mode == "otel-null":
+
+        class Null(OtelRecorder):
+            def ended(self, *args: Any, **kwargs: Any) -> None:
+                pass
+
+        return Null(), []
+    if mode in ("otel", "sqlite+otel", "otel-failing", "otel-blackhole"):
+        base = f"{collector}/fail" if mode == "otel-failing" else collector
+        options = OtelOptions(endpoint=base, export_timeout_s=30.0)
+        return OtelRecorder.from_options(options, sources=sources), []
+    if mode == "otel-exporter":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from pgw_otel.otlp import OtlpHttp
+
+        exporter = OTLPSpanExporter(endpoint=f"{collector}/v1/traces", timeout=30)
+        metrics = OtlpHttp(f"{collector}/v1/metrics", {}, 30.0)
+        resource = Resource.create({"service.name": "polygateway"})
+        recorder = OtelRecorder(
+            span_exporter=exporter, metric_exporter=metrics, resource=resource, sources=sources
+        )
+        return recorder, []
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Encoding(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            encode_spans(spans).SerializeToString()
+            return SpanExportResult.SUCCESS
+
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(Encoding()))
+    meter_provider = MeterProvider(
+        metric_readers=[InMemoryMetricReader()], exemplar_filter=AlwaysOffExemplarFilter()
+    )
+    recorder = OtelRecorder(
+        tracer_provider=tracer_provider, meter_provider=meter_provider, sources=sources
+    )
+    return recorder, [tracer_provider, meter_provider]
+
+
 async def _otel_calls(mode: str, calls: int, url: str, collector: str = "") -> float:
     """``calls`` sequential governed calls (non-streaming and streaming alternately) with
-    telemetry ``mode``; returns their wall seconds (set-up and shut-down excluded).
-
-    ``none``; ``otel``: SDK providers, a batch span processor whose exporter encodes every
-    batch to OTLP protobuf and discards it; ``otel-failing``: an exporter that raises on every
-    batch; ``otel-blackhole``: the real OTLP/HTTP exporter to ``collector``, a server that never
-    answers; ``sqlite``; ``sqlite+otel``: the fan-out of both."""
+    telemetry ``mode`` (see ``OTEL_MODES``); returns their wall seconds (set-up and shut-down
+    excluded; under callgrind the shut-down's export is counted: it is the recorder's work)."""
     from polygateway import GatewayClient
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -656,51 +790,12 @@ async def _otel_calls(mode: str, calls: int, url: str, collector: str = "") -> f
         )
         injected: dict[str, Any] = {}
         owned: list[Any] = []
+        otel: Any = None
         if "otel" in mode:
-            from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-            from opentelemetry.sdk.metrics import MeterProvider
-            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import (
-                BatchSpanProcessor,
-                SpanExporter,
-                SpanExportResult,
-            )
-            from pgw_otel import OtelRecorder
-
-            class Encoding(SpanExporter):
-                def export(self, spans: Any) -> SpanExportResult:
-                    encode_spans(spans).SerializeToString()
-                    return SpanExportResult.SUCCESS
-
-            class Failing(SpanExporter):
-                def export(self, spans: Any) -> SpanExportResult:
-                    raise RuntimeError("collector down")
-
-            exporter: SpanExporter
-            if mode == "otel-blackhole":
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                    OTLPSpanExporter,
-                )
-
-                exporter = OTLPSpanExporter(endpoint=f"{collector}/v1/traces", timeout=30)
-            else:
-                exporter = Failing() if mode == "otel-failing" else Encoding()
-            tracer_provider = TracerProvider()
-            tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
-            from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
-
-            # As the recorder's own providers (an endpoint set): no exemplars.
-            meter_provider = MeterProvider(
-                metric_readers=[InMemoryMetricReader()], exemplar_filter=AlwaysOffExemplarFilter()
-            )
-            owned = [tracer_provider, meter_provider]
             probe = GatewayClient.from_env(env=env)
             sources = probe.settings.sources
             await probe.aclose()
-            otel = OtelRecorder(
-                tracer_provider=tracer_provider, meter_provider=meter_provider, sources=sources
-            )
+            otel, owned = _otel_recorder(mode, sources, collector)
             if sqlite_on:
                 from polygateway.telemetry.fanout import fanout
                 from polygateway.telemetry.sqlite import SQLiteRecorder
@@ -719,35 +814,38 @@ async def _otel_calls(mode: str, calls: int, url: str, collector: str = "") -> f
             elapsed = time.perf_counter() - started
         finally:
             await client.aclose()
-            if injected:
-                await injected["telemetry"].aclose()
-            for provider in owned:
-                if mode == "otel-blackhole":
-                    # Shutting down waits for the hung export: not the call path, skip it.
-                    continue
-                provider.shutdown()
+            if mode != "otel-blackhole":  # closing waits for the hung export: not the call path
+                if injected:
+                    await injected["telemetry"].aclose()
+                for provider in owned:
+                    provider.shutdown()
         return elapsed
 
 
 def otel_wall(calls: int, rounds: int) -> None:
-    """Wall time per governed call with a healthy exporter, one that raises on every batch and
-    one stuck on a collector that never answers, interleaved (the order rotates each round);
-    the verdict is the median of each round's paired ratio against the healthy exporter."""
+    """Wall time per governed call with the default recorder against a healthy collector, one
+    answering 500 and one that never answers, interleaved (the order rotates each round); the
+    verdict is the median of each round's paired ratio against the healthy collector."""
     port = free_port()
     upstream = start_upstream(port, 20)
     url = f"http://127.0.0.1:{port}/v1"
-    hole, collector = _blackhole()
+    collector_proc, collector = start_collector()
+    hole, hole_url = _blackhole()
     modes = ["otel", "otel-failing", "otel-blackhole"]
     per_call: dict[str, list[float]] = {mode: [] for mode in modes}
+    print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}", flush=True)
     try:
         for round_ in range(rounds):
             order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
             for mode in order:
-                seconds = asyncio.run(_otel_calls(mode, calls, url, collector))
+                target = hole_url if mode == "otel-blackhole" else collector
+                seconds = asyncio.run(_otel_calls(mode, calls, url, target))
                 per_call[mode].append(seconds / calls * 1e6)
     finally:
         upstream.kill()
+        collector_proc.kill()
         hole.close()
+    print(f"load average after: {os.getloadavg()}")
     for mode in modes:
         print(f"{mode:15s} wall us/call per round: " + " ".join(f"{v:.0f}" for v in per_call[mode]))
     for mode in modes[1:]:
@@ -758,26 +856,56 @@ def otel_wall(calls: int, rounds: int) -> None:
         )
 
 
-def _otel_instructions(mode: str, calls: int, url: str) -> int:
-    return callgrind_instructions("--otel-child", mode, "--calls", str(calls), "--url", url)
+def _otel_instructions(mode: str, calls: int, url: str, collector: str) -> int:
+    return callgrind_instructions(
+        "--otel-child", mode, "--calls", str(calls), "--url", url, "--collector", collector
+    )
 
 
-def otel_callgrind(few: int, many: int, modes: Sequence[str]) -> None:
+def otel_callgrind(few: int, many: int, modes: Sequence[str], repeat: int) -> None:
     """Instructions per governed call under callgrind: (Ir(many) - Ir(few)) / (many - few), so
-    start-up and imports cancel out; every mode against the same fake upstream."""
+    start-up and imports cancel out; every mode against the same fake upstream and collector
+    (callgrind counts every thread: the batch thread's encoding and HTTP export are in).
+    Each mode is the median of ``repeat`` such pairs (children run with a fixed hash seed).
+    Also what the collector received per mode (requests and bytes, all runs)."""
     port = free_port()
     upstream = start_upstream(port, 20)
     url = f"http://127.0.0.1:{port}/v1"
+    collector_proc, collector = start_collector()
     per_call: dict[str, float] = {}
+    print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}", flush=True)
     try:
         for mode in modes:
-            low = _otel_instructions(mode, few, url)
-            high = _otel_instructions(mode, many, url)
-            per_call[mode] = (high - low) / (many - few)
-            print(f"{mode:12s} Ir {few}: {low}  Ir {many}: {high}  per call {per_call[mode]:.0f}")
+            before = collector_stats(collector)
+            runs = []
+            for _ in range(repeat):
+                low = _otel_instructions(mode, few, url, collector)
+                high = _otel_instructions(mode, many, url, collector)
+                runs.append((high - low) / (many - few))
+            after = collector_stats(collector)
+            per_call[mode] = statistics.median(runs)
+            received = {
+                path: (seen[0] - before.get(path, [0, 0])[0], seen[1] - before.get(path, [0, 0])[1])
+                for path, seen in after.items()
+                if seen != before.get(path)
+            }
+            print(
+                f"{mode:14s} per call {per_call[mode]:.0f} (median of "
+                + ", ".join(f"{run:.0f}" for run in runs)
+                + ")"
+                + (f"  collector (requests, bytes): {received}" if received else ""),
+                flush=True,
+            )
     finally:
         upstream.kill()
-    for on, off in (("otel", "none"), ("sqlite+otel", "sqlite")):
+        collector_proc.kill()
+    print(f"load average after: {os.getloadavg()}")
+    for on, off in (
+        ("otel", "none"),
+        ("otel-exporter", "none"),
+        ("otel-sdk", "none"),
+        ("sqlite+otel", "sqlite"),
+    ):
         if on in per_call and off in per_call:
             extra = per_call[on] / per_call[off] - 1
             verdict = "ok" if extra <= OTEL_BUDGET else "OVER BUDGET"
@@ -832,6 +960,9 @@ def callgrind_instructions(*child_args: str) -> int:
             capture_output=True,
             text=True,
             check=False,
+            # A fixed hash seed: set and dict layouts (and so the instructions spent) are then the
+            # same in every run, and two runs of one mode differ by noise, not by seed.
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
     if done.returncode != 0:
         raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
@@ -869,24 +1000,31 @@ def callgrind_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    if "--collector-child" in sys.argv:
+        collector_child(int(sys.argv[sys.argv.index("--collector-child") + 1]))
+        return
     if {"--otel-child", "--otel-callgrind", "--otel-wall"} & set(sys.argv):
         otel = argparse.ArgumentParser()
         otel.add_argument("--otel-child", default="")
         otel.add_argument("--otel-callgrind", action="store_true")
         otel.add_argument("--calls", type=int, default=0)
         otel.add_argument("--url", default="")
+        otel.add_argument("--collector", default="")
         otel.add_argument("--few", type=int, default=40)
         otel.add_argument("--many", type=int, default=240)
-        otel.add_argument("--otel-modes", default="none,otel,sqlite,sqlite+otel")
+        otel.add_argument("--repeat", type=int, default=3)
+        otel.add_argument(
+            "--otel-modes", default="none,otel,otel-exporter,otel-sdk,sqlite,sqlite+otel"
+        )
         otel.add_argument("--otel-wall", action="store_true")
         otel.add_argument("--rounds", type=int, default=5)
         found = otel.parse_args()
         if found.otel_child:
-            asyncio.run(_otel_calls(found.otel_child, found.calls, found.url))
+            asyncio.run(_otel_calls(found.otel_child, found.calls, found.url, found.collector))
         elif found.otel_wall:
             otel_wall(found.calls or 200, found.rounds)
         else:
-            otel_callgrind(found.few, found.many, found.otel_modes.split(","))
+            otel_callgrind(found.few, found.many, found.otel_modes.split(","), found.repeat)
         return
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(

@@ -495,6 +495,17 @@ class SupportsCallTraces(Protocol):
 
 
 @runtime_checkable
+class DeclaresContentUse(Protocol):
+    """Optional for a ``TelemetryRecorder``: ``wants_content`` is ``False`` when it never reads
+    a row's content (``messages``, ``response``, ``thinking``). Its rows may then leave the
+    prompt empty, which spares encoding it on every call. Read once, when the telemetry layer
+    is built; a recorder without it gets every field."""
+
+    @property
+    def wants_content(self) -> bool: ...
+
+
+@runtime_checkable
 class SupportsRecordNowait(Protocol):
     """Optional for a ``TelemetryRecorder`` that can enqueue a row synchronously.
 

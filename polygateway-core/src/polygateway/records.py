@@ -35,6 +35,7 @@ from polygateway.ids import new_call_id
 from polygateway.ports import (
     CallTrace,
     Clock,
+    DeclaresContentUse,
     Pricing,
     SupportsCallTraces,
     SupportsRecordNowait,
@@ -314,6 +315,7 @@ class RowWriter:
         "_recorder",
         "_submit",
         "_tasks",
+        "_wants_content",
         "_warned",
     )
 
@@ -339,6 +341,9 @@ class RowWriter:
         )
         self._open_call: Callable[[CallStart], CallTrace] | None = (
             recorder.open_call if isinstance(recorder, SupportsCallTraces) else None
+        )
+        self._wants_content = (
+            recorder.wants_content if isinstance(recorder, DeclaresContentUse) else True
         )
 
     @property
@@ -382,7 +387,9 @@ class RowWriter:
                 params=params,
                 root_call_id=root_call_id,
             )
-            return record if self._content == "full" else with_content(record, self._content)
+            if self._content == "full" or not self._wants_content:
+                return record
+            return with_content(record, self._content)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self.warn_once("build", "telemetry row could not be built: %r", exc)
             return None
@@ -426,6 +433,12 @@ class RowWriter:
         if record is not None:
             self.submit(record)
         return record
+
+    @property
+    def wants_content(self) -> bool:
+        """The recorder reads the rows' content (``ports.DeclaresContentUse``); when not,
+        callers may pass ``messages=""`` and the row keeps its other fields as built."""
+        return self._wants_content
 
     @property
     def traces_calls(self) -> bool:

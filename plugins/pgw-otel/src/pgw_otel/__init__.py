@@ -5,8 +5,8 @@ recorder: ``PGW_TELEMETRY_BACKEND=sqlite,otel``, ``backend = ["sqlite", "otel"]`
 pipeline file). Only hook implementations live here: the OpenTelemetry SDK is imported when
 the factory runs.
 
-Options (``OtelOptions``): ``endpoint`` (``PGW_OTEL_ENDPOINT``: export over OTLP/HTTP with
-providers of the recorder's own; unset: the application's global providers), ``headers``
+Options (``OtelOptions``): ``endpoint`` (``PGW_OTEL_ENDPOINT``: the recorder's own OTLP/HTTP
+export from a thread of its own; unset: the application's global providers), ``headers``
 (``PGW_OTEL_HEADERS``), ``service_name``, ``capture_content`` (off by default),
 ``prometheus_port`` (``PGW_OTEL_PROMETHEUS_PORT``), ``export_timeout_s``,
 ``metric_interval_s``.

@@ -52,9 +52,11 @@ class OtelOptions(ComponentOptions):
         SecretText | None, EnvKey("PGW_OTEL_ENDPOINT"), AfterValidator(_endpoint)
     ] = None
     """OTLP/HTTP base URL (``http://collector:4318``; ``/v1/traces`` and ``/v1/metrics`` are
-    appended). Set: the recorder makes tracer and meter providers of its own that export
-    there. Unset: it uses the application's global providers (``opentelemetry.trace`` /
-    ``opentelemetry.metrics``), so the app's own OTel set-up decides."""
+    appended). Set: the recorder writes OTLP protobuf itself and posts it there from a
+    thread of its own (spans in batches, metrics aggregated and posted every
+    ``metric_interval_s``). Unset: it uses the application's global providers
+    (``opentelemetry.trace`` / ``opentelemetry.metrics``), so the app's own OTel set-up
+    decides."""
     headers: Annotated[SecretText | None, EnvKey("PGW_OTEL_HEADERS"), AfterValidator(_headers)] = (
         None
     )

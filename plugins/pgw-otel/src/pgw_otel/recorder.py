@@ -3,11 +3,20 @@
 The recorder takes whole calls (``polygateway.ports.SupportsCallTraces``): ``open_call`` runs
 in the caller's task when the call starts and keeps the caller's OpenTelemetry context (an
 application span current there becomes the parent) and the start time; the call's rows are
-collected as they are made, and when the call ends one span for the call and one child span per
-row (attempt, cache hit, refusal) are made with explicit start and end times from the rows
-(``created_at`` minus ``latency_ms``), so nothing is held open across awaits and the spans
-show what the rows show. A row that arrives without a call (``record``/``record_nowait``, e.g.
-from another recorder's replay) becomes a call of one attempt.
+collected as they are made. When the call ends, the call path only appends a compact record
+(the rows, the context, the error's name, the governor's decisions) to a bounded buffer
+(``pgw_otel.batch``; a full buffer drops the call, counted in ``dropped`` and
+``pgw.telemetry.dropped``), and a thread of the recorder's makes one span for the call and
+one child span per row (attempt, cache hit, refusal) with explicit start and end times from
+the rows (``created_at`` minus ``latency_ms``), so nothing is held open across awaits and the
+spans show what the rows show. With an endpoint the spans are written as OTLP protobuf by
+hand and posted (``pgw_otel.otlp``, ``pgw_otel.sinks``; the common call straight from its
+record, ``pgw_otel.fast``) and metrics are aggregated in plain Python
+(``pgw_otel.aggregate``); with an SDK ``span_exporter`` it gets ``ReadableSpan`` objects
+built directly. Only a ``tracer_provider`` (or the global one) gets its spans through the
+SDK's tracer when the call ends, on the call path: the SDK has no public way to hand a
+provider finished spans. A row that arrives without a call (``record``/``record_nowait``,
+e.g. from another recorder's replay) becomes a call of one attempt.
 
 Spans follow the OpenTelemetry GenAI semantic conventions: the call span is named
 ``{gen_ai.operation.name} {gen_ai.request.model}``, kind ``CLIENT``, with
@@ -34,17 +43,20 @@ and ``pgw.breaker.probe`` to attempt spans and ``pgw.limiter.refusals``, ``pgw.l
 verdict adds ``pgw.error.reason`` (``stalled``, ...). Prompts and answers
 (``gen_ai.input.messages``, ``gen_ai.output.messages``) only with ``capture_content``.
 
-Nothing here reaches the call: span and metric export run in the SDK's own threads (batch
-span processor, periodic metric reader), a failing or slow exporter is the SDK's to log, and
-every step here is guarded (a failure is one warning per cause and a count in ``dropped``).
+Nothing here reaches the call: span and metric export run in the recorder's batch thread (or,
+with SDK providers, the SDK's own threads), a failing or slow collector only delays or loses
+exports (one warning per cause), and every step here is guarded (a failure is one warning per
+cause and a count in ``dropped``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -53,7 +65,17 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProv
 from polygateway.settings import SourceConfig
 from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
+from pgw_otel.aggregate import PlainMeter
+from pgw_otel.batch import BatchThread
+from pgw_otel.fast import PlainCallWriter
 from pgw_otel.options import OtelOptions, parse_headers
+from pgw_otel.otlp import KIND_CLIENT, KIND_INTERNAL, OtlpHttp, SpanData, TraceEncoder
+from pgw_otel.sinks import OtlpSpanSink, SdkExporterSink, SpanSink
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger(__name__)
 
@@ -87,20 +109,75 @@ _REFUSALS = {
 }
 
 
+_UNSAMPLED = -1
+"""``SpanData.kind`` of a call span under an unsampled parent: its spans are not exported."""
+
+_Failure = tuple[str, str | None]
+"""A call's error as its spans keep it: ``error.type`` and a verdict's ``reason``."""
+
+_Ended = tuple[
+    CallStart,
+    otel_context.Context,
+    list[tuple[TelemetryRecord, object]],
+    float,
+    "_Failure | None",
+    "Sequence[tuple[int, GovernanceEvent]]",
+]
+"""What the call path hands the batch thread: the call as it started, the caller's context,
+its rows, when it ended, its error and the governor's decisions."""
+
+
+class _Outcome(NamedTuple):
+    """What the spans read of an attempt's outcome (the rest of the response is not kept)."""
+
+    finish_reason: object
+    cached_prompt_tokens: object
+    cache_write_tokens: object
+
+
 class _Shutdown(Protocol):
     def force_flush(self, timeout_millis: int = ...) -> bool: ...
 
     def shutdown(self) -> Any: ...
 
 
+class _Poster(Protocol):
+    def post(self, body: bytes) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def _sdk_otlp_metric_reader(
+    options: OtelOptions, base: str, headers: Mapping[str, str]
+) -> MetricReader:
+    """The SDK's periodic OTLP metric export (beside a Prometheus reader on one provider)."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    return PeriodicExportingMetricReader(
+        OTLPMetricExporter(
+            endpoint=f"{base}/v1/metrics", headers=dict(headers), timeout=options.export_timeout_s
+        ),
+        export_interval_millis=options.metric_interval_s * 1000,
+        export_timeout_millis=options.export_timeout_s * 1000,
+    )
+
+
 class OtelRecorder:
     """``TelemetryRecorder`` (and ``SupportsCallTraces``) exporting OpenTelemetry spans/metrics.
 
-    ``OtelRecorder()`` uses the application's global providers; pass ``tracer_provider`` /
-    ``meter_provider`` to use others (tests pass the SDK's with in-memory exporters).
-    ``sources`` gives each source's configured model (``gen_ai.request.model``). ``owned``
-    are providers the recorder made and shuts down in ``aclose``. Counters: ``calls``,
-    ``spans`` (made), ``dropped`` (rows that could not become spans).
+    Spans go, in order of precedence, to ``span_sink`` (a ``pgw_otel.sinks.SpanSink``; the
+    recorder's own OTLP/HTTP exporter is one), to ``span_exporter`` (any SDK ``SpanExporter``,
+    fed ``ReadableSpan`` objects), both from a batch thread of the recorder's, or else through
+    ``tracer_provider`` (default: the application's global one) with the SDK's tracer, when
+    the call ends: the SDK has no public way to hand a provider finished spans, so that path
+    costs the SDK's span machinery on the call path. Metrics go to ``meter_provider`` (default:
+    the global one), or, with ``metric_exporter``, are aggregated by the recorder
+    (``pgw_otel.aggregate.PlainMeter``) and posted as OTLP protobuf every
+    ``metric_interval_s`` and on ``flush``. ``sources`` gives each source's configured model
+    (``gen_ai.request.model``). ``owned`` are providers the recorder made and shuts down in
+    ``aclose``. Counters: ``calls``, ``spans`` (made), ``dropped`` (rows that could not become
+    spans: a full buffer, a failed step).
     """
 
     def __init__(
@@ -108,78 +185,115 @@ class OtelRecorder:
         *,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        span_exporter: SpanExporter | None = None,
+        span_sink: SpanSink | None = None,
+        metric_exporter: _Poster | None = None,
+        resource: Resource | None = None,
         capture_content: bool = False,
         sources: Sequence[SourceConfig] = (),
         owned: Sequence[_Shutdown] = (),
         flush_timeout_s: float = 10.0,
+        metric_interval_s: float = 30.0,
+        max_queue: int = 4096,
+        batch_delay_s: float = 5.0,
     ) -> None:
         if not isinstance(capture_content, bool):
             raise TypeError(f"OtelRecorder capture_content must be a bool, got {capture_content!r}")
-        self._tracer: Tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
-            INSTRUMENTATION, VERSION
-        )
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter(INSTRUMENTATION, VERSION)
-        self._metrics = _Metrics(meter)
         self.capture_content = capture_content
         self._models = {source.name: source.model for source in sources}
         self._owned = tuple(owned)
         self._flush_ms = int(flush_timeout_s * 1000)
+        self._flush_s = flush_timeout_s
         self._warned: set[str] = set()
         self._closed = False
         """After ``aclose`` the recorder adds nothing to the shared metric instruments."""
         self.calls = 0
         self.spans = 0
         self.dropped = 0
+        self._drops: dict[str, int] = {}
+        """Rows dropped on the call path, by scope (written there, read by the batch thread)."""
+        self._reported_drops: dict[str, int] = {}
+        self._resource_attrs: dict[str, Any] = {}
+        self._metric_exporter = metric_exporter
+        self._plain: PlainMeter | None = None
+        if span_sink is None and span_exporter is not None:
+            from opentelemetry.sdk.resources import Resource as SdkResource
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+            span_sink = SdkExporterSink(
+                span_exporter,
+                resource or SdkResource.create(),
+                InstrumentationScope(INSTRUMENTATION, VERSION),
+            )
+        self._sink = span_sink
+        self._tracer: Tracer | None = None
+        if span_sink is None:
+            self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
+                INSTRUMENTATION, VERSION
+            )
+        if metric_exporter is not None and meter_provider is None:
+            if resource is not None:
+                self._resource_attrs = dict(resource.attributes)
+            self._plain = PlainMeter(time.time_ns())
+            self._metrics = _Metrics(self._plain)
+        else:
+            meter = (meter_provider or metrics.get_meter_provider()).get_meter(
+                INSTRUMENTATION, VERSION
+            )
+            self._metrics = _Metrics(meter)
+        self._ids = random.Random()
+        self._fast: PlainCallWriter | None = None
+        if isinstance(span_sink, OtlpSpanSink) and self._plain is not None and not capture_content:
+            # The common call straight to bytes and points (pgw_otel.fast); others: _build.
+            self._fast = PlainCallWriter(
+                self._models,
+                span_sink.encoder.attributes,
+                self._plain,
+                self._metrics.breaker_seen,
+            )
+        self._batches: BatchThread[_Ended] | None = None
+        if span_sink is not None:
+            self._batches = BatchThread(
+                self._handle,
+                self._tick,
+                max_queue=max_queue,
+                delay_s=batch_delay_s,
+                tick_s=metric_interval_s,
+            )
+            self._batches.start()
 
     @classmethod
     def from_options(
         cls, options: OtelOptions, *, sources: Sequence[SourceConfig] = ()
     ) -> OtelRecorder:
-        """The recorder ``options`` describe: own providers exporting over OTLP/HTTP when an
-        ``endpoint`` is set, a Prometheus endpoint when ``prometheus_port`` is; else the
-        application's global providers."""
+        """The recorder ``options`` describe: with an ``endpoint``, spans (and, without
+        ``prometheus_port``, metrics) written by the recorder and posted over OTLP/HTTP from
+        its batch thread; with ``prometheus_port``, an SDK meter provider of its own serving
+        Prometheus (and exporting to the endpoint if set); else the application's global
+        providers."""
         owned: list[_Shutdown] = []
-        tracer_provider: TracerProvider | None = None
         meter_provider: MeterProvider | None = None
+        span_sink: SpanSink | None = None
+        metric_exporter: OtlpHttp | None = None
         readers: list[Any] = []
         resource = None
         if options.endpoint is not None or options.prometheus_port is not None:
-            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.resources import Resource as SdkResource
 
-            resource = Resource.create({"service.name": options.service_name})
+            resource = SdkResource.create({"service.name": options.service_name})
         if options.endpoint is not None:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-            from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
+            assert resource is not None
             base = options.endpoint.reveal()
             headers = parse_headers(options.headers.reveal()) if options.headers else {}
-            sdk_tracer = SdkTracerProvider(resource=resource)
-            sdk_tracer.add_span_processor(
-                BatchSpanProcessor(
-                    OTLPSpanExporter(
-                        endpoint=f"{base}/v1/traces",
-                        headers=headers,
-                        timeout=options.export_timeout_s,
-                    ),
-                    export_timeout_millis=int(options.export_timeout_s * 1000),
-                )
+            span_sink = OtlpSpanSink(
+                TraceEncoder(dict(resource.attributes), INSTRUMENTATION, VERSION),
+                OtlpHttp(f"{base}/v1/traces", headers, options.export_timeout_s),
             )
-            tracer_provider = sdk_tracer
-            owned.append(sdk_tracer)
-            readers.append(
-                PeriodicExportingMetricReader(
-                    OTLPMetricExporter(
-                        endpoint=f"{base}/v1/metrics",
-                        headers=headers,
-                        timeout=options.export_timeout_s,
-                    ),
-                    export_interval_millis=options.metric_interval_s * 1000,
-                    export_timeout_millis=options.export_timeout_s * 1000,
-                )
-            )
+            metrics_http = OtlpHttp(f"{base}/v1/metrics", headers, options.export_timeout_s)
+            if options.prometheus_port is None:
+                metric_exporter = metrics_http
+            else:
+                readers.append(_sdk_otlp_metric_reader(options, base, headers))
         if options.prometheus_port is not None:
             from pgw_otel.prometheus import serve_prometheus
 
@@ -190,7 +304,7 @@ class OtelRecorder:
             from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
             from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 
-            # No exemplars: each would cost a context lookup per measurement on the call path.
+            # No exemplars: each would cost a context lookup per measurement.
             sdk_meter = SdkMeterProvider(
                 metric_readers=readers,
                 resource=resource,
@@ -199,15 +313,24 @@ class OtelRecorder:
             meter_provider = sdk_meter
             owned.append(sdk_meter)
         return cls(
-            tracer_provider=tracer_provider,
             meter_provider=meter_provider,
+            span_sink=span_sink,
+            metric_exporter=metric_exporter,
+            resource=resource,
             capture_content=options.capture_content,
             sources=sources,
             owned=owned,
             flush_timeout_s=options.export_timeout_s,
+            metric_interval_s=options.metric_interval_s,
         )
 
     # ------------------------------------------------------------------ the call's side
+
+    @property
+    def wants_content(self) -> bool:
+        """Rows' content is read only with ``capture_content`` (``ports.DeclaresContentUse``):
+        without it the telemetry layer leaves the prompt unencoded."""
+        return self.capture_content
 
     def open_call(self, start: CallStart) -> _Call:
         return _Call(self, start, otel_context.get_current())
@@ -222,19 +345,56 @@ class OtelRecorder:
             record.parent_call_id,
             record.cache_namespace,
         )
-        self.export(start, otel_context.get_current(), [(record, None)], record.created_at, None)
+        self.ended(start, otel_context.get_current(), [(record, None)], record.created_at, None)
 
     async def record(self, record: TelemetryRecord) -> None:
         self.record_nowait(record)
 
+    def ended(
+        self,
+        start: CallStart,
+        parent: otel_context.Context,
+        rows: list[tuple[TelemetryRecord, object]],
+        ended_at: float,
+        error: BaseException | None,
+        events: list[tuple[int, GovernanceEvent]] | None = None,
+    ) -> None:
+        """A call ended: to the batch thread (a compact record: the rows, the caller's
+        context, the error's name), or, through an SDK tracer, its spans now."""
+        batches = self._batches
+        if batches is None:
+            self.export(start, parent, rows, ended_at, _failure(error), events or ())
+            return
+        if self._closed:
+            return
+        if not batches.offer((start, parent, rows, ended_at, _failure(error), events or ())):
+            self.dropped += len(rows)
+            scope = start.scope or (rows[0][0].scope if rows else "")
+            self._drops[scope] = self._drops.get(scope, 0) + len(rows)
+
     async def flush(self) -> None:
-        """Export what the recorder's own providers hold (in a thread: export is blocking)."""
+        """Export what the batch thread and the recorder's own providers hold (in threads:
+        export is blocking)."""
+        if self._batches is not None:
+            await asyncio.to_thread(self._batches.flush, self._flush_s)
         for provider in self._owned:
             await asyncio.to_thread(provider.force_flush, self._flush_ms)
 
     async def aclose(self) -> None:
-        """Flush, then shut down the providers the recorder made (never the global ones)."""
+        """Flush, then shut down the batch thread, its sinks and the providers the recorder
+        made (never the global ones)."""
+        if self._closed:
+            return
+        batches, self._batches = self._batches, None
+        if batches is not None:
+            await asyncio.to_thread(batches.shutdown, self._flush_s)
         self._closed = True
+        for closing in (self._sink, self._metric_exporter):
+            if closing is not None:
+                try:
+                    await asyncio.to_thread(closing.shutdown)
+                except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
+                    self._warn("shutdown", exc)
         owned, self._owned = self._owned, ()
         for provider in owned:
             try:
@@ -242,6 +402,80 @@ class OtelRecorder:
                 await asyncio.to_thread(provider.shutdown)
             except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
                 self._warn("shutdown", exc)
+
+    # ------------------------------------------------------------------ the batch thread
+
+    def _handle(self, batch: list[_Ended]) -> None:
+        otlp = self._sink if isinstance(self._sink, OtlpSpanSink) else None
+        fast = self._fast
+        spans: list[SpanData] = []
+        encoded: list[bytes] = []
+        for start, parent, rows, ended_at, failure, events in batch:
+            try:
+                if fast is not None and fast.takes(rows, failure, events):
+                    self.calls += 1
+                    trace_id, parent_id, remote, sampled = self._trace_of(parent)
+                    ids = self._ids
+                    encoded += fast.write(
+                        start, rows, events, ended_at, self._new_trace(trace_id),
+                        ids.getrandbits(64) or 1, ids.getrandbits(64) or 1, parent_id, remote,
+                        sampled,
+                    )  # fmt: skip
+                    continue
+                made = self._build(start, parent, rows, ended_at, failure, events)
+            except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
+                self._count_drop(start, rows, exc)
+                continue
+            try:
+                self._record_call(start, rows, made)
+            except Exception as exc:  # noqa: BLE001 - a broken meter never loses the spans
+                self._warn("metrics", exc)
+            if made and made[0].kind != _UNSAMPLED:
+                if otlp is not None:
+                    encoded += [otlp.encoder.span(span) for span in made]
+                else:
+                    spans += made
+        try:
+            if encoded:
+                assert otlp is not None
+                otlp.export_encoded(encoded)
+                self.spans += len(encoded)
+            elif spans:
+                assert self._sink is not None
+                self._sink.export_spans(spans)
+                self.spans += len(spans)
+        except Exception as exc:  # noqa: BLE001 - a failing collector is counted, not raised
+            self._warn("span export", exc)
+
+    @staticmethod
+    def _trace_of(parent: otel_context.Context) -> tuple[int, int, bool, bool]:
+        """The caller's span as (trace id, span id, remote, sampled); zeros: no span."""
+        if not parent:  # an empty context, the usual case: no lookup
+            return 0, 0, False, True
+        context = trace.get_current_span(parent).get_span_context()
+        if context.is_valid:
+            return context.trace_id, context.span_id, context.is_remote, context.trace_flags.sampled
+        return 0, 0, False, True
+
+    def _new_trace(self, trace_id: int) -> int:
+        return trace_id or self._ids.getrandbits(128) or 1
+
+    def _tick(self) -> None:
+        """Drops counted on the call path, then (aggregated metrics) the metric export."""
+        try:
+            for scope, count in list(self._drops.items()):
+                new = count - self._reported_drops.get(scope, 0)
+                if new:
+                    self._reported_drops[scope] = count
+                    self._metrics.dropped.add(new, {"pgw.sink": "otel", "pgw.scope": scope})
+            plain, exporter = self._plain, self._metric_exporter
+            if plain is None or exporter is None:
+                return
+            request = plain.request(self._resource_attrs, INSTRUMENTATION, VERSION, time.time_ns())
+            if request is not None:
+                exporter.post(request.SerializeToString())
+        except Exception as exc:  # noqa: BLE001 - a failing collector is counted, not raised
+            self._warn("metric export", exc)
 
     # ------------------------------------------------------------------ spans and metrics
 
@@ -251,77 +485,135 @@ class OtelRecorder:
         parent: otel_context.Context,
         rows: Sequence[tuple[TelemetryRecord, object]],
         ended_at: float,
-        error: BaseException | None,
+        failure: _Failure | None,
         events: Sequence[tuple[int, GovernanceEvent]] = (),
     ) -> None:
-        """The call's spans and metric points; never raises. ``events``: the governor's
-        decisions, each with the number of rows made before it."""
+        """The call's spans through the SDK tracer, and its metric points; never raises.
+        ``events``: the governor's decisions, each with the number of rows made before it."""
         try:
-            self._export(start, parent, rows, ended_at, error, events)
+            made = self._build(start, parent, rows, ended_at, failure, events)
+            if made:
+                self._start_spans(parent, made)
+                self._record_call(start, rows, made)
         except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
-            self.dropped += len(rows)
-            self._warn("export", exc)
-            if rows and not self._closed:
-                try:
-                    self._metrics.dropped.add(
-                        len(rows),
-                        {"pgw.sink": "otel", "pgw.scope": start.scope or rows[0][0].scope},
-                    )
-                except Exception as again:  # noqa: BLE001 - a broken meter is dropped too
-                    self._warn("metrics", again)
+            self._count_drop(start, rows, exc)
 
-    def _export(
+    def _count_drop(
+        self, start: CallStart, rows: Sequence[tuple[TelemetryRecord, object]], exc: Exception
+    ) -> None:
+        self.dropped += len(rows)
+        self._warn("export", exc)
+        if rows and not self._closed:
+            try:
+                self._metrics.dropped.add(
+                    len(rows),
+                    {"pgw.sink": "otel", "pgw.scope": start.scope or rows[0][0].scope},
+                )
+            except Exception as again:  # noqa: BLE001 - a broken meter is dropped too
+                self._warn("metrics", again)
+
+    def _start_spans(self, parent: otel_context.Context, made: Sequence[SpanData]) -> None:
+        assert self._tracer is not None
+        call = self._start_span(made[0], parent, SpanKind.CLIENT)
+        child_context = trace.set_span_in_context(call, parent)
+        for attempt in made[1:]:
+            self._start_span(attempt, child_context, SpanKind.INTERNAL).end(end_time=attempt.end_ns)
+        call.end(end_time=made[0].end_ns)
+        self.spans += len(made)
+
+    def _start_span(
+        self, data: SpanData, parent: otel_context.Context, kind: SpanKind
+    ) -> trace.Span:
+        assert self._tracer is not None
+        span = self._tracer.start_span(
+            data.name,
+            context=parent,
+            kind=kind,
+            attributes=data.attributes,
+            start_time=data.start_ns,
+        )
+        if data.error is not None:
+            span.set_status(Status(StatusCode.ERROR, data.error))
+        return span
+
+    def _build(
         self,
         start: CallStart,
         parent: otel_context.Context,
         rows: Sequence[tuple[TelemetryRecord, object]],
         ended_at: float,
-        error: BaseException | None,
+        failure: _Failure | None,
         events: Sequence[tuple[int, GovernanceEvent]],
-    ) -> None:
+    ) -> list[SpanData]:
+        """The call's spans (the call's first; ids only for the batch thread's sinks) and,
+        unless closed, its metric points. A call under an unsampled parent: the call span's
+        kind is ``_UNSAMPLED``."""
         self.calls += 1
         if not rows:
-            return
+            return []
         admitted = {before + 1: event for before, event in events if event.kind == "admitted"}
-        final, final_outcome = rows[-1]
+        final = rows[-1][0]
         operation = start.operation
         request_model = self._models.get(final.source_name, "") or final.model
-        error_type = _error_type(error, final)
+        error_type = failure[0] if failure is not None else final.error
         call_attrs = self._call_attributes(start, rows, request_model, error_type)
         if events:
             _decision_attributes(call_attrs, events)
             if not self._closed:
                 self._metrics.record_decisions(call_attrs["pgw.scope"], events)
-        if error is not None:
-            reason = getattr(error, "reason", None)
-            if isinstance(reason, str) and reason:
-                call_attrs["pgw.error.reason"] = reason
+        if failure is not None and failure[1]:
+            call_attrs["pgw.error.reason"] = failure[1]
+        if self.capture_content:
+            _content(call_attrs, final, input_too=True)
         started_ns = _ns(min(start.started_at, _row_start(rows[0][0])))
         ended_ns = max(_ns(ended_at), started_ns)
-        span = self._tracer.start_span(
-            f"{operation} {request_model}" if request_model else operation,
-            context=parent,
-            kind=SpanKind.CLIENT,
-            attributes=call_attrs,
-            start_time=started_ns,
-        )
-        if self.capture_content:
-            _content(span, final, input_too=True)
-        if error_type is not None:
-            span.set_status(Status(StatusCode.ERROR, error_type))
-        child_context = trace.set_span_in_context(span, parent)
+        trace_id = call_id = 0
+        parent_id = 0
+        remote = False
+        kind = KIND_CLIENT
+        if self._tracer is None:
+            trace_id, parent_id, remote, sampled = self._trace_of(parent)
+            trace_id = self._new_trace(trace_id)
+            call_id = self._ids.getrandbits(64) or 1
+            if not sampled:
+                kind = _UNSAMPLED
+        made = [
+            SpanData(
+                f"{operation} {request_model}" if request_model else operation,
+                trace_id,
+                call_id,
+                parent_id,
+                remote,
+                kind,
+                started_ns,
+                ended_ns,
+                call_attrs,
+                error_type,
+            )
+        ]
         for number, (record, outcome) in enumerate(rows, 1):
             following = rows[number][0] if number < len(rows) else None
-            self._attempt_span(
-                child_context, operation, record, outcome, number, following, admitted.get(number)
+            made.append(
+                self._attempt_span(
+                    trace_id,
+                    call_id,
+                    operation,
+                    record,
+                    outcome,
+                    number,
+                    following,
+                    admitted.get(number),
+                )
             )
-        span.end(end_time=ended_ns)
-        self.spans += 1 + len(rows)
-        if self._closed:
-            return
-        self._metrics.record_call(
-            start, rows, call_attrs, (ended_ns - started_ns) / 1e9, final_outcome
-        )
+        return made
+
+    def _record_call(
+        self, start: CallStart, rows: Sequence[tuple[TelemetryRecord, object]], made: list[SpanData]
+    ) -> None:
+        if rows and made and not self._closed:
+            call = made[0]
+            duration_s = (call.end_ns - call.start_ns) / 1e9
+            self._metrics.record_call(start, rows, call.attributes, duration_s, rows[-1][1])
 
     def _call_attributes(
         self,
@@ -387,14 +679,15 @@ class OtelRecorder:
 
     def _attempt_span(
         self,
-        parent: otel_context.Context,
+        trace_id: int,
+        parent_id: int,
         operation: str,
         record: TelemetryRecord,
         outcome: object,
         number: int,
         following: TelemetryRecord | None,
         admitted: GovernanceEvent | None = None,
-    ) -> None:
+    ) -> SpanData:
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": operation,
             "gen_ai.provider.name": record.provider or "unknown",
@@ -442,18 +735,20 @@ class OtelRecorder:
             name = f"pgw.attempt {record.source_name}"
         else:
             name = "pgw.refused"
-        span = self._tracer.start_span(
-            name,
-            context=parent,
-            kind=SpanKind.INTERNAL,
-            attributes=attrs,
-            start_time=_ns(_row_start(record)),
-        )
         if self.capture_content:
-            _content(span, record, input_too=False)
-        if record.error is not None:
-            span.set_status(Status(StatusCode.ERROR, record.error))
-        span.end(end_time=_ns(record.created_at))
+            _content(attrs, record, input_too=False)
+        return SpanData(
+            name,
+            trace_id,
+            self._ids.getrandbits(64) or 1 if self._tracer is None else 0,
+            parent_id,
+            False,
+            KIND_INTERNAL,
+            _ns(_row_start(record)),
+            _ns(record.created_at),
+            attrs,
+            record.error,
+        )
 
     def _warn(self, cause: str, exc: BaseException) -> None:
         key = f"{cause}:{type(exc).__name__}"
@@ -477,26 +772,35 @@ class _Call:
         self._start = start
         self._parent = parent
         self._rows: list[tuple[TelemetryRecord, object]] = []
-        self._events: list[tuple[int, GovernanceEvent]] = []
+        self._events: list[tuple[int, GovernanceEvent]] | None = None
 
     def attempt(self, record: TelemetryRecord, outcome: object) -> None:
-        self._rows.append((record, outcome))
+        # Only what the spans read of the outcome: the response itself is not kept waiting.
+        kept = _Outcome(
+            getattr(outcome, "finish_reason", None),
+            getattr(outcome, "cached_prompt_tokens", 0),
+            getattr(outcome, "cache_write_tokens", 0),
+        )
+        self._rows.append((record, kept))
 
     def on_governance(self, event: GovernanceEvent) -> None:
         """``polygateway.ports.SupportsGovernanceEvents``: kept with its place among the rows."""
+        if self._events is None:
+            self._events = []
         self._events.append((len(self._rows), event))
 
     def close(self, ended_at: float, error: BaseException | None) -> None:
         rows, self._rows = self._rows, []
-        events, self._events = self._events, []
-        self._recorder.export(self._start, self._parent, rows, ended_at, error, events)
+        events, self._events = self._events, None
+        self._recorder.ended(self._start, self._parent, rows, ended_at, error, events)
 
 
 class _Metrics:
     """The instruments. Synchronous ones: the SDK hands every recorder on a meter provider the
     same instrument for a name, so recorders (two clients, a client rebuilt after ``aclose``)
     add to shared instruments under their own ``pgw.scope`` instead of registering callbacks
-    the SDK would keep for the first recorder only and never release."""
+    the SDK would keep for the first recorder only and never release. The same definition
+    feeds the recorder's own aggregates (``PlainMeter``, which has the same ``create_*``)."""
 
     __slots__ = (
         "_breakers",
@@ -518,7 +822,7 @@ class _Metrics:
         "verdicts",
     )
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter | PlainMeter) -> None:
         self.meter = meter
         self._breakers: dict[tuple[str, str], str] = {}
         """(scope, source) -> the breaker state last set on the gauge."""
@@ -615,12 +919,16 @@ class _Metrics:
                 self.breaker_refusals.add(1, {**where, "pgw.breaker.state": event.breaker_state})
             elif event.kind == "waited":
                 self.queue_wait.record(event.wait_s, {"pgw.scope": scope})
-            state = event.breaker_state
-            if state and event.source and self._breakers.get((scope, event.source)) != state:
-                # Set on a change only: a measurement costs more than the dict lookup.
-                self._breakers[scope, event.source] = state
-                rank = _BREAKER_RANK.get(state, -1)
-                self.breaker_state.set(rank, {"pgw.scope": scope, "pgw.source": event.source})
+            if event.breaker_state and event.source:
+                self.breaker_seen(scope, event.source, event.breaker_state)
+
+    def breaker_seen(self, scope: str, source: str, state: str) -> None:
+        """The breaker-state gauge as last seen, set on a change only (a measurement costs
+        more than the dict lookup)."""
+        if self._breakers.get((scope, source)) != state:
+            self._breakers[scope, source] = state
+            rank = _BREAKER_RANK.get(state, -1)
+            self.breaker_state.set(rank, {"pgw.scope": scope, "pgw.source": source})
 
     def record_call(
         self,
@@ -712,19 +1020,22 @@ def _next_step(record: TelemetryRecord, following: TelemetryRecord) -> str:
     return "retry" if following.source_name == record.source_name else "switch"
 
 
-def _content(span: trace.Span, record: TelemetryRecord, *, input_too: bool) -> None:
+def _content(attrs: dict[str, Any], record: TelemetryRecord, *, input_too: bool) -> None:
     if input_too and record.messages:
-        span.set_attribute("gen_ai.input.messages", record.messages)
+        attrs["gen_ai.input.messages"] = record.messages
     if record.response:
-        span.set_attribute("gen_ai.output.messages", record.response)
+        attrs["gen_ai.output.messages"] = record.response
 
 
-def _error_type(error: BaseException | None, final: TelemetryRecord) -> str | None:
-    if error is not None:
-        if isinstance(error, asyncio.CancelledError):
-            return "cancelled"
-        return type(error).__name__
-    return final.error
+def _failure(error: BaseException | None) -> _Failure | None:
+    """What the spans keep of the call's error: ``error.type`` and a verdict's ``reason``
+    (the exception itself is not kept: its traceback would outlive the call)."""
+    if error is None:
+        return None
+    if isinstance(error, asyncio.CancelledError):
+        return ("cancelled", None)
+    reason = getattr(error, "reason", None)
+    return (type(error).__name__, reason if isinstance(reason, str) and reason else None)
 
 
 def _int(outcome: object, name: str) -> int:

@@ -114,6 +114,7 @@ class TelemetryMiddleware:
         "_rows",
         "_scope",
         "_traced",
+        "_wants_content",
         "rows",
         "submit",
         "warn_once",
@@ -143,6 +144,8 @@ class TelemetryMiddleware:
         self.rows = self._rows
         # Checked once: recorders that take whole calls get a CallTrace per call.
         self._traced = self._rows.traces_calls
+        # Checked once: a recorder that reads no content spares the prompt's encoding per call.
+        self._wants_content = self._rows.wants_content
 
     async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
         started = self._clock.monotonic()
@@ -198,7 +201,7 @@ class TelemetryMiddleware:
                     response,
                     call_id=response.call_id or new_call_id(),
                     latency_ms=elapsed_ms(started, self._clock.monotonic()),
-                    messages=observer.context.canonical_messages(request.messages),
+                    messages=self.messages_of(observer.context, request),
                     trace=observer.trace,
                 )
                 return response
@@ -226,6 +229,11 @@ class TelemetryMiddleware:
         except Exception as error:  # noqa: BLE001 - telemetry must never mask the call's error
             self.warn_once("finish", "telemetry bookkeeping failed: %r", error)
 
+    def messages_of(self, context: CallContext, request: ChatRequest) -> str:
+        """The rows' ``messages`` for ``request``: its canonical JSON (encoded once per call),
+        or ``""`` for a recorder that reads no content (``ports.DeclaresContentUse``)."""
+        return context.canonical_messages(request.messages) if self._wants_content else ""
+
     def build(
         self,
         request: ChatRequest,
@@ -240,7 +248,7 @@ class TelemetryMiddleware:
         """One row via the single helper, stamped with this layer's clock and pricing."""
         try:
             if messages is None:
-                messages = messages_json(request)
+                messages = messages_json(request) if self._wants_content else ""
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self.warn_once("build", "telemetry row could not be built: %r", exc)
             return None
@@ -362,7 +370,7 @@ class _CallObserver:
                 call_id=call_id,
                 latency_ms=latency_ms,
                 source=source,
-                messages=self.context.canonical_messages(request.messages),
+                messages=layer.messages_of(self.context, request),
                 root_call_id=self._root.of(call_id),
             )
             if record is None:
