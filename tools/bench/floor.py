@@ -74,6 +74,7 @@ from overhead import (
     bench_openai_sdk,
     bench_raw_aiohttp,
     body,
+    callgrind_instructions,
     free_port,
     governed_env,
     measure_point,
@@ -570,13 +571,6 @@ async def worker_async(args: argparse.Namespace) -> None:
         await closer()
 
 
-def callgrind_total(out_file: str) -> int:
-    for line in Path(out_file).read_text().splitlines():
-        if line.startswith(("summary:", "totals:")):
-            return int(line.split()[1])
-    raise RuntimeError(f"no totals in {out_file}")
-
-
 def run_callgrind(args: argparse.Namespace) -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found")
@@ -602,50 +596,43 @@ def run_callgrind(args: argparse.Namespace) -> None:
         )
     ]
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for mode in args.modes.split(","):
-                for base_name, engine in runs:
-                    name = f"{base_name}[{engine}]" if engine else base_name
-                    totals = []
-                    for n in (low, high):
-                        out = os.path.join(tmp, f"cg.{base_name}.{engine}.{mode}.{n}")
-                        cmd = [
-                            "valgrind",
-                            "--tool=callgrind",
-                            f"--callgrind-out-file={out}",
-                            sys.executable,
-                            __file__,
-                            "--worker",
-                            base_name,
-                            "--engine",
-                            engine,
-                            "--url",
-                            url,
-                            "--redis-url",
-                            server.url,
-                            "--modes",
-                            mode,
-                            "--conc",
-                            args.conc.split(",")[0],
-                            "--worker-calls",
-                            str(n),
-                        ]
-                        done = subprocess.run(
-                            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        for mode in args.modes.split(","):
+            for base_name, engine in runs:
+                name = f"{base_name}[{engine}]" if engine else base_name
+                totals = []
+                for n in (low, high):
+                    try:
+                        totals.append(
+                            callgrind_instructions(
+                                "--worker",
+                                base_name,
+                                "--engine",
+                                engine,
+                                "--url",
+                                url,
+                                "--redis-url",
+                                server.url,
+                                "--modes",
+                                mode,
+                                "--conc",
+                                args.conc.split(",")[0],
+                                "--worker-calls",
+                                str(n),
+                                script=__file__,
+                            )
                         )
-                        if done.returncode != 0:
-                            tail = done.stderr.strip().splitlines()[-3:]
-                            print(f"{name} {mode} {n} calls FAILED: {' | '.join(tail)}")
-                            break
-                        totals.append(callgrind_total(out))
-                    if len(totals) < 2:
-                        continue
-                    per_call = (totals[1] - totals[0]) / (high - low)
-                    results[(name, mode)] = per_call
-                    print(
-                        f"{name:27} {mode:6} {per_call / 1000:9.1f} k instructions/call",
-                        flush=True,
-                    )
+                    except RuntimeError as exc:
+                        tail = str(exc).strip().splitlines()[-3:]
+                        print(f"{name} {mode} {n} calls FAILED: {' | '.join(tail)}")
+                        break
+                if len(totals) < 2:
+                    continue
+                per_call = (totals[1] - totals[0]) / (high - low)
+                results[(name, mode)] = per_call
+                print(
+                    f"{name:27} {mode:6} {per_call / 1000:9.1f} k instructions/call",
+                    flush=True,
+                )
     finally:
         upstream.terminate()
         upstream.wait(10)
@@ -769,25 +756,7 @@ def _startup_instructions(env: dict[str, str]) -> None:
     dependence; one run each, the count is deterministic to well under 1%)."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found")
-    counts = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, code in (("empty", "pass"), ("ready", STARTUP_CODE)):
-            out = os.path.join(tmp, f"cg.startup.{name}")
-            subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={out}",
-                    sys.executable,
-                    "-c",
-                    code,
-                ],
-                check=True,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            counts.append(callgrind_total(out))
+    counts = [callgrind_instructions(code, script="-c", env=env) for code in ("pass", STARTUP_CODE)]
     print(
         f"callgrind: empty interpreter {counts[0] / 1e6:.1f} M instructions, import + from_env "
         f"{counts[1] / 1e6:.1f} M: start-up to a ready client {(counts[1] - counts[0]) / 1e6:.1f} M"

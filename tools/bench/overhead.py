@@ -64,7 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
@@ -944,9 +944,12 @@ async def callgrind_child(url: str, client_name: str, calls: int) -> None:
         await client.aclose()
 
 
-def callgrind_instructions(*child_args: str) -> int:
-    """Instructions (Ir) of one whole run of this script with ``child_args`` under callgrind:
-    the one runner of both callgrind modes (``--callgrind`` and ``--otel-callgrind``)."""
+def callgrind_instructions(
+    *child_args: str, script: str = __file__, env: Mapping[str, str] | None = None
+) -> int:
+    """Instructions (Ir) of one whole run of ``script`` (this one unless told; ``-c`` and code
+    work too) with ``child_args`` under callgrind: the one runner of every callgrind mode here
+    and in ``floor.py``. ``env`` defaults to this process's environment."""
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run(
             [
@@ -954,7 +957,7 @@ def callgrind_instructions(*child_args: str) -> int:
                 "--tool=callgrind",
                 f"--callgrind-out-file={tmp}/callgrind.out",
                 sys.executable,
-                __file__,
+                script,
                 *child_args,
             ],
             capture_output=True,
@@ -962,7 +965,7 @@ def callgrind_instructions(*child_args: str) -> int:
             check=False,
             # A fixed hash seed: set and dict layouts (and so the instructions spent) are then the
             # same in every run, and two runs of one mode differ by noise, not by seed.
-            env={**os.environ, "PYTHONHASHSEED": "0"},
+            env={**(os.environ if env is None else env), "PYTHONHASHSEED": "0"},
         )
     if done.returncode != 0:
         raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
