@@ -231,15 +231,21 @@ async def _flap_with_health_probe() -> tuple[list[tuple[float, str]], list[float
         start = clock.monotonic()
         live.flap("primary", down=Reply.error(503), down_s=20.0, up_s=3600.0)
         served: list[tuple[float, str]] = []
-        back_by = 20.0
         async with _client(live, clock, LLM__BREAKER__HEALTH_PROBE="true") as client:
+
+            async def cooldown_end_at_recovery() -> float:
+                # Read the breaker at the recovery itself: a background probe that failed
+                # after the last call before it may have set the cooldown in force.
+                await clock.sleep(start + 20.0 - clock.monotonic())
+                wait = await client.breaker.retry_after_s([PRIMARY])
+                return clock.monotonic() - start + wait
+
+            sampled = asyncio.ensure_future(cooldown_end_at_recovery())
             for _ in range(20):
                 at = clock.monotonic() - start
                 served.append((at, (await client.chat(MESSAGES)).source_name))
-                if at < 20.0:
-                    wait = await client.breaker.retry_after_s([PRIMARY])
-                    back_by = max(back_by, clock.monotonic() - start + wait)
                 await clock.sleep(3.0)
+            back_by = await sampled
         answered = [
             r.at - start
             for r in live.received("primary")
