@@ -99,3 +99,30 @@ async def test_two_clients_of_one_role_share_its_sources_breaker_state(
     finally:
         await second.aclose()
         await first.aclose()
+
+
+class _Forwarding:
+    """A breaker wrapper forwarding what it does not define (``__getattr__``), as a user's
+    logging decorator might: it must not be bypassed by the inner gate's ``for_scope``."""
+
+    def __init__(self, inner: InMemoryGate) -> None:
+        self.inner = inner
+        self.entered: list[str] = []
+
+    async def try_enter(self, source: str) -> Any:
+        self.entered.append(source)
+        return await self.inner.try_enter(source)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_forwarding_wrapper_is_used_as_it_is(fake: FakeUpstream) -> None:
+    wrapper = _Forwarding(
+        InMemoryGate(fail_threshold=1, cooldown_s=60.0, probe_ttl_s=30.0, clock=SystemClock())
+    )
+    fake.set_default("llm", Reply.ok("fine"))
+    async with GatewayClient(role(fake, "LLM", "llm"), registry=registry(), breaker=wrapper) as llm:
+        assert llm.breaker is wrapper
+        assert (await llm.chat(MESSAGES)).content == "fine"
+    assert wrapper.entered == ["openai-1"]

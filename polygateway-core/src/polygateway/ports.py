@@ -399,7 +399,8 @@ class ScopedGates(Protocol):
     itself; every other scope a gate of its own, the same one each time it asks, built with
     the same thresholds and on the same backend (for Redis: the keys that scope's own gate
     uses). The governor asks once, when it is built (``governance.admission.scope_breaker``).
-    A gate without ``for_scope`` keys sources by their bare names: do not share it between
+    A gate without ``for_scope`` (defined on its class: a wrapper forwarding attributes to
+    another gate does not count) keys sources by their bare names: do not share it between
     scopes whose source names can meet.
     """
 

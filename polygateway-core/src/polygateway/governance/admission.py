@@ -19,7 +19,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from polygateway.errors import ResultInvalidError, SourceDeadError, TransientError
 from polygateway.governance.attempts import Attempt, AttemptObserver, GovernanceEvents, Outcome
@@ -68,9 +68,11 @@ def scope_breaker(breaker: ProviderGate, scope: str | None) -> ProviderGate:
     Redis gate) answers with its gate for ``scope``, so same-named sources of two roles
     sharing one breaker never open each other. Other breakers, or no scope, as they are.
     """
-    if scope is None or not isinstance(breaker, ScopedGates):
+    # Looked up on the class: a wrapper forwarding unknown attributes to the gate it wraps
+    # (``__getattr__``) would hand out the inner gate and be bypassed.
+    if scope is None or getattr(type(breaker), "for_scope", None) is None:
         return breaker
-    return breaker.for_scope(scope)
+    return cast(ScopedGates, breaker).for_scope(scope)
 
 
 class Admission:
