@@ -75,3 +75,56 @@ def test_each_scope_is_checked_against_its_own_call_kind() -> None:
         "registered ocr_transport names: scanner",
     )
     assert CHAT_CALLS.transport_kind == "transport"
+
+
+NO_PROBE = CallKind(
+    transport_kind="ocr_transport",
+    default_transport="scanner",
+    default_model="scan-model",
+    provider_profiles=False,
+    no_health_probe="every scan runs the model",
+)
+
+
+def test_the_health_probe_of_a_call_kind_without_one_is_refused_naming_the_key() -> None:
+    env = {"SCAN__PAPER__1__BASE_URL": "http://127.0.0.1:9/"}
+    scope = load_scope("SCAN", env, registry=registry(), call_kind=NO_PROBE)
+    assert scope.breaker.health_probe is False  # unset, or off: fine
+    off = {**env, "SCAN__BREAKER__HEALTH_PROBE": "false"}
+    assert (
+        load_scope("SCAN", off, registry=registry(), call_kind=NO_PROBE).breaker.health_probe
+        is False
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_scope(
+            "SCAN", {**env, "SCAN__BREAKER__HEALTH_PROBE": "true"}, registry=registry(),
+            call_kind=NO_PROBE,
+        )  # fmt: skip
+    [problem] = caught.value.problems
+    assert problem.startswith("SCAN__BREAKER__HEALTH_PROBE: scope SCAN has no background health")
+    assert "every scan runs the model" in problem
+    # A chat scope has its probe: the same key is fine there.
+    chat = {
+        "SCAN__OPENAI__1__BASE_URL": "http://127.0.0.1:9/v1",
+        "SCAN__OPENAI__1__MODEL": "m",
+        "SCAN__BREAKER__HEALTH_PROBE": "true",
+    }
+    assert load_scope("SCAN", chat, registry=registry()).breaker.health_probe is True
+
+
+def test_a_governed_client_given_no_probe_refuses_the_setting() -> None:
+    """Settings built by hand skip the loader: ``GovernedParts`` refuses the probe it would
+    otherwise ignore, before building anything."""
+    import dataclasses
+
+    from polygateway.governed import GovernedParts
+
+    env = {"SCAN__PAPER__1__BASE_URL": "http://127.0.0.1:9/"}
+    scope = load_scope("SCAN", env, registry=registry(), call_kind=NO_PROBE)
+    probing = dataclasses.replace(
+        scope, breaker=dataclasses.replace(scope.breaker, health_probe=True)
+    )
+    for kind, why in ((NO_PROBE, "every scan runs the model"), (CHAT_CALLS, "no cheap request")):
+        with pytest.raises(ConfigError, match="SCAN__BREAKER__HEALTH_PROBE") as caught:
+            GovernedParts(probing, call_kind=kind, registry=registry())
+        assert why in str(caught.value)

@@ -344,6 +344,52 @@ async def test_same_named_sources_of_two_roles_sharing_a_redis_limiter_keep_thei
         await make_governance_backend(redis_url, judge_scope).cleanup()
 
 
+async def test_same_named_sources_of_two_roles_sharing_a_redis_breaker_keep_their_own_state(
+    redis_url: str, unique_scope: str, fake_upstream: Any, raw_redis: Any
+) -> None:
+    """Breaker state is per scope and source: JUDGE handed LLM's Redis breaker keeps its
+    ``openai-1`` under its own key (the one JUDGE's own gate uses in any other process), so
+    LLM's failing ``openai-1`` does not shut JUDGE's."""
+    from polygateway import GatewayClient
+    from polygateway.errors import AllSourcesExhausted
+    from polygateway.settings import BackpressureSettings, BreakerSettings, RetrySettings
+
+    judge_scope = f"{unique_scope}J"
+
+    def role(scope: str, route: str) -> ScopeSettings:
+        return gateway_settings(
+            fake_upstream.base_url(route), redis_url, scope, source_name="openai-1",
+            breaker=BreakerSettings(fail_threshold=1, cooldown_s=60.0),
+            retry=RetrySettings(max_attempts=1, base_delay_s=0.0, max_delay_s=0.0),
+            backpressure=BackpressureSettings(quota_full="fail_fast"),
+        )  # fmt: skip
+
+    fake_upstream.set_default("llm", Reply.error(503))
+    fake_upstream.set_default("judge", Reply.ok("judged"))
+    llm = GatewayClient(role(unique_scope, "llm"))
+    judge = GatewayClient(role(judge_scope, "judge"), breaker=llm.breaker)
+    elsewhere = RedisGate(
+        connect(redis_url), scope=judge_scope, fail_threshold=1, cooldown_s=60.0,
+        probe_ttl_s=30.0, owns_client=True,
+    )  # fmt: skip
+    try:
+        with pytest.raises(AllSourcesExhausted):
+            await llm.chat(MESSAGES)
+        assert (await judge.chat(MESSAGES)).content == "judged"
+        assert await raw_redis.hget(f"pgw:gate:{{{unique_scope}}}:openai-1", "state") == "open"
+        assert await judge.breaker.state("openai-1") == "closed"
+        # JUDGE's own gate in another process reads the same state, under JUDGE's key.
+        await judge.breaker.force_open("openai-1")
+        assert await elsewhere.state("openai-1") == "open"
+        assert await raw_redis.hget(f"pgw:gate:{{{judge_scope}}}:openai-1", "state") == "open"
+    finally:
+        await elsewhere.aclose()
+        await judge.aclose()
+        await llm.aclose()
+        await make_governance_backend(redis_url, unique_scope).cleanup()
+        await make_governance_backend(redis_url, judge_scope).cleanup()
+
+
 async def test_own_global_limits_a_shared_redis_limiter_would_ignore_are_refused(
     redis_url: str, unique_scope: str, fake_upstream: Any
 ) -> None:

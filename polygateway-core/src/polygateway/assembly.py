@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from polygateway.chat.dispatcher import ChatDispatcher
 from polygateway.errors import ConfigError
+from polygateway.governance.admission import scope_breaker
 from polygateway.middleware import PassThroughMiddleware, cache_problems
 from polygateway.ports import (
     CacheBackend,
@@ -162,6 +163,10 @@ def build_governance(
             "breaker", settings.breaker_backend.name, _context(settings, clock, options)
         )
         built.add("breaker")
+    else:
+        # Another scope's breaker: this scope's sources get their own state in it, and the
+        # client's ``breaker`` is that gate (what it reports is this scope's).
+        breaker = scope_breaker(breaker, settings.scope)
     if selector is None:
         selector = registry.build("selector", settings.selector, _context(settings, clock))
         built.add("selector")

@@ -62,6 +62,7 @@ def pgw_register_breakers(register: Register) -> None:
             probe_ttl_s=ctx.settings.probe_ttl_s,
             clock=ctx.clock,
             max_cooldown_s=ctx.settings.breaker.cooldown_cap_s,
+            scope=ctx.settings.scope,
         )
 
     register("memory", memory)

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from os import PathLike
 from typing import Any
 
 from polygateway.assembly import build_governance
 from polygateway.clock import SystemClock
-from polygateway.config.kinds import CallKind
-from polygateway.errors import PluginError
-from polygateway.governance import Governor
+from polygateway.config.kinds import CallKind, health_probe_problems
+from polygateway.errors import ConfigError, PluginError
+from polygateway.governance import Attempt, Governor
 from polygateway.lifecycle import close_client_parts
 from polygateway.plugins import Registry
 from polygateway.ports import (
@@ -52,6 +53,10 @@ class GovernedParts:
         none (settings built by hand say the chat default then).
     :param adjust: settings that depend on the transports (e.g. lease TTLs sized on their
         longest deadline), applied before the governance parts are built.
+    :param health_probe: the call kind's cheap request (``Governor``'s ``health_probe``),
+        sent in the background to an open source when ``{SCOPE}__BREAKER__HEALTH_PROBE`` is on.
+    :raises ConfigError: ``{SCOPE}__BREAKER__HEALTH_PROBE`` on without a ``health_probe``
+        (the call kind's ``no_health_probe`` says why it has none).
     :raises PluginError: a transport name the registry does not know, naming the source's key.
     """
 
@@ -85,7 +90,14 @@ class GovernedParts:
         transports: Mapping[str, Any] | None = None,
         rng: random.Random | None = None,
         adjust: Callable[[ScopeSettings, Mapping[str, Any]], ScopeSettings] | None = None,
+        health_probe: Attempt[Any] | None = None,
     ) -> None:
+        if health_probe is None and settings.breaker.health_probe:
+            # On but nothing to send: refused, not silently ignored.
+            kind = call_kind
+            if kind.no_health_probe is None:
+                kind = replace(kind, no_health_probe="its client gives no cheap request to send")
+            raise ConfigError(health_probe_problems(settings, kind))
         if registry is None:
             from polygateway.plugins import load_registry
 
@@ -138,6 +150,7 @@ class GovernedParts:
             backpressure=settings.backpressure,
             clock=self.clock,
             rng=rng,
+            health_probe=health_probe,
             scope=settings.scope,
         )
         self._closed = False

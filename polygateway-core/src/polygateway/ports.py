@@ -388,6 +388,25 @@ class ProviderGate(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class ScopedGates(Protocol):
+    """Optional for a ``ProviderGate`` that several scopes may share (the builtin memory gate
+    and the Redis gate): ``for_scope(scope)`` is the gate holding that scope's sources.
+
+    Breaker state is per scope and source (ARCHITECTURE §7.7): a ``openai-1`` of LLM and a
+    ``openai-1`` of EMBED are two breakers even when one instance is passed to both clients.
+    The owner scope (the one the gate was built for, else the first to ask) gets the gate
+    itself; every other scope a gate of its own, the same one each time it asks, built with
+    the same thresholds and on the same backend (for Redis: the keys that scope's own gate
+    uses). The governor asks once, when it is built (``governance.admission.scope_breaker``).
+    A gate without ``for_scope`` (defined on its class: a wrapper forwarding attributes to
+    another gate does not count) keys sources by their bare names: do not share it between
+    scopes whose source names can meet.
+    """
+
+    def for_scope(self, scope: str) -> ProviderGate: ...
+
+
 JointAdmit: TypeAlias = Callable[
     [str, int, Limits], Awaitable[tuple[GateDecision, Permit | Denial | None]]
 ]

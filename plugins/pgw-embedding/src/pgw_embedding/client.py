@@ -35,8 +35,8 @@ from typing import Any
 from polygateway.client import gather_bounded
 from polygateway.config import CallKind
 from polygateway.digest import canonical_json, sha256_hex
-from polygateway.errors import ConfigError
-from polygateway.governance import Attempted, AttemptObserver, Outcome
+from polygateway.errors import ConfigError, ResultInvalidError
+from polygateway.governance import Attempted, AttemptObserver, Governor, Outcome
 from polygateway.governed import GovernedParts, load_kind_scope
 from polygateway.ids import elapsed_ms
 from polygateway.ports import (
@@ -99,6 +99,27 @@ class _CallDim:
 
     def __init__(self, expected: int | None) -> None:
         self.dim = expected
+
+
+HEALTH_PROBE_TEXTS: tuple[str, ...] = ("ping",)
+"""The background health probe (``{SCOPE}__BREAKER__HEALTH_PROBE``): one short input, the
+cheapest request ``/embeddings`` takes (an input is never empty)."""
+
+
+async def _probe(
+    transport: EmbeddingTransport, source: SourceConfig, call_id: str
+) -> Attempted[None]:
+    """One probe request to ``source``: it answers, or raises what a batch would."""
+    try:
+        result = await transport.embed(
+            texts=list(HEALTH_PROBE_TEXTS), source=source, call_id=call_id
+        )
+    except ResultInvalidError:
+        # Answered, with vectors a call could not use: a bad result, not a bad service
+        # (as for a batch, the breaker counts a success).
+        return Attempted(None, None)
+    measured = result.usage_source == "measured"
+    return Attempted(None, result.prompt_tokens if measured else None)
 
 
 def _summary(batch: _Batch) -> AttemptSummary:
@@ -182,6 +203,7 @@ class EmbeddingClient:
             telemetry=telemetry,
             pricing=pricing,
             transports=transports,
+            health_probe=self._health_probe,  # runs only once a source opened, so once built
         )
         self._parts = parts
         self._settings = settings
@@ -197,6 +219,9 @@ class EmbeddingClient:
         self._normalize = bool(normalize)
         self._expected_dim = expected_dim
         logger.debug("embedding client for scope %r assembled", scope)
+
+    async def _health_probe(self, source: SourceConfig, call_id: str) -> Attempted[None]:
+        return await _probe(self._transports[source.name], source, call_id)
 
     # ------------------------------------------------------------------ construction
 
@@ -389,6 +414,11 @@ class EmbeddingClient:
     @property
     def breaker(self) -> ProviderGate:
         return self._parts.breaker
+
+    @property
+    def governor(self) -> Governor:
+        """The scope's governor (cooldown memo, in-flight counts, health probes; read it)."""
+        return self._governor
 
     @property
     def transports(self) -> Mapping[str, EmbeddingTransport]:

@@ -82,9 +82,14 @@ OCR_CALLS: Final = CallKind(
     default_model=DEFAULT_MODEL,
     source_options=ENV_OPTIONS,
     provider_profiles=False,
+    no_health_probe=(
+        "every OCR request runs the model over a whole image or document, so there is no cheap "
+        "request to probe a source with"
+    ),
 )
 """How the loader reads an OCR scope: OCR transports (``monkeyocr`` when a source names none),
-``MODEL`` optional, the transport's options as source keys, the provider only a family name."""
+``MODEL`` optional, the transport's options as source keys, the provider only a family name;
+``OCR__BREAKER__HEALTH_PROBE`` is refused (no cheap request)."""
 
 R = TypeVar("R", OcrTextResult, OcrLayoutResult)
 

@@ -24,6 +24,11 @@ stale decision. The one difference is the answer when another process opened the
 since this instance last heard from Redis: ``applied=True`` instead of ``False``. Turn the
 option off to ask Redis every time.
 
+Scopes: the gate's keys carry its scope (``pgw:gate:{<scope>}:<source>``, ``pgw_redis.keys``).
+Handed to another scope's client as well, ``for_scope`` gives that scope a gate on the same
+connections with that scope's keys, the ones its own gate in any other process uses: state is
+per scope and source, so same-named sources of two roles never open each other.
+
 Degradation: ``try_enter``, ``state`` and ``retry_after_s`` (admission) and the write-backs
 that return an answer (``record_success``, ``record_failure``, ``force_open``) raise
 ``GovernanceBackendError`` when Redis fails; the retry layer turns the write-back ones into
@@ -83,7 +88,9 @@ class RedisGate:
         "_owns_client",
         "_probe_ttl_ms",
         "_probe_ttl_s",
+        "_root",
         "_scope",
+        "_scopes",
         "_scripts",
         "_tag",
         "_views",
@@ -129,10 +136,37 @@ class RedisGate:
         self._closed_decisions: dict[str, GateDecision] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._warn = WarnOnce(logger, f"Redis breaker (scope {scope!r})")
+        # scope -> its gate, shared by this gate and every gate ``for_scope`` made from it;
+        # ``_root`` is the gate they were made from (``None``: this one), which owns the
+        # connections.
+        self._scopes: dict[str, RedisGate] = {scope: self}
+        self._root: RedisGate | None = None
 
     @property
     def scope(self) -> str:
         return self._scope
+
+    def for_scope(self, scope: str) -> RedisGate:
+        """The gate of ``scope``'s sources: this one for its own scope, else one on the same
+        connections keyed under ``scope`` (the same each time; ``aclose`` of the gate they were
+        made from closes them all)."""
+        gate = self._scopes.get(scope)
+        if gate is None:
+            root = self if self._root is None else self._root
+            gate = RedisGate(
+                self._client,
+                scope=scope,
+                fail_threshold=self._fail_threshold,
+                cooldown_s=self._cooldown_s,
+                probe_ttl_s=self._probe_ttl_s,
+                elide_clean_success=self._elide,
+                max_cooldown_s=self._max_cooldown_s,
+            )
+            gate._scripts = self._scripts  # one set of connections and loaded scripts
+            gate._scopes = self._scopes
+            gate._root = root
+            self._scopes[scope] = gate
+        return gate
 
     # ------------------------------------------------------------------ admission
 
@@ -275,9 +309,17 @@ class RedisGate:
         return self._update(source, await self._run(call, "force_open"))
 
     async def aclose(self) -> None:
-        """Wait for probe hand-backs still in flight; close the client if owned."""
-        if self._background:
-            await asyncio.wait(tuple(self._background))
+        """Wait for probe hand-backs still in flight; close the client if owned.
+
+        A gate made by ``for_scope`` only waits for its own hand-backs: the connections are
+        its root's, which waits for every scope's before closing them."""
+        if self._root is not None:
+            if self._background:
+                await asyncio.wait(tuple(self._background))
+            return
+        pending = [task for gate in self._scopes.values() for task in gate._background]
+        if pending:
+            await asyncio.wait(pending)
         await self._scripts.disconnect()
         if self._owns_client:
             await self._client.aclose()

@@ -13,6 +13,10 @@
     pgw:limit:{<scope>}:source:<source>:hold_ms
     pgw:gate:{<scope>}:<source>                   HASH  breaker state of one source
 
+A breaker handed to another scope's client keeps that scope's sources under that scope's tag
+(``RedisGate.for_scope``); a shared limiter keys another scope's sources ``<scope>:<name>``
+under its own tag (``RedisLimiter.claim_scope``).
+
 ``<window>`` is ``floor(server_seconds / 60)``. All keys of a scope hash to one slot, so every
 script (which touches one scope only) runs unchanged on Redis Cluster; the price is that one
 scope lives on one node.

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from polygateway.settings import ScopeSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +29,29 @@ class CallKind:
     provider_profiles: bool = True
     """Whether a source's provider must name a registered provider profile (the profiles
     describe chat and embedding APIs; another call kind's provider may only name a family)."""
+    no_health_probe: str | None = None
+    """Why the call kind has no cheap request to probe an open source with (``None``: it has
+    one); ``{SCOPE}__BREAKER__HEALTH_PROBE`` on is then refused with this reason."""
+
+
+def health_probe_problems(
+    scope: ScopeSettings, call_kind: CallKind, key: str | None = None
+) -> list[str]:
+    """``{SCOPE}__BREAKER__HEALTH_PROBE`` turned on for a call kind that cannot probe: refused
+    rather than accepted and ignored. ``key``: the key that set it (the env spelling when
+    ``None``)."""
+    reason = call_kind.no_health_probe
+    if reason is None or not scope.breaker.health_probe:
+        return []
+    own_key = f"{scope.scope}__BREAKER__HEALTH_PROBE"
+    return [
+        f"{key or own_key}: scope {scope.scope} has no background health probe: {reason}. Leave "
+        f"it off for this scope ({own_key}=false overrides a default): an open source is "
+        "probed by the first call after its cooldown"
+    ]
 
 
 CHAT_CALLS: Final = CallKind()
 """Chat scopes: chat transports, ``MODEL`` required, no extra source fields."""
 
-__all__ = ["CHAT_CALLS", "CallKind"]
+__all__ = ["CHAT_CALLS", "CallKind", "health_probe_problems"]

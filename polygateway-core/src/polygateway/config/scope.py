@@ -19,7 +19,7 @@ from polygateway.config.guards import (
     check_guards,
     scope_registry_problems,
 )
-from polygateway.config.kinds import CHAT_CALLS, CallKind
+from polygateway.config.kinds import CHAT_CALLS, CallKind, health_probe_problems
 from polygateway.config.merge import Layer, Resolved, get_path, rejected_names, resolve_layers
 from polygateway.config.models import Loc, MaskedOptions, ScopeCommonLayer, validate_layer
 from polygateway.config.sources import build_source, source_drafts
@@ -133,6 +133,9 @@ def build_scope(
     problems.extend(found)
     if scope is None:
         return None, problems
+    problems.extend(
+        health_probe_problems(scope, call_kind, resolved.keys.get(("breaker", "health_probe")))
+    )
     if not invalid:
         # Guards on defaults standing in for rejected values would only add noise.
         written = WrittenKeys(

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from polygateway.errors import ResultInvalidError, SourceDeadError, TransientError
 from polygateway.governance.attempts import Attempt, AttemptObserver, GovernanceEvents, Outcome
@@ -33,11 +33,12 @@ from polygateway.ports import (
     Permit,
     ProviderGate,
     RateLimiter,
+    ScopedGates,
 )
 from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
 from polygateway.types import GovernanceEvent
 
-__all__ = ["Admission", "gate_key"]
+__all__ = ["Admission", "gate_key", "scope_breaker"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,21 @@ def gate_key(limiter: RateLimiter, scope: str | None, source: str) -> str:
     if scope is None or claim is None:
         return source
     return source if claim(scope) == scope else f"{scope}:{source}"
+
+
+def scope_breaker(breaker: ProviderGate, scope: str | None) -> ProviderGate:
+    """The gate holding ``scope``'s sources in ``breaker`` (ARCHITECTURE §7.7: breaker state is
+    per scope and source, like the limiter's per-source gates).
+
+    A breaker that can keep scopes apart (``ports.ScopedGates``: the builtin memory and the
+    Redis gate) answers with its gate for ``scope``, so same-named sources of two roles
+    sharing one breaker never open each other. Other breakers, or no scope, as they are.
+    """
+    # Looked up on the class: a wrapper forwarding unknown attributes to the gate it wraps
+    # (``__getattr__``) would hand out the inner gate and be bypassed.
+    if scope is None or getattr(type(breaker), "for_scope", None) is None:
+        return breaker
+    return cast(ScopedGates, breaker).for_scope(scope)
 
 
 class Admission:

@@ -41,7 +41,7 @@ from polygateway.errors import (
     StreamLivenessTimeout,
     TransientError,
 )
-from polygateway.governance.admission import Admission
+from polygateway.governance.admission import Admission, scope_breaker
 from polygateway.governance.attempts import Attempt, AttemptObserver, GovernanceEvents, Outcome
 from polygateway.governance.cooldowns import CooldownMemo
 from polygateway.governance.decisions import (
@@ -172,14 +172,17 @@ class Governor:
     ) -> None:
         """:param health_probe: the call kind's cheap request, sent in the background to an
         open source when ``breaker_settings.health_probe`` is on (``aclose`` stops them).
-        :param scope: the scope the sources belong to, for the limiter's per-source keys
-        (``polygateway.governance.admission.gate_key``)."""
+        :param scope: the scope the sources belong to, for the limiter's per-source keys and
+        the breaker's per-scope state (``polygateway.governance.admission.gate_key``,
+        ``scope_breaker``)."""
         self._sources: tuple[SourceConfig, ...] = tuple(sources)
         self._names: tuple[str, ...] = tuple(s.name for s in self._sources)
         problems = governor_problems(self._sources, retry, backpressure)
         if problems:
             raise ConfigError(problems)
         rng = rng if rng is not None else random.Random()
+        # Same-named sources of another scope sharing this breaker keep their own state.
+        breaker = scope_breaker(breaker, scope)
         self._breaker = breaker
         self._selector = selector
         self._max_attempts = retry.max_attempts

@@ -14,6 +14,10 @@ operation is atomic with respect to other tasks on the event loop.
 - The epoch increments only when entering open. A write-back is applied only when it quotes
   the current epoch and, for a probe, the current probe owner; otherwise it is fenced
   (``applied=False``, state untouched).
+
+State is per scope and source (``ports.ScopedGates``): the gate holds the sources of the scope
+it was built for (else of the first scope that asks); ``for_scope`` gives every other scope
+sharing it a gate of its own, so same-named sources of two roles never open each other.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class InMemoryGate:
         "_max_cooldown_s",
         "_probe_ttl_s",
         "_records",
+        "_scope",
+        "_scopes",
     )
 
     def __init__(
@@ -82,7 +88,10 @@ class InMemoryGate:
         probe_ttl_s: float,
         clock: Clock,
         max_cooldown_s: float | None = None,
+        scope: str | None = None,
     ) -> None:
+        """``scope``: the scope this gate is built for (``None``: the first scope whose client
+        is assembled on it, ``for_scope``)."""
         check_threshold(fail_threshold, "fail_threshold")
         if not (cooldown_s >= 0.0 and math.isfinite(cooldown_s)):
             raise ValueError(f"cooldown_s must be a finite number >= 0, got {cooldown_s!r}")
@@ -94,6 +103,34 @@ class InMemoryGate:
         self._probe_ttl_s = float(probe_ttl_s)
         self._clock = clock
         self._records: dict[str, _GateRecord] = {}
+        self._scope = scope
+        # scope -> its gate, shared by this gate and every gate ``for_scope`` made from it.
+        self._scopes: dict[str, InMemoryGate] = {} if scope is None else {scope: self}
+
+    @property
+    def scope(self) -> str | None:
+        """The owner scope (``None`` until a scope asks for its gate)."""
+        return self._scope
+
+    def for_scope(self, scope: str) -> InMemoryGate:
+        """The gate of ``scope``'s sources: this one for the owner scope (the one given at
+        construction, else the first to ask), else that scope's own, the same each time."""
+        scopes = self._scopes
+        if self._scope is None and not scopes:
+            self._scope = scope
+            scopes[scope] = self
+        gate = scopes.get(scope)
+        if gate is None:
+            gate = scopes[scope] = InMemoryGate(
+                fail_threshold=self._fail_threshold,
+                cooldown_s=self._cooldown_s,
+                probe_ttl_s=self._probe_ttl_s,
+                clock=self._clock,
+                max_cooldown_s=self._max_cooldown_s,
+                scope=scope,
+            )
+            gate._scopes = scopes
+        return gate
 
     # ------------------------------------------------------------------ admission
 
@@ -246,7 +283,8 @@ class InMemoryGate:
     def __repr__(self) -> str:
         return (
             f"InMemoryGate(fail_threshold={self._fail_threshold}, cooldown_s={self._cooldown_s}, "
-            f"probe_ttl_s={self._probe_ttl_s}, sources={len(self._records)})"
+            f"probe_ttl_s={self._probe_ttl_s}, scope={self._scope!r}, "
+            f"sources={len(self._records)})"
         )
 
 

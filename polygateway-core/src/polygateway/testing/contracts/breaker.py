@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from polygateway.ports import GateDecision, GateUpdate, ProviderGate
+from polygateway.ports import GateDecision, GateUpdate, ProviderGate, ScopedGates
 
 if TYPE_CHECKING:
     from polygateway.testing.contracts import GovernanceBackend
@@ -446,6 +446,31 @@ class BreakerContract:
         await gate.force_open("a:b")
         assert await gate.state("a:b:c") == "closed"
         assert await gate.state("{a}") == "closed"
+
+    # ------------------------------------------------------------------ scopes
+
+    async def test_another_scopes_gate_keeps_same_named_sources_apart(
+        self, governance_backend: GovernanceBackend
+    ) -> None:
+        """``ports.ScopedGates`` (optional): another scope's gate is its own, the same each
+        time, and the owner's open source is closed there. Only read on the other scope's
+        gate: its state lives outside what ``cleanup`` removes."""
+        gate = _gate(governance_backend)
+        if not isinstance(gate, ScopedGates):
+            pytest.skip("the gate keeps no per-scope state (no for_scope)")
+        # The owner scope (a gate built without one is claimed by the first to ask) gets the
+        # gate itself.
+        assert gate.for_scope(getattr(gate, "scope", None) or "contract-owner") is gate
+        other = gate.for_scope("contract-other-scope")
+        assert other is not gate
+        assert gate.for_scope("contract-other-scope") is other
+        assert isinstance(other, ScopedGates) and other.for_scope("contract-other-scope") is other
+        await gate.force_open("a")
+        assert await gate.state("a") == "open"
+        assert await other.state("a") == "closed"
+        decision = await _enter(other, "a")
+        assert decision.state == "closed"
+        assert await other.retry_after_s(["a"]) == 0.0
 
     # ------------------------------------------------------------------ time-dependent
 
