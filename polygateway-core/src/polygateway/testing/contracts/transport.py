@@ -78,9 +78,12 @@ ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
     ("mid-stream-error", Reply.mid_stream_error(), TransientError, None),
     ("reset", Reply.reset(), TransientError, None),
     ("reset-after-headers", Reply.reset(after_headers=True), TransientError, None),
+    # Closed before the last chunk, the head in odd case (``TRANSFER-ENCODING: Chunked``):
+    # incomplete, though what came parses (RFC 9110 §5.1, RFC 9112 §7.1).
+    ("truncated-chunked", Reply.truncated(), TransientError, None),
 ]
 
-_WIRE_FAULTS = ERROR_TABLE[-7:]  # cut .. reset-after-headers: the same for every protocol
+_WIRE_FAULTS = ERROR_TABLE[-8:]  # cut .. truncated-chunked: the same for every protocol
 
 # The Messages API classifies by error.type (protocols §4 and corrections).
 ANTHROPIC_ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
