@@ -464,8 +464,8 @@ def _one_chunk(data: bytes) -> bytes:
 
 
 ODD_CASE_HEADS = {
-    # RFC 9110 §5.1: field names are case-insensitive; so are the codings (§8.4.1, RFC 9112
-    # §7) and the connection options (§7.6.1).
+    # RFC 9110 sec. 5.1: field names are case-insensitive; so are the codings (sec. 8.4.1,
+    # RFC 9112 sec. 7) and the connection options (sec. 7.6.1).
     "chunked": (b"transfer-encoding: CHUNKED\r\n", _one_chunk),
     "length": (b"CONTENT-LENGTH: %d\r\n", None),
 }

@@ -15,8 +15,8 @@ connections in use (0: unlimited); waiting for one and connecting share one
 write timeout), as is each read. Reading pauses while more than ``_HIGH_WATER`` body bytes wait
 for the consumer and resumes once it has taken them all. Header names and the values of
 ``Transfer-Encoding``, ``Connection`` and ``Content-Encoding`` are compared case-insensitively
-(RFC 9110 §5.1, §7.6.1, §8.4, RFC 9112 §6.1): a chunked body the server ends by closing the
-connection before its last chunk is a ``TransientError``, whatever its spelling.
+(RFC 9110 sec. 5.1, 7.6.1, 8.4; RFC 9112 sec. 6.1): a chunked body the server ends by closing
+the connection before its last chunk is a ``TransientError``, whatever its spelling.
 Errors are the other engines' classes: connection, TLS, parse and read failures
 ``TransientError(reason="network_error")``, timeouts ``reason="timeout"``, an unusable URL
 ``SourceDeadError``; a response closed before its end, or a call cancelled anywhere, aborts its
@@ -55,7 +55,7 @@ vary per call, by their query, would otherwise grow it without end)."""
 
 def _is_chunked(transfer_encoding: str) -> bool:
     """Whether the body is chunked: ``chunked`` is the last transfer coding, in any case, as
-    llhttp (which decodes the chunks) reads it (RFC 9112 §6.1, §6.3)."""
+    llhttp (which decodes the chunks) reads it (RFC 9112 sec. 6.1, sec. 6.3)."""
     return transfer_encoding.rsplit(",", 1)[-1].strip().lower() == "chunked"
 
 

@@ -80,7 +80,7 @@ ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
     ("reset", Reply.reset(), TransientError, None),
     ("reset-after-headers", Reply.reset(after_headers=True), TransientError, None),
     # Closed before the last chunk, the head in odd case (``TRANSFER-ENCODING: Chunked``):
-    # incomplete, though what came parses (RFC 9110 §5.1, RFC 9112 §7.1).
+    # incomplete, though what came parses (RFC 9110 sec. 5.1, RFC 9112 sec. 7.1).
     ("truncated-chunked", Reply.truncated(), TransientError, None),
 ]
 
