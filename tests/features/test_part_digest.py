@@ -7,11 +7,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polygateway.backends.memory.cache import MemoryCache
+from polygateway.client import GatewayClient
 from polygateway.digest import (
     STREAMED_MIN_CHARS,
     STREAMED_PREFIX,
@@ -19,9 +23,17 @@ from polygateway.digest import (
     messages_digest,
     part_sha256,
 )
+from polygateway.errors import RequestRejectedError
 from polygateway.middleware.cache import CacheMiddleware
+from polygateway.settings import (
+    CacheSettings,
+    RetrySettings,
+    ScopeSettings,
+    SourceConfig,
+    TelemetrySettings,
+)
 from polygateway.structured.json_repair import JsonRepairStrategy
-from polygateway.testing import FakeClock
+from polygateway.testing import FakeClock, FakeUpstream
 from polygateway.types import ChatRequest
 
 
@@ -200,6 +212,125 @@ def test_deep_or_circular_parts_take_the_plain_form_and_its_errors() -> None:
     broken = {"url": "A" * STREAMED_MIN_CHARS + "\ud800"}
     assert outcome(part_sha256, broken) == outcome(reference_sha256, broken)
     assert outcome(part_sha256, {"url": "A" * 2000, "x": object()})[0] == "raised"
+
+
+class LyingLengthStr(str):
+    """A ``str`` whose own ``__len__`` and ``startswith`` say what its characters do not."""
+
+    def __init__(self, text: str, length: int) -> None:
+        self.length = length
+
+    def __new__(cls, text: str, length: int) -> LyingLengthStr:
+        return super().__new__(cls, text)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def startswith(self, *args: Any, **kwargs: Any) -> bool:
+        return not super().startswith(*args, **kwargs)
+
+
+@pytest.mark.parametrize("text", ["A" * 5000, "é" * 5000, "A" * 10, "\x00#5000"])
+@pytest.mark.parametrize("length", [3, 5000, 10**9])
+def test_a_str_subclass_own_length_has_no_say_in_the_framing(text: str, length: int) -> None:
+    lying = {"type": "file", "data": LyingLengthStr(text, length), "note": LyingLengthStr(text, 1)}
+    assert part_sha256(lying) == part_sha256({"type": "file", "data": text, "note": text})
+    assert part_sha256(lying) == reference_sha256({"type": "file", "data": text, "note": text})
+
+
+@pytest.mark.parametrize("fill", ["A", "é"], ids=["ascii", "non-ascii"])
+@pytest.mark.parametrize("deep_side", ["the-string", "another-field"])
+def test_a_part_too_deep_for_the_streamed_form_is_hashed_without_copying_its_json(
+    fill: str, deep_side: str
+) -> None:
+    size = 4 << 20
+    nest: Any = {"url": fill * size}  # a value of a dict, as in parts (an item of a list
+    # costs one more copy: the stdlib's iterencode joins it to the separator)
+    if deep_side == "the-string":
+        for _ in range(40):
+            nest = {"wrap": [nest]}
+        part: Any = {"type": "file", "data": nest}
+    else:
+        deep: Any = "bottom"
+        for _ in range(40):
+            deep = [deep]
+        part = {"type": "file", "data": nest, "deep": deep}
+    expected = hashlib.sha256(reference_json(part).encode("utf-8")).hexdigest()
+    tracemalloc.start()
+    try:
+        digest = part_sha256(part)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert digest == expected  # the plain form
+    # One escaped copy of the string at most: neither the whole JSON and its UTF-8 at once.
+    assert peak < 1.5 * size
+
+
+NOT_UNICODE = [
+    ([{"role": "user", "content": "a \ud800 b"}], "messages[0].content", "U+D800 at character 2"),
+    (
+        [
+            {"role": "system", "content": "fine"},
+            {"role": "user", "content": [{"type": "text", "text": "ok"}, {"type": "input_audio",
+             "input_audio": {"data": "é" * 3000 + "\udfff", "format": "wav"}}]},
+        ],
+        "messages[1].content[1].input_audio.data",
+        "U+DFFF at character 3000",
+    ),
+    (
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x\udc00"}}]}],
+        "messages[0].content[0].image_url.url",
+        "U+DC00 at character 1",
+    ),
+    (
+        [{"role": "user", "content": [{"type": "file", "file": {"na\ud800me": "x"}}]}],
+        "messages[0].content[0].file (a key)",
+        "U+D800 at character 2",
+    ),
+    (
+        [{"role": "user", "content": "A" * 5000, "name": "\ud83d"}],
+        "messages[0].name",
+        "U+D83D at character 0",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("messages", "place", "what"), NOT_UNICODE)
+def test_text_that_is_not_unicode_is_refused_naming_its_place(
+    messages: list[Any], place: str, what: str
+) -> None:
+    for function in (messages_digest, canonical_messages_json):
+        with pytest.raises(RequestRejectedError) as caught:
+            function(messages)
+        assert str(caught.value).startswith(f"{place}: a lone surrogate {what} ")
+    # A surrogate pair written as such is not text either; one character is.
+    with pytest.raises(RequestRejectedError):
+        messages_digest([{"role": "user", "content": "\ud83d\ude00"}])
+    assert messages_digest([{"role": "user", "content": "\U0001f600"}])
+
+
+async def test_a_lone_surrogate_is_refused_before_any_request(
+    fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    source = SourceConfig(
+        name="sur", provider="generic", base_url=fake_upstream.base_url("sur"), model="m"
+    )
+    settings = ScopeSettings(
+        scope="LLM",
+        sources=(source,),
+        retry=RetrySettings(max_attempts=3),
+        cache=CacheSettings(backend="memory", namespace="n", ttl_s=60),
+        telemetry=TelemetrySettings(backend="sqlite", sqlite_path=str(tmp_path / "t.db")),
+    )
+    messages = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "\ud800"}}]}
+    ]
+    async with GatewayClient(settings) as client:
+        for stream in (False, True):
+            with pytest.raises(RequestRejectedError, match=r"messages\[0\]\.content\[0\]"):
+                await client.chat(messages, stream=stream)
+    assert fake_upstream.requests("sur") == 0
 
 
 def large_image_request() -> ChatRequest:

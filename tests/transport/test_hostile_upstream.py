@@ -1,9 +1,10 @@
 """Hostile upstreams at the HTTP level, on every engine, through the fake upstream: redirects are
 never followed, no secret reaches an exception chain, response bytes are capped (gzip bombs
-included), deep nesting is classified."""
+included), deep nesting is classified, framing fields are read in any case."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import os
 import socket
@@ -33,7 +34,7 @@ from polygateway.settings import (
 )
 from polygateway.testing import FakeUpstream, Reply
 from polygateway.testing.contracts.transport import MESSAGES
-from polygateway.transports.engines import BodyReader, EngineConfig
+from polygateway.transports.engines import BodyReader, EngineConfig, make_engine
 from polygateway.transports.openai_compat import OpenAICompatTransport
 from polygateway.types import ChatRequest
 from test_openai_compat import ENGINES
@@ -434,3 +435,94 @@ async def test_a_chunk_is_at_most_64_kib_and_the_cap_counts_wire_and_decoded_byt
     assert len(bomb) < 20_000
     with pytest.raises(TransientError, match=r"max_response_bytes=100000 \(decoded\)"):
         await body_reader(pieces(bomb, 4096), "gzip", cap=100_000).read()
+
+
+# --------------------------------------------------------------------------- header case
+
+
+async def _answer_every_request_with(head: bytes, body: bytes) -> tuple[asyncio.Server, str]:
+    """A loopback server writing ``head`` and ``body`` to each request, then keeping its end
+    open until the client leaves (only what the answer says decides its connection's fate)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(head + body)
+            await writer.drain()
+            await reader.read()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+
+
+def _one_chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data)
+
+
+ODD_CASE_HEADS = {
+    # RFC 9110 sec. 5.1: field names are case-insensitive; so are the codings (sec. 8.4.1,
+    # RFC 9112 sec. 7) and the connection options (sec. 7.6.1).
+    "chunked": (b"transfer-encoding: CHUNKED\r\n", _one_chunk),
+    "length": (b"CONTENT-LENGTH: %d\r\n", None),
+}
+
+
+@pytest.mark.parametrize("framing", sorted(ODD_CASE_HEADS))
+@pytest.mark.parametrize("close", [False, True], ids=["keep-alive", "close"])
+async def test_framing_and_coding_fields_are_read_in_any_case(
+    engine: str, framing: str, close: bool
+) -> None:
+    zipped = gzip.compress(TEXT)
+    field, encode = ODD_CASE_HEADS[framing]
+    body = encode(zipped) if encode is not None else zipped
+    head = b"HTTP/1.1 200 OK\r\nCONTENT-TYPE: application/json\r\nContent-Encoding: GZIP\r\n"
+    head += field % len(zipped) if b"%d" in field else field
+    head += b"CONNECTION: Close\r\n\r\n" if close else b"Connection: Keep-Alive\r\n\r\n"
+    server, url = await _answer_every_request_with(head, body)
+    client = make_engine(engine, EngineConfig(source_name="case", plain_http=True))
+    try:
+        response = await client.post(url, b"{}")
+        assert response.headers["content-encoding"] == "GZIP"
+        assert await response.read() == TEXT
+        await response.aclose()
+        if engine == "httptools":
+            # ``Connection: close`` in any case: that connection is never pooled.
+            assert client.idle_connections == (0 if close else 1)  # type: ignore[attr-defined]
+    finally:
+        await client.aclose()
+        server.close()
+
+
+@pytest.mark.parametrize("framing", sorted(ODD_CASE_HEADS))
+async def test_a_body_cut_short_is_a_transient_error_in_any_case(engine: str, framing: str) -> None:
+    # The server closes (FIN) before the body is complete: before the chunked body's last
+    # chunk, or short of its length. Read as a clean end, it would pass for a short answer.
+    field = {"chunked": b"Transfer-Encoding: Chunked\r\n", "length": b"Content-LENGTH: 200\r\n"}
+    body = {"chunked": b"5\r\nhello\r\n", "length": b"hello"}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\n" + field[framing] + b"\r\n" + body[framing])
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = make_engine(engine, EngineConfig(source_name="cut", plain_http=True))
+    try:
+        response = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", b"{}")
+        try:
+            with pytest.raises(TransientError) as caught:
+                await response.read()
+        finally:
+            await response.aclose()
+        assert caught.value.reason == "network_error"
+    finally:
+        await client.aclose()
+        server.close()

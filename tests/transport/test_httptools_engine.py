@@ -1,6 +1,7 @@
 """What only the ``httptools`` engine has to show (the contract suite and the wire cases run it
 with every other engine): its pool, TLS through asyncio, flow control, bodies delimited by the
-connection closing, interim answers, an endless head, and what it refuses to configure."""
+connection closing, interim answers, an endless head, the bounds on sending and on getting a
+connection, what its reprs hide, and what it refuses to configure."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import base64
 import dataclasses
 import gzip
 import shutil
+import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -309,6 +311,126 @@ async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
     finally:
         await engine.aclose()
         await runner.cleanup()
+
+
+# --------------------------------------------------------------------------- bounds
+
+
+@pytest.mark.parametrize("engine", ["httpx", "httptools"])
+async def test_sending_to_a_server_that_never_reads_is_bounded_by_the_read_timeout(
+    engine: str,
+) -> None:
+    # The kernel completes the handshake, nobody accepts: the socket's buffers fill and the
+    # request stays unsent. httpx bounds the send by its write timeout (= read_timeout_s).
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/chat/completions"
+    client = make_engine(engine, EngineConfig(source_name="w", read_timeout_s=0.2, plain_http=True))
+    try:
+        async with asyncio.timeout(60):  # a guard against a hang, not a measured bound
+            with pytest.raises(TransientError) as caught:
+                await client.post(url, b"x" * (32 << 20))
+        assert caught.value.reason == "timeout"
+    finally:
+        await client.aclose()
+        listener.close()
+
+
+class _MovableClockLoop(asyncio.SelectorEventLoop):
+    """Real I/O on a clock the test moves forward (its timers fire by it): waits measured in
+    seconds pass at once, exactly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.moved = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.moved
+
+
+def test_waiting_for_a_connection_and_connecting_share_one_connect_timeout() -> None:
+    budget = 100.0
+
+    async def scenario(loop: _MovableClockLoop) -> None:
+        async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()
+            writer.close()
+
+        holder_server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+        holder_url = f"http://127.0.0.1:{holder_server.sockets[0].getsockname()[1]}/v1"
+        # A listener whose accept queue is full: the kernel drops further handshakes, so a
+        # connection to it never completes.
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        queued = []
+        for _ in range(2):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(full.getsockname())
+            queued.append(filler)
+        full_url = f"http://127.0.0.1:{full.getsockname()[1]}/v1"
+        engine = HttptoolsEngine(
+            EngineConfig(source_name="budget", max_connections=1, connect_timeout_s=budget)
+        )
+        holder = asyncio.create_task(engine.post(holder_url, b"{}"))
+        waiter: asyncio.Task[Any] | None = None
+        try:
+            await wait_until(lambda: engine.busy_connections == 1)  # the only permit is taken
+            waiter = asyncio.create_task(engine.post(full_url, b"{}"))
+            for _ in range(3):
+                await asyncio.sleep(0)  # the waiter queues for the permit
+            loop.moved += 0.9 * budget  # ... and waits most of connect_timeout_s for it
+            holder.cancel()  # the permit is free: the waiter connects, which never completes
+            with pytest.raises(asyncio.CancelledError):
+                await holder
+            for _ in range(3):
+                await asyncio.sleep(0)
+            loop.moved += 0.2 * budget  # past the budget, counted from the call's start
+            for _ in range(20):
+                if waiter.done():
+                    break
+                await asyncio.sleep(0)
+            assert waiter.done(), "connecting got a connect_timeout_s of its own"
+            with pytest.raises(TransientError) as caught:
+                await waiter
+            assert caught.value.reason == "timeout"
+        finally:
+            for task in (holder, waiter):
+                if task is not None and not task.done():
+                    task.cancel()
+            await asyncio.gather(holder, *([waiter] if waiter else []), return_exceptions=True)
+            await engine.aclose()
+            holder_server.close()
+            for sock in (full, *queued):
+                sock.close()
+
+    with asyncio.Runner(loop_factory=_MovableClockLoop) as runner:
+        loop = runner.get_loop()
+        assert isinstance(loop, _MovableClockLoop)
+        runner.run(scenario(loop))
+
+
+# --------------------------------------------------------------------------- reprs, cache
+
+
+def test_no_credential_in_a_target_repr_and_the_url_cache_is_bounded() -> None:
+    keyed = HttptoolsEngine(
+        EngineConfig(source_name="r", headers={"Authorization": "Bearer sk-repr-0123456789"})
+    )
+    by_url = HttptoolsEngine(EngineConfig(source_name="r"))
+    url = "http://127.0.0.1:9/v1/chat/completions"
+    shown = repr(keyed._target(url)) + repr(by_url._target(url.replace("//", "//us:pw-secret@")))
+    shown += repr(keyed._targets) + repr(by_url._targets)
+    assert "sk-repr-0123456789" not in shown
+    assert "pw-secret" not in shown
+    assert base64.b64encode(b"us:pw-secret").decode() not in shown
+    assert "127.0.0.1" in shown  # what a target is, still readable
+    for index in range(2000):  # URLs varying per call (their query)
+        keyed._target(f"{url}?call={index}")
+    assert len(keyed._targets) <= 256
 
 
 # --------------------------------------------------------------------------- TLS

@@ -23,6 +23,11 @@ rest. Its prefix is not JSON, so no
 plain-form input equals a streamed-form one. Parts without a long string keep the plain form;
 the cache keys of parts with one changed once, when version 2 was introduced.
 
+Lengths are ``str.__len__`` and prefixes ``str.startswith``: a ``str`` subclass's own methods
+have no say in the digest, which the characters alone define (as the stdlib encoder reads them).
+Text that is not Unicode (a lone surrogate, which JSON's ``"\ud800"`` decodes to) has no UTF-8
+form: the digests raise ``RequestRejectedError`` naming the message and part that hold it.
+
 Canonical JSON is defined by the stdlib encoder (sorted keys, no whitespace, UTF-8 kept). It
 runs on every call (cache key, telemetry row), so values made only of types whose orjson
 output is byte-identical are encoded by orjson instead; anything else (floats, whose
@@ -39,13 +44,13 @@ from typing import Any
 
 import orjson
 
+from polygateway.errors import RequestRejectedError
 from polygateway.types import Message
 
-_STDLIB_CANONICAL = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False
-).encode
+_STDLIB_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 """The definition of canonical JSON, the encoder built once (``json.dumps`` builds one per
 call)."""
+_STDLIB_CANONICAL = _STDLIB_ENCODER.encode
 
 _SORTED = orjson.OPT_SORT_KEYS
 # Leaf types orjson encodes exactly as the stdlib does (every code point of str checked by
@@ -119,68 +124,98 @@ _PLACEHOLDER = "\x00#"
 _ESCAPE = "\x00"
 
 
-class _TooDeep(Exception):
-    """The part nests deeper than the streamed form goes: it takes the plain form."""
+_LONG = 1
+"""``_shape``: the value holds a string of ``STREAMED_MIN_CHARS`` or more."""
+_DEEP = 2
+"""``_shape``: the value nests deeper than ``_MAX_FAST_DEPTH``: the plain form."""
 
 
-def _has_long_string(value: Any, depth: int = 0) -> bool:
+def _shape(value: Any, depth: int = 0) -> int:
+    """``_LONG`` and ``_DEEP`` as they apply to ``value`` (the whole of it is looked at, so
+    that a deep part is known before a long string of it is copied)."""
     if isinstance(value, str):
-        return len(value) >= STREAMED_MIN_CHARS
-    if depth >= _MAX_FAST_DEPTH:
-        return False
+        return _LONG if str.__len__(value) >= STREAMED_MIN_CHARS else 0
     if isinstance(value, dict):
-        return any(_has_long_string(item, depth + 1) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_long_string(item, depth + 1) for item in value)
-    return False
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return 0
+    if depth >= _MAX_FAST_DEPTH:
+        return _DEEP
+    shape = 0
+    for item in items:
+        shape |= _shape(item, depth + 1)
+        if shape & _DEEP:
+            break
+    return shape
 
 
-def _skeleton(value: Any, streamed: list[str | bytes], depth: int = 0) -> Any:
+def _skeleton(value: Any, streamed: list[str | bytes]) -> Any:
     """``value`` with its long strings moved to ``streamed``, in the order canonical JSON
     writes them (dicts walked by sorted key, as the encoder sorts them)."""
     if isinstance(value, str):
-        if len(value) >= STREAMED_MIN_CHARS:
+        length = str.__len__(value)
+        if length >= STREAMED_MIN_CHARS:
             if str.isascii(value):  # base64: its UTF-8 length is its length, known for free
                 # A subclass's own methods have no say in the digest: its plain str.
                 streamed.append(value if type(value) is str else str.__str__(value))
-                return f"{_PLACEHOLDER}{len(value)}"
+                return f"{_PLACEHOLDER}{length}"
             data = str.encode(value, "utf-8")
             streamed.append(data)
             return f"{_PLACEHOLDER}{len(data)}"
-        return _ESCAPE + value if value.startswith(_ESCAPE) else value
+        if str.startswith(value, _ESCAPE):
+            return _ESCAPE + str.__str__(value)
+        return value
     if not isinstance(value, (dict, list, tuple)):
         return value
-    if depth >= _MAX_FAST_DEPTH:
-        raise _TooDeep
+    # No deeper than _MAX_FAST_DEPTH: ``_shape`` saw to it.
     if isinstance(value, dict):
-        return {key: _skeleton(value[key], streamed, depth + 1) for key in sorted(value)}
-    return [_skeleton(item, streamed, depth + 1) for item in value]
+        return {key: _skeleton(value[key], streamed) for key in sorted(value)}
+    return [_skeleton(item, streamed) for item in value]
 
 
 def part_sha256(part: Any) -> str:
     """The ``sha256`` of a non-text part, in the form the module docstring defines."""
-    if _has_long_string(part):
+    shape = _shape(part)
+    if shape == _LONG:
         streamed: list[str | bytes] = []
+        skeleton = canonical_json_bytes(_skeleton(part, streamed))
+        digest = hashlib.sha256(STREAMED_PREFIX)
+        digest.update(skeleton)
+        digest.update(b"\n")
+        for data in streamed:
+            if isinstance(data, bytes):
+                digest.update(data)
+                continue
+            # An ASCII string is fed a piece at a time: each piece's bytes stay in the CPU
+            # cache from encoding to hashing, and the whole image is never copied into
+            # one fresh multi-megabyte buffer (page faults and memory traffic cost more
+            # than the hash itself once the pipeline has evicted the image from cache).
+            for start in range(0, len(data), HASH_PIECE_CHARS):
+                digest.update(data[start : start + HASH_PIECE_CHARS].encode("ascii"))
+        return digest.hexdigest()
+    if shape & _DEEP:
         try:
-            skeleton = canonical_json_bytes(_skeleton(part, streamed))
-        except _TooDeep:
-            pass
-        else:
-            digest = hashlib.sha256(STREAMED_PREFIX)
-            digest.update(skeleton)
-            digest.update(b"\n")
-            for data in streamed:
-                if isinstance(data, bytes):
-                    digest.update(data)
-                    continue
-                # An ASCII string is fed a piece at a time: each piece's bytes stay in the CPU
-                # cache from encoding to hashing, and the whole image is never copied into
-                # one fresh multi-megabyte buffer (page faults and memory traffic cost more
-                # than the hash itself once the pipeline has evicted the image from cache).
-                for start in range(0, len(data), HASH_PIECE_CHARS):
-                    digest.update(data[start : start + HASH_PIECE_CHARS].encode("ascii"))
-            return digest.hexdigest()
+            return _plain_form_in_pieces(part)
+        except RecursionError:
+            pass  # deeper than the pure-Python encoder goes: the one-shot encoder below
     return hashlib.sha256(canonical_json_bytes(part)).hexdigest()
+
+
+def _plain_form_in_pieces(part: Any) -> str:
+    """The plain form's sha256 of a part too deep for the streamed form, hashed as the
+    encoder writes it: ``iterencode`` gives the one-shot encoder's text in pieces, so neither
+    the whole JSON nor its UTF-8 is ever made (only a long string's escaped form, once).
+    Code points are never split, so the pieces' UTF-8 is the whole's."""
+    digest = hashlib.sha256()
+    for piece in _STDLIB_ENCODER.iterencode(part):
+        if len(piece) <= HASH_PIECE_CHARS:
+            digest.update(piece.encode("utf-8"))
+            continue
+        for start in range(0, len(piece), HASH_PIECE_CHARS):
+            digest.update(piece[start : start + HASH_PIECE_CHARS].encode("utf-8"))
+    return digest.hexdigest()
 
 
 def _digest_part(part: Any) -> Any:
@@ -221,16 +256,69 @@ def _text_only(messages: Any) -> bool:
 
 
 def _canonical_messages_bytes(messages: Sequence[Message]) -> bytes:
-    fast = _orjson_sorted(messages) if _text_only(messages) else None
-    return fast if fast is not None else canonical_json_bytes(digest_messages(messages))
+    try:
+        fast = _orjson_sorted(messages) if _text_only(messages) else None
+        return fast if fast is not None else canonical_json_bytes(digest_messages(messages))
+    except UnicodeEncodeError:
+        reject_lone_surrogates(messages)
+        raise  # not text of the messages (a str subclass's own encoding): as before
+
+
+def _lone_surrogate(value: Any, path: str, depth: int = 0) -> str | None:
+    """Where in ``value`` (named ``path``) the first text that is not Unicode is, or None."""
+    if isinstance(value, str):
+        try:
+            str.encode(value, "utf-8")
+        except UnicodeEncodeError as exc:
+            code = ord(str.__getitem__(value, exc.start))
+            return f"{path}: a lone surrogate U+{code:04X} at character {exc.start}"
+        return None
+    if depth > _MAX_SEARCH_DEPTH:
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if isinstance(key, str) and str.isidentifier(key):
+                name = f"{path}.{str.__str__(key)}"
+            else:
+                name = f"{path}[{repr(key)[:40]}]"
+            found = _lone_surrogate(key, f"{path} (a key)", depth + 1) or _lone_surrogate(
+                item, name, depth + 1
+            )
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _lone_surrogate(item, f"{path}[{index}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+_MAX_SEARCH_DEPTH = 256
+"""How deep ``reject_lone_surrogates`` looks (deeper text fails the encoders as it did)."""
+
+
+def reject_lone_surrogates(messages: Sequence[Message]) -> None:
+    """``RequestRejectedError`` naming the message and part whose text is not Unicode (a lone
+    surrogate has no UTF-8 form: it can be neither hashed nor sent); nothing when all is text.
+
+    Called once encoding failed: the search costs nothing on the usual path."""
+    for index, message in enumerate(messages):
+        found = _lone_surrogate(message, f"messages[{index}]")
+        if found is not None:
+            raise RequestRejectedError(
+                f"{found} is not valid Unicode text (no UTF-8 form): pair it or remove it"
+            )
 
 
 def canonical_messages_json(messages: Sequence[Message]) -> str:
     """``canonical_json(digest_messages(messages))``, the same string, faster: the telemetry
-    ``messages`` column, and what the cache key's ``messages_digest`` hashes."""
+    ``messages`` column, and what the cache key's ``messages_digest`` hashes.
+    ``RequestRejectedError`` when a text is not Unicode (``reject_lone_surrogates``)."""
     return _canonical_messages_bytes(messages).decode("utf-8")
 
 
 def messages_digest(messages: Sequence[Message]) -> str:
-    """sha256 of the digested messages: the ``messages_digest`` of the cache key formula."""
+    """sha256 of the digested messages: the ``messages_digest`` of the cache key formula.
+    ``RequestRejectedError`` when a text is not Unicode (``reject_lone_surrogates``)."""
     return hashlib.sha256(_canonical_messages_bytes(messages)).hexdigest()

@@ -28,6 +28,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from polygateway.digest import reject_lone_surrogates
 from polygateway.errors import ConfigError, RequestRejectedError, TransientError
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
@@ -190,6 +191,7 @@ class AnthropicTransport:
         try:
             body = json_dumps(payload)
         except TypeError as exc:
+            reject_lone_surrogates(request.messages)  # names the message and part
             raise RequestRejectedError(
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
             ) from exc

@@ -32,6 +32,7 @@ from typing import Any
 import httpx2
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from polygateway.digest import reject_lone_surrogates
 from polygateway.errors import (
     ConfigError,
     PolyGatewayError,
@@ -317,7 +318,8 @@ class OpenAISDKTransport:
             )
         except openai.OpenAIError as exc:
             raise self._translate(exc) from exc
-        except TypeError as exc:  # the SDK could not serialise the body
+        except (TypeError, UnicodeEncodeError) as exc:  # the SDK could not serialise the body
+            reject_lone_surrogates(request.messages)  # then name the message and part
             raise RequestRejectedError(
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
             ) from exc
@@ -469,6 +471,8 @@ class OpenAISDKTransport:
                         stream=False,
                         extra_body=extra,
                     )
+                except UnicodeEncodeError:
+                    raise  # the request's text, not the answer: refused by send
                 except ValueError as exc:  # a body that is not JSON
                     raise self._malformed(exc) from exc
         finally:

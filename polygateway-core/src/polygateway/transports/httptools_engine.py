@@ -10,8 +10,13 @@ refused), no redirects, no HTTP/2.
 Connections are pooled per (scheme, host, port) with keep-alive: a response read to its end goes
 back to the pool unless the server said ``Connection: close``; an idle connection older than
 ``keepalive_s`` or closed by the server is dropped when next taken. ``max_connections`` bounds the
-connections in use (0: unlimited); waiting for one counts against ``connect_timeout_s``, like
-connecting. Reading pauses while more than ``_HIGH_WATER`` body bytes wait for the consumer.
+connections in use (0: unlimited); waiting for one and connecting share one
+``connect_timeout_s``. Sending the request is bounded by ``read_timeout_s`` (the httpx engine's
+write timeout), as is each read. Reading pauses while more than ``_HIGH_WATER`` body bytes wait
+for the consumer and resumes once it has taken them all. Header names and the values of
+``Transfer-Encoding``, ``Connection`` and ``Content-Encoding`` are compared case-insensitively
+(RFC 9110 sec. 5.1, 7.6.1, 8.4; RFC 9112 sec. 6.1): a chunked body the server ends by closing
+the connection before its last chunk is a ``TransientError``, whatever its spelling.
 Errors are the other engines' classes: connection, TLS, parse and read failures
 ``TransientError(reason="network_error")``, timeouts ``reason="timeout"``, an unusable URL
 ``SourceDeadError``; a response closed before its end, or a call cancelled anywhere, aborts its
@@ -26,7 +31,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -38,13 +43,20 @@ from polygateway.transports.errors import sanitize_message, wire_error
 _HIGH_WATER = 256 * 1024
 """Body bytes buffered for the consumer before the connection stops reading from the socket."""
 
-_LOW_WATER = 64 * 1024
-"""Reading resumes once the consumer has taken the buffer below this."""
-
 _MAX_HEADER_BYTES = 64 * 1024
 """A response head larger than this is refused (a server dripping headers forever)."""
 
 _FORBIDDEN_IN_HEADERS = ("\r", "\n", "\0")
+
+_MAX_TARGETS = 256
+"""URLs whose request head is kept worked out; past this the cache starts afresh (URLs that
+vary per call, by their query, would otherwise grow it without end)."""
+
+
+def _is_chunked(transfer_encoding: str) -> bool:
+    """Whether the body is chunked: ``chunked`` is the last transfer coding, in any case, as
+    llhttp (which decodes the chunks) reads it (RFC 9112 sec. 6.1, sec. 6.3)."""
+    return transfer_encoding.rsplit(",", 1)[-1].strip().lower() == "chunked"
 
 
 class _Closed(ConnectionError):
@@ -195,9 +207,12 @@ class _Connection(asyncio.Protocol):
         self.status = status
         self.headers_done = True
         fields = self.fields
-        self._until_eof = "content-length" not in fields and "chunked" not in fields.get(
-            "transfer-encoding", ""
-        )
+        # Neither chunked nor of a given length: the body ends with the connection.
+        transfer_encoding = fields.get("transfer-encoding")
+        if transfer_encoding is not None:
+            self._until_eof = not _is_chunked(transfer_encoding)
+        else:
+            self._until_eof = "content-length" not in fields
         if not parser.should_keep_alive():
             self._keep_alive = False
         self._wake()
@@ -249,17 +264,26 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def send(self, request: bytes) -> None:
-        """Write one request; the response is read with ``wait_headers`` and ``read``."""
+    def send(self, request: bytes) -> bool:
+        """Write one request; ``True`` when the socket has not taken it all yet (then await
+        ``drain``). The response is read with ``wait_headers`` and ``read``."""
         self._reset()
         self._keep_alive = True
         self._active = True
         assert self.transport is not None
         self.transport.write(request)
         if self._write_paused and not self.closed:
-            # A large request body: wait until the socket has taken it (bounded buffer).
-            self._drain = self._loop.create_future()
-            await self._drain
+            return True
+        self._check_sent()
+        return False
+
+    async def drain(self) -> None:
+        """Wait until the socket has taken the request (its buffer is bounded)."""
+        self._drain = self._loop.create_future()
+        await self._drain
+        self._check_sent()
+
+    def _check_sent(self) -> None:
         if self.closed and self.error is None and not self.headers_done:
             self.error = _Closed("the server closed the connection while the request was sent")
 
@@ -330,8 +354,19 @@ class _Target:
     host: str
     port: int
     tls: bool
-    head: bytes
-    """The request line and every fixed header, up to ``Content-Length: ``."""
+    head: bytes = field(repr=False)
+    """The request line and every fixed header, up to ``Content-Length: ``: it holds the
+    ``Authorization`` header (the key, or the URL's Basic credentials), so it is no part of the
+    repr."""
+
+
+class _Targets(dict[str, _Target]):
+    """The per-URL cache; its repr names no URL (one may carry a user and password)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} cached request targets>"
 
 
 class _HttptoolsResponse:
@@ -418,7 +453,7 @@ class HttptoolsEngine:
         self._config = config
         self._fixed_headers = "".join(fixed)
         self._has_authorization = any(k.lower() == "authorization" for k in config.headers)
-        self._targets: dict[str, _Target] = {}
+        self._targets = _Targets()
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._busy: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -476,7 +511,10 @@ class HttptoolsEngine:
             "Content-Length: "
         )
         target = _Target((scheme, host, port), host, port, tls, head.encode("utf-8"))
-        self._targets[url] = target
+        targets = self._targets
+        if len(targets) >= _MAX_TARGETS:
+            targets.clear()
+        targets[url] = target
         return target
 
     def _on_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -518,16 +556,23 @@ class HttptoolsEngine:
         return connection
 
     async def _acquire(self, target: _Target, loop: asyncio.AbstractEventLoop) -> _Connection:
+        """A connection for ``target``: waiting for a permit and connecting end together by
+        ``connect_timeout_s`` after the call began (a pooled one with a free permit: at once,
+        with no timer)."""
         permits = self._permits
+        deadline: float | None = None
         if permits is not None and permits.locked():
-            async with asyncio.timeout(self._config.connect_timeout_s):
+            deadline = loop.time() + self._config.connect_timeout_s
+            async with asyncio.timeout_at(deadline):
                 await permits.acquire()
         elif permits is not None:
             await permits.acquire()  # free: returns without suspending
         try:
             connection = self._pooled(target.key, time.monotonic())
             if connection is None:
-                async with asyncio.timeout(self._config.connect_timeout_s):
+                if deadline is None:
+                    deadline = loop.time() + self._config.connect_timeout_s
+                async with asyncio.timeout_at(deadline):
                     connection = await self._connect(target, loop)
         except BaseException:
             if permits is not None:
@@ -562,8 +607,15 @@ class HttptoolsEngine:
         try:
             connection = await self._acquire(target, loop)
             connection.pool_key = target.key
-            await connection.send(request)
             timeout = config.read_timeout_s
+            if connection.send(request):
+                # A large body the socket takes slowly: bounded like the httpx engine's
+                # write timeout.
+                if timeout:
+                    async with asyncio.timeout(timeout):
+                        await connection.drain()
+                else:
+                    await connection.drain()
             if timeout:
                 async with asyncio.timeout(timeout):
                     await connection.wait_headers()

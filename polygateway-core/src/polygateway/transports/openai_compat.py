@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from polygateway.digest import canonical_messages_json
+from polygateway.digest import canonical_messages_json, reject_lone_surrogates
 from polygateway.errors import (
     ConfigError,
     ContentFilterError,
@@ -490,6 +490,8 @@ class OpenAICompatTransport:
         try:
             body = json_dumps(payload)
         except TypeError as exc:
+            # orjson's error names no place: name the message and part when it is their text.
+            reject_lone_surrogates(request.messages)
             raise RequestRejectedError(
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
             ) from exc

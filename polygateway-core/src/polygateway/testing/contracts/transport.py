@@ -20,7 +20,8 @@ What it checks: streaming and non-streaming answers, usage, reasoning kept apart
 the error translation table of ARCHITECTURE §6.2 for every scripted fault (per protocol),
 Retry-After, the liveness watchdog (TTFT, inter-token, total), that cancellation and watchdog
 timeouts release the connection, multimodal messages passed through untouched (OpenAI) or
-converted (Anthropic), and that the API key never appears in an error message.
+converted (Anthropic), that text which is not Unicode is refused before anything is sent, and
+that the API key never appears in an error message.
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
     ("mid-stream-error", Reply.mid_stream_error(), TransientError, None),
     ("reset", Reply.reset(), TransientError, None),
     ("reset-after-headers", Reply.reset(after_headers=True), TransientError, None),
+    # Closed before the last chunk, the head in odd case (``TRANSFER-ENCODING: Chunked``):
+    # incomplete, though what came parses (RFC 9110 sec. 5.1, RFC 9112 sec. 7.1).
+    ("truncated-chunked", Reply.truncated(), TransientError, None),
 ]
 
-_WIRE_FAULTS = ERROR_TABLE[-7:]  # cut .. reset-after-headers: the same for every protocol
+_WIRE_FAULTS = ERROR_TABLE[-8:]  # cut .. truncated-chunked: the same for every protocol
 
 # The Messages API classifies by error.type (protocols §4 and corrections).
 ANTHROPIC_ERROR_TABLE: list[tuple[str, Reply, type[PolyGatewayError], int | None]] = [
@@ -291,6 +295,23 @@ class TransportContract:
             assert getattr(caught.value, "status", None) == status
         assert fake_upstream.requests(source.name, route=self.route) == 1
         assert CONTRACT_KEY not in str(caught.value)
+
+    @pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+    async def test_text_that_is_not_unicode_is_rejected_before_sending(
+        self, open_transport: OpenTransport, fake_upstream: FakeUpstream, stream: bool
+    ) -> None:
+        # JSON's "\ud800" decodes to a lone surrogate, which has no UTF-8 form.
+        transport, source = open_transport()
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": "fine"},
+            {"role": "user", "content": [{"type": "text", "text": "half a pair: \ud83d"}]},
+        ]
+        request = ChatRequest(messages=messages, stream=stream)
+        with pytest.raises(RequestRejectedError) as caught:
+            await transport.send(request, source, call_id="c1")
+        assert "messages[1].content[0].text" in str(caught.value)
+        assert "U+D83D" in str(caught.value)
+        assert fake_upstream.requests(source.name, route=self.route) == 0
 
     @pytest.mark.parametrize(("status", "seconds"), [(429, 2), (503, 7)])
     async def test_retry_after_seconds_are_parsed(

@@ -37,6 +37,7 @@ ReplyKind = Literal[
     "redirect",
     "flood",
     "garbage",
+    "truncated",
 ]
 
 Dialect = Literal["openai", "mistral", "openrouter", "groq"]
@@ -314,6 +315,14 @@ class Reply:
     def garbage(cls) -> Reply:
         """Bytes that are not an HTTP response at all, then the connection closes."""
         return cls(kind="garbage")
+
+    @classmethod
+    def truncated(cls, content: str = DEFAULT_CONTENT) -> Reply:
+        """A chunked answer whose head spells its fields in odd case (``TRANSFER-ENCODING:
+        Chunked``) and whose connection closes (FIN) before the body's last chunk: a stream
+        without its last event (OpenAI's ``[DONE]``, Anthropic's ``message_stop``), a JSON
+        answer whole. HTTP says the answer is incomplete, however well-formed what came is."""
+        return cls(kind="truncated", content=content)
 
     @classmethod
     def redirect(cls, location: str, status: int = 307) -> Reply:

@@ -4,6 +4,7 @@ the answers of its protocol."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -31,6 +32,7 @@ from polygateway.testing.fake_upstream.wire import (
     Step,
     json_head,
     sse_head,
+    truncated_plan,
 )
 from polygateway.testing.threads import serve_in_thread
 
@@ -612,6 +614,11 @@ class FakeUpstream:
             return [b"SPEAK FRIEND AND ENTER\r\n\r\n", CLOSE]
         if reply.kind == "redirect":
             return [json_head(0, ask.close, reply.status, f"Location: {reply.location}\r\n")]
+        if reply.kind == "truncated":
+            whole = dataclasses.replace(ask, reply=dataclasses.replace(reply, kind="ok"))
+            return truncated_plan(
+                self._answers[ask.route].plan(whole), bool(ask.body.get("stream"))
+            )
         return self._answers[ask.route].plan(ask)
 
 

@@ -204,3 +204,25 @@ def decode_chunked(buffer: bytearray, start: int) -> tuple[bytes, int] | None:
         if len(body) > MAX_BODY_BYTES:
             raise BadRequest("request body too large")
         position += size + 2
+
+
+_FRAMING_FIELDS: Final = (b"content-length:", b"transfer-encoding:")
+
+
+def truncated_plan(plan: list[Step], stream: bool) -> list[Step]:
+    """A complete answer's ``plan`` re-framed as one chunk under ``TRANSFER-ENCODING: Chunked``
+    (odd case, as RFC 9110 allows), then closed before the last chunk; a stream loses its last
+    event first. Delays in ``plan`` are kept in front."""
+    delays: list[Step] = [step for step in plan if isinstance(step, float)]
+    data = b"".join(step for step in plan if isinstance(step, bytes))
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    if any(line.lower().startswith(b"transfer-encoding:") for line in lines):
+        decoded = decode_chunked(bytearray(body), 0)
+        assert decoded is not None, "a complete answer's chunked body"
+        body = decoded[0]
+    kept = [line for line in lines if not line.lower().startswith(_FRAMING_FIELDS)]
+    if stream:
+        body = body[: body.rstrip(b"\n").rfind(b"\n\n") + 2]
+    new_head = b"\r\n".join([*kept, b"TRANSFER-ENCODING: Chunked"]) + b"\r\n\r\n"
+    return [*delays, new_head + b"%x\r\n%b\r\n" % (len(body), body), CLOSE]
