@@ -207,6 +207,8 @@ class OtelRecorder:
         self._warned: set[str] = set()
         self._closed = False
         """After ``aclose`` the recorder adds nothing to the shared metric instruments."""
+        self._owned_flush: asyncio.Future[None] | None = None
+        """The owned providers' flush in progress, awaited by every concurrent ``flush``."""
         self.calls = 0
         self.spans = 0
         self.dropped = 0
@@ -259,6 +261,7 @@ class OtelRecorder:
                 max_queue=max_queue,
                 delay_s=batch_delay_s,
                 tick_s=metric_interval_s,
+                close=self._close_exports,
             )
             self._batches.start()
 
@@ -373,28 +376,42 @@ class OtelRecorder:
             self._drops[scope] = self._drops.get(scope, 0) + len(rows)
 
     async def flush(self) -> None:
-        """Export what the batch thread and the recorder's own providers hold (in threads:
-        export is blocking)."""
-        if self._batches is not None:
-            await asyncio.to_thread(self._batches.flush, self._flush_s)
+        """Export what the batch thread and the recorder's own providers hold. The batch
+        thread answers the flush itself (no thread waits for it); the providers' blocking
+        flush runs in one thread at a time, shared by concurrent callers, so a hung
+        collector holds one default-executor thread, not one per caller."""
+        batches = self._batches
+        if batches is not None and not self._closed:
+            loop = asyncio.get_running_loop()
+            answered: asyncio.Future[None] = loop.create_future()
+            if batches.request_flush(lambda: loop.call_soon_threadsafe(_resolve, answered)):
+                try:
+                    await asyncio.wait_for(answered, self._flush_s)
+                except TimeoutError as exc:
+                    self._warn("flush", exc)
+        if self._owned:
+            if self._owned_flush is None or self._owned_flush.done():
+                self._owned_flush = asyncio.ensure_future(self._flush_owned())
+            await asyncio.shield(self._owned_flush)
+
+    async def _flush_owned(self) -> None:
         for provider in self._owned:
             await asyncio.to_thread(provider.force_flush, self._flush_ms)
 
     async def aclose(self) -> None:
         """Flush, then shut down the batch thread, its sinks and the providers the recorder
-        made (never the global ones)."""
+        made (never the global ones). A call that ends from here on is dropped and counted
+        (the batch thread refuses it); the batch thread shuts its exporters itself, after its
+        last export, so nothing else touches them while it may still be posting."""
         if self._closed:
             return
-        batches, self._batches = self._batches, None
+        batches = self._batches
         if batches is not None:
+            batches.stop_intake()  # on the loop, where calls end: none lands after the drain
             await asyncio.to_thread(batches.shutdown, self._flush_s)
         self._closed = True
-        for closing in (self._sink, self._metric_exporter):
-            if closing is not None:
-                try:
-                    await asyncio.to_thread(closing.shutdown)
-                except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
-                    self._warn("shutdown", exc)
+        if batches is None:
+            await asyncio.to_thread(self._close_exports)
         owned, self._owned = self._owned, ()
         for provider in owned:
             try:
@@ -402,6 +419,15 @@ class OtelRecorder:
                 await asyncio.to_thread(provider.shutdown)
             except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
                 self._warn("shutdown", exc)
+
+    def _close_exports(self) -> None:
+        """The span sink and the metric exporter shut (the batch thread's last step)."""
+        for closing in (self._sink, self._metric_exporter):
+            if closing is not None:
+                try:
+                    closing.shutdown()
+                except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
+                    self._warn("shutdown", exc)
 
     # ------------------------------------------------------------------ the batch thread
 
@@ -1025,6 +1051,11 @@ def _content(attrs: dict[str, Any], record: TelemetryRecord, *, input_too: bool)
         attrs["gen_ai.input.messages"] = record.messages
     if record.response:
         attrs["gen_ai.output.messages"] = record.response
+
+
+def _resolve(answered: asyncio.Future[None]) -> None:
+    if not answered.done():  # a flush that timed out is cancelled
+        answered.set_result(None)
 
 
 def _failure(error: BaseException | None) -> _Failure | None:
