@@ -45,9 +45,7 @@ OVERFLOW_KEY: Key = (("otel.metric.overflow", True),)
 class PlainCounter:
     __slots__ = ("description", "limit", "name", "overflowed", "points", "unit")
 
-    def __init__(
-        self, name: str, unit: str, description: str, limit: int = POINT_LIMIT
-    ) -> None:
+    def __init__(self, name: str, unit: str, description: str, limit: int = POINT_LIMIT) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.points: dict[Key, int | float] = {}
         self.limit = limit
@@ -72,9 +70,7 @@ class PlainCounter:
 class PlainGauge:
     __slots__ = ("description", "limit", "name", "overflowed", "points", "unit")
 
-    def __init__(
-        self, name: str, unit: str, description: str, limit: int = POINT_LIMIT
-    ) -> None:
+    def __init__(self, name: str, unit: str, description: str, limit: int = POINT_LIMIT) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.points: dict[Key, int | float] = {}
         self.limit = limit

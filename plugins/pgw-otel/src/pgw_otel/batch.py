@@ -14,6 +14,7 @@ itself, so what ``handle`` and ``tick`` use is only ever touched from the thread
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -117,10 +118,8 @@ class BatchThread(Generic[Item]):
                 while self._flushes:  # asked while the last turn ran: answered, not lost
                     flushes.append(self._flushes.popleft())
             for done in flushes:
-                try:
+                with contextlib.suppress(Exception):  # a waiter gone (its loop closed)
                     done()
-                except Exception:  # noqa: BLE001, S110 - a waiter gone (its loop closed) is no failure
-                    pass
             if stopping:
                 return
 

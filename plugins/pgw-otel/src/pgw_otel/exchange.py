@@ -71,10 +71,13 @@ class Budget:
 
 
 class _BudgetedReader(io.RawIOBase):
-    """Reads of the socket, each with the time left as its timeout, up to the bytes left."""
+    """Reads of the socket, each with the time left as its timeout, up to the bytes left.
+    Over the socket's own raw file, so the socket stays open while an answer is read after
+    the connection let go of it (``Connection: close``), as with ``socket.makefile``."""
 
     def __init__(self, sock: socket.socket, budget: Budget) -> None:
         self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
         self._budget = budget
 
     def readable(self) -> bool:
@@ -85,9 +88,13 @@ class _BudgetedReader(io.RawIOBase):
         if budget.read_left <= 0:
             raise AnswerTooLarge(f"OTLP answer longer than {READ_LIMIT} bytes")
         self._sock.settimeout(budget.remaining())
-        read = self._sock.recv_into(memoryview(buffer)[: budget.read_left])
+        read = self._raw.readinto(memoryview(buffer)[: budget.read_left]) or 0
         budget.read_left -= read
         return read
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class BudgetedSocket:

@@ -384,11 +384,15 @@ class OtelRecorder:
         if batches is not None and not self._closed:
             loop = asyncio.get_running_loop()
             answered: asyncio.Future[None] = loop.create_future()
-            if batches.request_flush(lambda: loop.call_soon_threadsafe(_resolve, answered)):
+
+            def answer() -> None:  # in the batch thread
+                loop.call_soon_threadsafe(_resolve, answered)
+
+            if batches.request_flush(answer):
                 try:
                     await asyncio.wait_for(answered, self._flush_s)
-                except TimeoutError as exc:
-                    self._warn("flush", exc)
+                except TimeoutError:
+                    self._warn("flush", TimeoutError(f"no answer within {self._flush_s:g} s"))
         if self._owned:
             if self._owned_flush is None or self._owned_flush.done():
                 self._owned_flush = asyncio.ensure_future(self._flush_owned())
