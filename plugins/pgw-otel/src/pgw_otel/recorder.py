@@ -211,7 +211,10 @@ class OtelRecorder:
         """The owned providers' flush in progress, awaited by every concurrent ``flush``."""
         self.calls = 0
         self.spans = 0
-        self.dropped = 0
+        self._refused = 0
+        """Rows of calls the full (or closing) buffer refused: written where calls end."""
+        self._failed = 0
+        """Rows a failed step lost: written where spans are made (one thread each)."""
         self._drops: dict[str, int] = {}
         """Rows dropped on the call path, by scope (written there, read by the batch thread)."""
         self._reported_drops: dict[str, int] = {}
@@ -330,6 +333,12 @@ class OtelRecorder:
     # ------------------------------------------------------------------ the call's side
 
     @property
+    def dropped(self) -> int:
+        """Rows that could not become spans: refused by a full or closing buffer, or lost in
+        a failed step (two counts, each written by one thread)."""
+        return self._refused + self._failed
+
+    @property
     def wants_content(self) -> bool:
         """Rows' content is read only with ``capture_content`` (``ports.DeclaresContentUse``):
         without it the telemetry layer leaves the prompt unencoded."""
@@ -371,7 +380,7 @@ class OtelRecorder:
         if self._closed:
             return
         if not batches.offer((start, parent, rows, ended_at, _failure(error), events or ())):
-            self.dropped += len(rows)
+            self._refused += len(rows)
             scope = start.scope or (rows[0][0].scope if rows else "")
             self._drops[scope] = self._drops.get(scope, 0) + len(rows)
 
@@ -531,7 +540,7 @@ class OtelRecorder:
     def _count_drop(
         self, start: CallStart, rows: Sequence[tuple[TelemetryRecord, object]], exc: Exception
     ) -> None:
-        self.dropped += len(rows)
+        self._failed += len(rows)
         self._warn("export", exc)
         if rows and not self._closed:
             try:
