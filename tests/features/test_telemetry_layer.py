@@ -29,7 +29,7 @@ from polygateway.errors import (
     TransientError,
 )
 from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
-from polygateway.settings import BackpressureSettings, Limits
+from polygateway.settings import BackpressureSettings, Limits, TelemetryContent, TelemetrySettings
 from polygateway.testing import FakeClock, FakeUpstream, Reply
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
 
@@ -486,3 +486,18 @@ async def test_a_recorder_reading_no_content_gets_the_same_rows_without_the_prom
     for full, plain in zip(rows[True], rows[False], strict=True):
         keep = {f: getattr(full, f) for f in (*FIELDS_18, "scope", "params") if f not in varying}
         assert {f: getattr(plain, f) for f in keep} == keep
+
+
+@pytest.mark.parametrize("content", ["digest", "none"])
+async def test_a_recorder_reading_no_content_still_holds_none_under_a_content_policy(
+    fake_upstream: FakeUpstream, content: TelemetryContent
+) -> None:
+    fake_upstream.script("a", Reply.ok(content="the secret answer"))
+    recorder = _ContentChoosingRecorder(False)
+    settings = scope(fake_upstream, telemetry=TelemetrySettings(content=content))
+    async with GatewayClient(settings, telemetry=recorder) as client:
+        assert (await client.chat(MESSAGES)).content == "the secret answer"
+    (row,) = recorder.records
+    # It reads no content, so nothing of it is kept for it (empty is as strict as a digest).
+    assert (row.messages, row.response, row.thinking) == ("", "", "")
+    assert row.completion_tokens and row.source_name == "a"

@@ -387,9 +387,11 @@ class RowWriter:
                 params=params,
                 root_call_id=root_call_id,
             )
-            if self._content == "full" or not self._wants_content:
+            if self._content == "full":
                 return record
-            return with_content(record, self._content)
+            # A recorder that reads no content still holds the row (in a queue): the policy
+            # applies. Empty is as strict as a digest for it and costs no hashing.
+            return with_content(record, self._content if self._wants_content else "none")
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self.warn_once("build", "telemetry row could not be built: %r", exc)
             return None

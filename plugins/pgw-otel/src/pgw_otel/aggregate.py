@@ -7,6 +7,13 @@ gauges keep the last value, histograms count into explicit buckets with ``bisect
 on a boundary falls in the bucket it closes, as in the SDK) and keep the sum, min and max;
 every point is keyed by its attributes in the order they were given. Cumulative temporality.
 
+Each instrument keeps at most ``point_limit`` attribute sets (``POINT_LIMIT``, the SDK's
+default cardinality limit): points are kept for the process's life and some attributes come
+from upstream answers (``gen_ai.response.model``), so without a limit a proxy returning a new
+model id per call would grow every export. Beyond the limit a measurement with a new attribute
+set goes to one overflow point, attributes ``otel.metric.overflow=true``, as in the SDK, and
+counts in the instrument's ``overflowed``.
+
 Only the recorder's batch thread touches a ``PlainMeter``: no locks. ``request`` builds the
 export with the generated protobuf classes, once per export interval (never per call).
 """
@@ -17,35 +24,64 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Key", "PlainCounter", "PlainGauge", "PlainHistogram", "PlainMeter"]
+__all__ = [
+    "OVERFLOW_KEY",
+    "POINT_LIMIT",
+    "Key",
+    "PlainCounter",
+    "PlainGauge",
+    "PlainHistogram",
+    "PlainMeter",
+]
 
 Key = tuple[tuple[str, Any], ...]
 
+POINT_LIMIT = 2000
+"""Attribute sets kept per instrument (the SDK's default cardinality limit)."""
+OVERFLOW_KEY: Key = (("otel.metric.overflow", True),)
+"""The point measurements with attribute sets beyond the limit go to."""
+
 
 class PlainCounter:
-    __slots__ = ("description", "name", "points", "unit")
+    __slots__ = ("description", "limit", "name", "overflowed", "points", "unit")
 
-    def __init__(self, name: str, unit: str, description: str) -> None:
+    def __init__(self, name: str, unit: str, description: str, limit: int = POINT_LIMIT) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.points: dict[Key, int | float] = {}
+        self.limit = limit
+        self.overflowed = 0
 
     def add(self, amount: float, attributes: Mapping[str, Any]) -> None:
         self.add_key(amount, tuple(attributes.items()))
 
     def add_key(self, amount: float, key: Key) -> None:
         """``add`` with the attributes as their key (``tuple(attributes.items())``)."""
-        self.points[key] = self.points.get(key, 0) + amount
+        points = self.points
+        total = points.get(key)
+        if total is not None:
+            points[key] = total + amount
+        elif len(points) < self.limit:
+            points[key] = amount
+        else:
+            self.overflowed += 1
+            points[OVERFLOW_KEY] = points.get(OVERFLOW_KEY, 0) + amount
 
 
 class PlainGauge:
-    __slots__ = ("description", "name", "points", "unit")
+    __slots__ = ("description", "limit", "name", "overflowed", "points", "unit")
 
-    def __init__(self, name: str, unit: str, description: str) -> None:
+    def __init__(self, name: str, unit: str, description: str, limit: int = POINT_LIMIT) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.points: dict[Key, int | float] = {}
+        self.limit = limit
+        self.overflowed = 0
 
     def set(self, amount: float, attributes: Mapping[str, Any]) -> None:
-        self.points[tuple(attributes.items())] = amount
+        key = tuple(attributes.items())
+        if key not in self.points and len(self.points) >= self.limit:
+            self.overflowed += 1
+            key = OVERFLOW_KEY
+        self.points[key] = amount
 
 
 class _HistogramPoint:
@@ -59,12 +95,21 @@ class _HistogramPoint:
 
 
 class PlainHistogram:
-    __slots__ = ("bounds", "description", "name", "points", "unit")
+    __slots__ = ("bounds", "description", "limit", "name", "overflowed", "points", "unit")
 
-    def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> None:
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        bounds: Sequence[float],
+        limit: int = POINT_LIMIT,
+    ) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.bounds = tuple(float(b) for b in bounds)
         self.points: dict[Key, _HistogramPoint] = {}
+        self.limit = limit
+        self.overflowed = 0
 
     def record(self, amount: float, attributes: Mapping[str, Any]) -> None:
         self.record_key(amount, tuple(attributes.items()))
@@ -73,7 +118,12 @@ class PlainHistogram:
         """``record`` with the attributes as their key (``tuple(attributes.items())``)."""
         point = self.points.get(key)
         if point is None:
-            point = self.points[key] = _HistogramPoint(len(self.bounds) + 1, amount)
+            if len(self.points) >= self.limit:
+                self.overflowed += 1
+                key = OVERFLOW_KEY
+                point = self.points.get(key)
+            if point is None:
+                point = self.points[key] = _HistogramPoint(len(self.bounds) + 1, amount)
         point.counts[bisect_left(self.bounds, amount)] += 1
         point.sum += amount
         if amount < point.min:
@@ -85,17 +135,24 @@ class PlainHistogram:
 class PlainMeter:
     """Instruments aggregating in plain Python (see the module docstring)."""
 
-    def __init__(self, started_ns: int) -> None:
+    def __init__(self, started_ns: int, point_limit: int = POINT_LIMIT) -> None:
         self.started_ns = started_ns
+        self.point_limit = point_limit
+        """Attribute sets kept per instrument (see the module docstring)."""
         self.instruments: list[PlainCounter | PlainGauge | PlainHistogram] = []
 
+    @property
+    def overflowed(self) -> int:
+        """Measurements that went to an overflow point, over every instrument."""
+        return sum(instrument.overflowed for instrument in self.instruments)
+
     def create_counter(self, name: str, unit: str = "", description: str = "") -> PlainCounter:
-        counter = PlainCounter(name, unit, description)
+        counter = PlainCounter(name, unit, description, self.point_limit)
         self.instruments.append(counter)
         return counter
 
     def create_gauge(self, name: str, unit: str = "", description: str = "") -> PlainGauge:
-        gauge = PlainGauge(name, unit, description)
+        gauge = PlainGauge(name, unit, description, self.point_limit)
         self.instruments.append(gauge)
         return gauge
 
@@ -107,7 +164,9 @@ class PlainMeter:
         *,
         explicit_bucket_boundaries_advisory: Sequence[float] = (),
     ) -> PlainHistogram:
-        histogram = PlainHistogram(name, unit, description, explicit_bucket_boundaries_advisory)
+        histogram = PlainHistogram(
+            name, unit, description, explicit_bucket_boundaries_advisory, self.point_limit
+        )
         self.instruments.append(histogram)
         return histogram
 

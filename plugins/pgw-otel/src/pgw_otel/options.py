@@ -8,11 +8,14 @@ values from the pipeline file's ``[scopes.X.telemetry.options]`` (in a fan-out,
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Annotated
 
 from polygateway.options import Bool, ComponentOptions, EnvKey, PositiveDuration, SecretText
 from polygateway.settings import Secret
 from pydantic import AfterValidator, Field
+
+from pgw_otel.exchange import check_headers
 
 
 def _endpoint(value: Secret | None) -> Secret | None:
@@ -21,6 +24,12 @@ def _endpoint(value: Secret | None) -> Secret | None:
     text = value.reveal().strip().rstrip("/")
     if not text.startswith(("http://", "https://")):
         raise ValueError("must be an http:// or https:// URL (the OTLP/HTTP base, e.g. :4318)")
+    parts = urllib.parse.urlsplit(text)
+    if parts.query or parts.fragment or "?" in text or "#" in text:
+        # /v1/traces is appended to the base: it would land inside the query.
+        raise ValueError("must have no query or fragment (put keys in headers)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must have no user:password@ (never sent: put it in headers)")
     return Secret(text)
 
 
@@ -34,7 +43,8 @@ def _headers(value: Secret | None) -> Secret | None:
 def parse_headers(text: str) -> dict[str, str]:
     """``k=v,k2=v2`` (the ``OTEL_EXPORTER_OTLP_HEADERS`` form) as a dict.
 
-    :raises ValueError: a pair without ``=`` or with an empty name (never shows the values).
+    :raises ValueError: a pair without ``=``, a name that is no HTTP token, a value HTTP
+        cannot carry (``pgw_otel.exchange.check_headers``); the message never shows a value.
     """
     headers: dict[str, str] = {}
     for index, pair in enumerate(p for p in text.split(",") if p.strip()):
@@ -42,6 +52,7 @@ def parse_headers(text: str) -> dict[str, str]:
         if not sep or not name.strip():
             raise ValueError(f"header {index + 1} is not name=value (values not shown)")
         headers[name.strip()] = value.strip()
+    check_headers(headers)
     return headers
 
 

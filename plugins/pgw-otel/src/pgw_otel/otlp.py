@@ -15,11 +15,15 @@ in the batch thread only, so a slow or dead collector delays export, never a cal
 from __future__ import annotations
 
 import http.client
+import re
 import struct
+import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from pgw_otel.exchange import ANSWER_LIMIT, Budget, budgeted_connection, check_headers
 
 __all__ = [
     "AttributeKey",
@@ -34,6 +38,9 @@ __all__ = [
     "str_attribute",
     "wire_span",
 ]
+
+_PATH = re.compile(r"[!-~]+")
+"""A URL path ``http.client`` sends as it is: printable ASCII, no space."""
 
 KIND_INTERNAL = 1
 KIND_CLIENT = 3
@@ -293,30 +300,56 @@ class OtlpHttp:
 
     One connection, kept alive and reopened after a failure. Not thread-safe: one batch
     thread owns it. ``post`` raises ``OSError`` / ``http.client.HTTPException`` on a failed
-    export or a non-2xx answer (the status only: the URL and headers may hold secrets).
+    export or a non-2xx answer (the status only: the URL and headers may hold secrets); a
+    redirect is not followed (the headers never go to another host). ``timeout_s`` bounds the
+    whole export and an answer is read up to ``pgw_otel.exchange.ANSWER_LIMIT`` bytes
+    (``pgw_otel.exchange``). Headers are checked here (``check_headers``): a value
+    ``http.client`` would refuse later, with the value in its message, is refused now with
+    the header's name only.
     """
 
-    def __init__(self, url: str, headers: Mapping[str, str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         parts = urllib.parse.urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("credentials in the URL are never sent: put them in a header")
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "localhost"
         self._port = parts.port
         self._path = parts.path or "/"
-        if parts.query:
-            self._path += f"?{parts.query}"
+        if not _PATH.fullmatch(self._path):
+            raise ValueError("the URL path has a space, a control or a non-ASCII character")
+        self._target = f"{self._path}?{parts.query}" if parts.query else self._path
+        check_headers(headers)
         self._headers = {"Content-Type": "application/x-protobuf", **headers}
-        self._timeout = timeout_s
+        self._budget = Budget(timeout_s, clock)
         self._conn: http.client.HTTPConnection | None = None
 
     def post(self, body: bytes) -> None:
+        self._budget.arm()
         conn = self._conn
         if conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = self._conn = cls(self._host, self._port, timeout=self._timeout)
+            conn = self._conn = budgeted_connection(
+                self._https, self._host, self._port, self._budget
+            )
         try:
-            conn.request("POST", self._path, body, self._headers)
+            conn.request("POST", self._target, body, self._headers)
             answer = conn.getresponse()
-            answer.read()
+            answer.read(ANSWER_LIMIT)
+            if not answer.isclosed():  # a longer answer: the rest is not read
+                self.shutdown()
+        except ValueError as exc:  # UnicodeEncodeError among them
+            # Their messages may quote a header value or the URL's query: only the type.
+            self.shutdown()
+            raise http.client.HTTPException(
+                f"OTLP export request could not be written ({type(exc).__name__})"
+            ) from None
         except BaseException:
             self.shutdown()
             raise
@@ -329,4 +362,4 @@ class OtlpHttp:
             conn.close()
 
     def __repr__(self) -> str:
-        return f"OtlpHttp(path={self._path!r})"
+        return f"OtlpHttp(path={self._path!r})"  # never the query: it may hold a key

@@ -207,9 +207,14 @@ class OtelRecorder:
         self._warned: set[str] = set()
         self._closed = False
         """After ``aclose`` the recorder adds nothing to the shared metric instruments."""
+        self._owned_flush: asyncio.Future[None] | None = None
+        """The owned providers' flush in progress, awaited by every concurrent ``flush``."""
         self.calls = 0
         self.spans = 0
-        self.dropped = 0
+        self._refused = 0
+        """Rows of calls the full (or closing) buffer refused: written where calls end."""
+        self._failed = 0
+        """Rows a failed step lost: written where spans are made (one thread each)."""
         self._drops: dict[str, int] = {}
         """Rows dropped on the call path, by scope (written there, read by the batch thread)."""
         self._reported_drops: dict[str, int] = {}
@@ -259,6 +264,7 @@ class OtelRecorder:
                 max_queue=max_queue,
                 delay_s=batch_delay_s,
                 tick_s=metric_interval_s,
+                close=self._close_exports,
             )
             self._batches.start()
 
@@ -327,6 +333,12 @@ class OtelRecorder:
     # ------------------------------------------------------------------ the call's side
 
     @property
+    def dropped(self) -> int:
+        """Rows that could not become spans: refused by a full or closing buffer, or lost in
+        a failed step (two counts, each written by one thread)."""
+        return self._refused + self._failed
+
+    @property
     def wants_content(self) -> bool:
         """Rows' content is read only with ``capture_content`` (``ports.DeclaresContentUse``):
         without it the telemetry layer leaves the prompt unencoded."""
@@ -368,33 +380,51 @@ class OtelRecorder:
         if self._closed:
             return
         if not batches.offer((start, parent, rows, ended_at, _failure(error), events or ())):
-            self.dropped += len(rows)
+            self._refused += len(rows)
             scope = start.scope or (rows[0][0].scope if rows else "")
             self._drops[scope] = self._drops.get(scope, 0) + len(rows)
 
     async def flush(self) -> None:
-        """Export what the batch thread and the recorder's own providers hold (in threads:
-        export is blocking)."""
-        if self._batches is not None:
-            await asyncio.to_thread(self._batches.flush, self._flush_s)
+        """Export what the batch thread and the recorder's own providers hold. The batch
+        thread answers the flush itself (no thread waits for it); the providers' blocking
+        flush runs in one thread at a time, shared by concurrent callers, so a hung
+        collector holds one default-executor thread, not one per caller."""
+        batches = self._batches
+        if batches is not None and not self._closed:
+            loop = asyncio.get_running_loop()
+            answered: asyncio.Future[None] = loop.create_future()
+
+            def answer() -> None:  # in the batch thread
+                loop.call_soon_threadsafe(_resolve, answered)
+
+            if batches.request_flush(answer):
+                try:
+                    await asyncio.wait_for(answered, self._flush_s)
+                except TimeoutError:
+                    self._warn("flush", TimeoutError(f"no answer within {self._flush_s:g} s"))
+        if self._owned:
+            if self._owned_flush is None or self._owned_flush.done():
+                self._owned_flush = asyncio.ensure_future(self._flush_owned())
+            await asyncio.shield(self._owned_flush)
+
+    async def _flush_owned(self) -> None:
         for provider in self._owned:
             await asyncio.to_thread(provider.force_flush, self._flush_ms)
 
     async def aclose(self) -> None:
         """Flush, then shut down the batch thread, its sinks and the providers the recorder
-        made (never the global ones)."""
+        made (never the global ones). A call that ends from here on is dropped and counted
+        (the batch thread refuses it); the batch thread shuts its exporters itself, after its
+        last export, so nothing else touches them while it may still be posting."""
         if self._closed:
             return
-        batches, self._batches = self._batches, None
+        batches = self._batches
         if batches is not None:
+            batches.stop_intake()  # on the loop, where calls end: none lands after the drain
             await asyncio.to_thread(batches.shutdown, self._flush_s)
         self._closed = True
-        for closing in (self._sink, self._metric_exporter):
-            if closing is not None:
-                try:
-                    await asyncio.to_thread(closing.shutdown)
-                except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
-                    self._warn("shutdown", exc)
+        if batches is None:
+            await asyncio.to_thread(self._close_exports)
         owned, self._owned = self._owned, ()
         for provider in owned:
             try:
@@ -402,6 +432,15 @@ class OtelRecorder:
                 await asyncio.to_thread(provider.shutdown)
             except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
                 self._warn("shutdown", exc)
+
+    def _close_exports(self) -> None:
+        """The span sink and the metric exporter shut (the batch thread's last step)."""
+        for closing in (self._sink, self._metric_exporter):
+            if closing is not None:
+                try:
+                    closing.shutdown()
+                except Exception as exc:  # noqa: BLE001 - shutdown never raises into the client
+                    self._warn("shutdown", exc)
 
     # ------------------------------------------------------------------ the batch thread
 
@@ -501,7 +540,7 @@ class OtelRecorder:
     def _count_drop(
         self, start: CallStart, rows: Sequence[tuple[TelemetryRecord, object]], exc: Exception
     ) -> None:
-        self.dropped += len(rows)
+        self._failed += len(rows)
         self._warn("export", exc)
         if rows and not self._closed:
             try:
@@ -1025,6 +1064,11 @@ def _content(attrs: dict[str, Any], record: TelemetryRecord, *, input_too: bool)
         attrs["gen_ai.input.messages"] = record.messages
     if record.response:
         attrs["gen_ai.output.messages"] = record.response
+
+
+def _resolve(answered: asyncio.Future[None]) -> None:
+    if not answered.done():  # a flush that timed out is cancelled
+        answered.set_result(None)
 
 
 def _failure(error: BaseException | None) -> _Failure | None:
