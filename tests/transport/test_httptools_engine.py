@@ -105,8 +105,13 @@ async def test_one_keepalive_connection_serves_sequential_calls(
         assert (engine.idle_connections, engine.busy_connections) == (1, 0)
         # A cancelled stream aborts its connection instead of pooling it half-read.
         fake_upstream.script("pool", Reply.ok("a b c", chunks=3, inter_token_delay=30.0))
+        # The server's thread counts the last answer as in flight until its handler returns,
+        # which may be after the client has read it: wait for the new request itself.
+        before = fake_upstream.requests("pool")
         task = asyncio.create_task(transport.send(chat(), source, call_id="c"))
-        await wait_until(lambda: fake_upstream.inflight("pool") == 1)
+        await wait_until(
+            lambda: fake_upstream.requests("pool") > before and fake_upstream.inflight("pool") == 1
+        )
         assert engine.busy_connections == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -335,8 +335,11 @@ async def test_aiohttp_connections_are_reused_and_released(fake_upstream: FakeUp
         assert not connector._acquired
         # A cancelled stream closes its connection instead of returning it half-read.
         fake_upstream.script("pool", Reply.ok("a b c", chunks=3, inter_token_delay=30.0))
+        before = fake_upstream.requests("pool")  # the last answer may still count as in flight
         task = asyncio.create_task(transport.send(_chat(), source, call_id="c"))
-        await wait_until(lambda: fake_upstream.inflight("pool") == 1)
+        await wait_until(
+            lambda: fake_upstream.requests("pool") > before and fake_upstream.inflight("pool") == 1
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
