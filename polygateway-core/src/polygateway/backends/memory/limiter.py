@@ -8,13 +8,22 @@ Time: lease expiry and progress use ``clock.monotonic()``; RPM/TPM windows are f
 minute-aligned windows keyed by ``floor(clock.time() / 60)``, the same keying the Redis backend
 uses with the server's time. Fixed windows admit up to twice a limit across a minute boundary;
 that is the chosen trade-off for both backends.
+
+Waiting for a slot (``acquire_queued``, ``ports.QueuedAdmission``): a call refused by a full
+concurrency gate queues, first come first served, and a released (or expired) slot is handed to
+the first waiter it admits before anyone else can take it; the caller does not poll. The wait
+is bounded on the injected clock: the caller's timeout, and the oldest lease's expiry (a dead
+holder frees its slot then, without a release).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import math
 import secrets
+from collections import deque
 
 from polygateway.backends import MAX_TOKENS, check_token_count
 from polygateway.permits import OnceOnlyPermit
@@ -33,6 +42,9 @@ MIN_SLOT_WAIT_S = 0.01
 
 HOLD_WEIGHT = 0.2
 """Weight of the newest hold time in the running estimate (exponential moving average)."""
+
+SLOT_GATES = frozenset({"global_concurrency", "source_concurrency"})
+"""The gates a queued waiter waits on: a release frees them, time alone does not."""
 
 
 def slot_wait(oldest_expiry_in_s: float, hold_s: float | None) -> float:
@@ -117,6 +129,34 @@ class _MemoryPermit(OnceOnlyPermit):
                 held = now - (expiry - limiter._lease_ttl_s)
                 self._state.hold_s = next_hold(self._state.hold_s, held)
                 limiter._hold_s = next_hold(limiter._hold_s, held)
+            if limiter._waiters:
+                limiter._serve_waiters()
+
+    def release_now(self) -> None:
+        """``release`` without a coroutine, for a permit nobody will use (a waiter that was
+        cancelled after its slot was handed over)."""
+        if not self._released:
+            self._released = True
+            self._apply_release()
+
+
+class _Waiter:
+    """One call queued for a concurrency slot (``acquire_queued``)."""
+
+    __slots__ = ("est_tokens", "future", "limits", "source")
+
+    def __init__(
+        self,
+        source: str,
+        est_tokens: int,
+        limits: Limits,
+        future: asyncio.Future[Permit | Denial | None],
+    ) -> None:
+        self.source = source
+        self.est_tokens = est_tokens
+        self.limits = limits
+        self.future = future
+        """Set to the permit (or a non-slot refusal) by a release; ``None`` on the timeout."""
 
 
 class InMemoryLimiter:
@@ -145,7 +185,9 @@ class InMemoryLimiter:
         "_leases",
         "_progress_at",
         "_scope",
+        "_serving",
         "_sources",
+        "_waiters",
     )
 
     def __init__(
@@ -176,6 +218,8 @@ class InMemoryLimiter:
         # the key; the id string is built only when a permit's ``lease_id`` is read).
         self._lease_prefix = secrets.token_hex(4) + "-"
         self._lease_numbers = itertools.count(1)
+        self._waiters: deque[_Waiter] = deque()
+        self._serving = False
 
     @property
     def global_limits(self) -> Limits:
@@ -198,7 +242,73 @@ class InMemoryLimiter:
         # One bitwise OR tells whether any of the three limits is negative.
         if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
             check_limits(source_limits, "source_limits")
+        return self._admit(source, est_tokens, source_limits)
 
+    async def acquire_queued(
+        self, source: str, est_tokens: int, source_limits: Limits, timeout_s: float
+    ) -> Permit | Denial:
+        """``try_acquire``, but a refusal by a concurrency gate waits in line for a slot, up
+        to ``timeout_s`` (then the refusal of a last try); FIFO among waiters. Cancelled
+        after a slot was handed over, the slot goes on to the next waiter."""
+        if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
+            est_tokens = check_token_count(est_tokens, "est_tokens")
+        if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
+            check_limits(source_limits, "source_limits")
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+        admitted = self._admit(source, est_tokens, source_limits)
+        if not isinstance(admitted, Denial) or admitted.gate not in SLOT_GATES:
+            return admitted
+        clock = self._clock
+        deadline = clock.monotonic() + timeout_s
+        while True:
+            now = clock.monotonic()
+            # A dead holder frees its slot at its lease's expiry, with no release to wake
+            # the line: look again then, at the latest.
+            wait = min(deadline - now, self._oldest_expiry(source) - now)
+            if wait <= 0:
+                return self._admit(source, est_tokens, source_limits)
+            handed = await self._wait_in_line(source, est_tokens, source_limits, wait)
+            if handed is not None:
+                return handed
+            admitted = self._admit(source, est_tokens, source_limits)
+            if not isinstance(admitted, Denial) or admitted.gate not in SLOT_GATES:
+                return admitted
+
+    async def _wait_in_line(
+        self, source: str, est_tokens: int, source_limits: Limits, wait_s: float
+    ) -> Permit | Denial | None:
+        """Queue until a release hands this waiter a permit (or a non-slot refusal), or
+        ``wait_s`` passes on the clock (``None``)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Permit | Denial | None] = loop.create_future()
+        waiter = _Waiter(source, est_tokens, source_limits, future)
+        self._waiters.append(waiter)
+        timer = loop.create_task(self._clock.sleep(wait_s))
+
+        def time_out(_: object) -> None:
+            if not future.done():
+                future.set_result(None)
+
+        timer.add_done_callback(time_out)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                handed = future.result()
+                if isinstance(handed, _MemoryPermit):
+                    handed.release_now()  # ours but unused: on to the next waiter
+            raise
+        finally:
+            timer.cancel()
+            # Still in line unless a release took it off (and set a permit or a refusal).
+            if future.cancelled() or future.result() is None:
+                with contextlib.suppress(ValueError):  # a release dropped it as done
+                    self._waiters.remove(waiter)
+
+    def _admit(self, source: str, est_tokens: int, source_limits: Limits) -> Permit | Denial:
+        """The six gates and the charge, without an ``await`` (atomic on the event loop);
+        the arguments are checked."""
         state = self._sources.get(source)
         if state is None:
             state = self._sources[source] = _SourceState()
@@ -209,12 +319,12 @@ class InMemoryLimiter:
         # Expired leases are purged lazily, only when a concurrency gate looks full.
         limit = glimits.max_concurrency
         if limit and len(leases) >= limit:
-            self._purge_expired(now)
+            self._free_expired(now)
             if len(leases) >= limit:
                 return Denial("global_concurrency", self._lease_wait(now, leases))
         limit = source_limits.max_concurrency
         if limit and len(state.leases) >= limit:
-            self._purge_expired(now)
+            self._free_expired(now)
             if len(state.leases) >= limit:
                 return Denial("source_concurrency", self._source_lease_wait(now, state))
 
@@ -257,7 +367,7 @@ class InMemoryLimiter:
         state = self._sources.get(source)
         if state is None:
             return SourceStats(inflight=0, rpm_used=0, tpm_used=0)
-        self._purge_expired(self._clock.monotonic())
+        self._free_expired(self._clock.monotonic())
         usage = state.usage
         if usage.window != int(self._clock.time() // WINDOW_S):
             return SourceStats(inflight=len(state.leases), rpm_used=0, tpm_used=0)
@@ -266,7 +376,7 @@ class InMemoryLimiter:
         )
 
     async def inflight(self) -> int:
-        self._purge_expired(self._clock.monotonic())
+        self._free_expired(self._clock.monotonic())
         return len(self._leases)
 
     async def mark_progress(self) -> None:
@@ -282,14 +392,60 @@ class InMemoryLimiter:
 
     # ------------------------------------------------------------------ internals
 
-    def _purge_expired(self, now: float) -> None:
+    def _free_expired(self, now: float) -> None:
+        """Drop the expired leases; the slots they held go to the waiters first."""
+        if self._purge_expired(now) and self._waiters:
+            self._serve_waiters()
+
+    def _purge_expired(self, now: float) -> bool:
+        """Drop the expired leases; whether there were any."""
         leases = self._leases
+        purged = False
         while leases:
             lease_id, state = next(iter(leases.items()))
             if state.leases[lease_id] > now:
-                return
+                return purged
             del leases[lease_id]
             del state.leases[lease_id]
+            purged = True
+        return purged
+
+    def _serve_waiters(self) -> None:
+        """Hand free slots to the waiters, in line order: each gets the permit (or the
+        refusal of a gate other than concurrency, which waiting does not cure); one whose
+        source gate is still full keeps its place. Stops when the global gate is full."""
+        if self._serving:
+            return  # a purge inside an admission below: this loop hands out what it frees
+        self._serving = True
+        try:
+            waiters = self._waiters
+            limit = self._global_limits.max_concurrency
+            kept: list[_Waiter] = []
+            while waiters and not (limit and len(self._leases) >= limit):
+                waiter = waiters.popleft()
+                if waiter.future.done():
+                    continue  # timed out or cancelled, about to leave the line
+                admitted = self._admit(waiter.source, waiter.est_tokens, waiter.limits)
+                if isinstance(admitted, Denial) and admitted.gate in SLOT_GATES:
+                    kept.append(waiter)
+                    if admitted.gate == "global_concurrency":
+                        break
+                    continue
+                waiter.future.set_result(admitted)
+            waiters.extendleft(reversed(kept))
+        finally:
+            self._serving = False
+
+    def _oldest_expiry(self, source: str) -> float:
+        """When the next lease that blocks ``source`` expires (``inf``: none held)."""
+        expiry = math.inf
+        if self._leases:
+            lease_id, state = next(iter(self._leases.items()))
+            expiry = state.leases[lease_id]
+        own = self._sources.get(source)
+        if own is not None and own.leases:
+            expiry = min(expiry, next(iter(own.leases.values())))
+        return expiry
 
     def _lease_wait(self, now: float, leases: dict[int, _SourceState]) -> float:
         lease_id, state = next(iter(leases.items()))
