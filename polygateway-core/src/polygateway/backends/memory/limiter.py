@@ -143,7 +143,7 @@ class _MemoryPermit(OnceOnlyPermit):
 class _Waiter:
     """One call queued for a concurrency slot (``acquire_queued``)."""
 
-    __slots__ = ("est_tokens", "future", "limits", "source")
+    __slots__ = ("deadline", "est_tokens", "future", "limits", "source")
 
     def __init__(
         self,
@@ -151,11 +151,13 @@ class _Waiter:
         est_tokens: int,
         limits: Limits,
         future: asyncio.Future[Permit | Denial | None],
+        deadline: float,
     ) -> None:
         self.source = source
         self.est_tokens = est_tokens
         self.limits = limits
         self.future = future
+        self.deadline = deadline
         """Set to the permit (or a non-slot refusal) by a release; ``None`` on the timeout."""
 
 
@@ -179,6 +181,8 @@ class InMemoryLimiter:
         "_global_limits",
         "_global_usage",
         "_hold_s",
+        "_keeper",
+        "_keeper_wakes_at",
         "_lease_numbers",
         "_lease_prefix",
         "_lease_ttl_s",
@@ -220,6 +224,10 @@ class InMemoryLimiter:
         self._lease_numbers = itertools.count(1)
         self._waiters: deque[_Waiter] = deque()
         self._serving = False
+        # One task watches the time for the whole line (deadlines, lease expiry), while
+        # anyone waits: no timer per waiter.
+        self._keeper: asyncio.Task[None] | None = None
+        self._keeper_wakes_at = math.inf
 
     @property
     def global_limits(self) -> Limits:
@@ -259,38 +267,26 @@ class InMemoryLimiter:
         admitted = self._admit(source, est_tokens, source_limits)
         if not isinstance(admitted, Denial) or admitted.gate not in SLOT_GATES:
             return admitted
-        clock = self._clock
-        deadline = clock.monotonic() + timeout_s
-        while True:
-            now = clock.monotonic()
-            # A dead holder frees its slot at its lease's expiry, with no release to wake
-            # the line: look again then, at the latest.
-            wait = min(deadline - now, self._oldest_expiry(source) - now)
-            if wait <= 0:
-                return self._admit(source, est_tokens, source_limits)
-            handed = await self._wait_in_line(source, est_tokens, source_limits, wait)
-            if handed is not None:
-                return handed
-            admitted = self._admit(source, est_tokens, source_limits)
-            if not isinstance(admitted, Denial) or admitted.gate not in SLOT_GATES:
-                return admitted
+        deadline = self._clock.monotonic() + timeout_s
+        handed = await self._wait_in_line(source, est_tokens, source_limits, deadline)
+        if handed is not None:
+            return handed
+        return self._admit(source, est_tokens, source_limits)
 
     async def _wait_in_line(
-        self, source: str, est_tokens: int, source_limits: Limits, wait_s: float
+        self, source: str, est_tokens: int, source_limits: Limits, deadline: float
     ) -> Permit | Denial | None:
-        """Queue until a release hands this waiter a permit (or a non-slot refusal), or
-        ``wait_s`` passes on the clock (``None``)."""
+        """Queue until a release hands this waiter a permit (or a non-slot refusal), or the
+        clock reaches ``deadline`` (``None``)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Permit | Denial | None] = loop.create_future()
-        waiter = _Waiter(source, est_tokens, source_limits, future)
+        waiter = _Waiter(source, est_tokens, source_limits, future, deadline)
         self._waiters.append(waiter)
-        timer = loop.create_task(self._clock.sleep(wait_s))
-
-        def time_out(_: object) -> None:
-            if not future.done():
-                future.set_result(None)
-
-        timer.add_done_callback(time_out)
+        # A dead holder frees its slot at its lease's expiry, with no release to wake the
+        # line: the keeper looks then too.
+        wakes_at = min(deadline, self._oldest_expiry(source))
+        if wakes_at < self._keeper_wakes_at:
+            self._start_keeper(wakes_at)
         try:
             return await future
         except asyncio.CancelledError:
@@ -300,11 +296,47 @@ class InMemoryLimiter:
                     handed.release_now()  # ours but unused: on to the next waiter
             raise
         finally:
-            timer.cancel()
-            # Still in line unless a release took it off (and set a permit or a refusal).
-            if future.cancelled() or future.result() is None:
-                with contextlib.suppress(ValueError):  # a release dropped it as done
+            # Still in line unless a release or the keeper took it off (and set its result).
+            if future.cancelled():
+                with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
+            if not self._waiters:
+                self._stop_keeper()
+
+    def _start_keeper(self, wakes_at: float) -> None:
+        """(Re)start the one task that watches the time for the whole line."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+        self._keeper_wakes_at = wakes_at
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_line(wakes_at))
+
+    def _stop_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            self._keeper = None
+        self._keeper_wakes_at = math.inf
+
+    async def _keep_line(self, wakes_at: float) -> None:
+        """The time-driven part of the line, one timer for every waiter: at a waiter's
+        deadline it leaves the line with ``None``; at the oldest lease's expiry a dead
+        holder's slot goes to the line (in order, like a release)."""
+        clock = self._clock
+        while True:
+            await clock.sleep(max(0.0, wakes_at - clock.monotonic()))
+            now = clock.monotonic()
+            self._free_expired(now)
+            waiters = self._waiters
+            for waiter in waiters:
+                if waiter.deadline <= now and not waiter.future.done():
+                    waiter.future.set_result(None)
+            if any(w.future.done() for w in waiters):
+                self._waiters = waiters = deque(w for w in waiters if not w.future.done())
+            if not waiters:
+                self._keeper = None
+                self._keeper_wakes_at = math.inf
+                return
+            wakes_at = min(min(w.deadline for w in waiters), self._oldest_expiry(waiters[0].source))
+            self._keeper_wakes_at = wakes_at
 
     def _admit(self, source: str, est_tokens: int, source_limits: Limits) -> Permit | Denial:
         """The six gates and the charge, without an ``await`` (atomic on the event loop);
@@ -388,7 +420,8 @@ class InMemoryLimiter:
         return max(0.0, self._clock.monotonic() - self._progress_at)
 
     async def aclose(self) -> None:
-        """Nothing to close: state lives in this object."""
+        """Stop the line's timer, if anyone waits; the state lives in this object."""
+        self._stop_keeper()
 
     # ------------------------------------------------------------------ internals
 
