@@ -584,6 +584,8 @@ async def worker_async(args: argparse.Namespace) -> None:
 
             async def loop_() -> None:
                 if opening is not None:
+                    if next(queue, None) is None:
+                        return
                     async with opening:  # each loop's first call opens its connection
                         await call()
                 for _ in queue:
