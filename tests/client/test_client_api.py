@@ -483,3 +483,39 @@ async def test_aclose_waits_for_rows_still_being_recorded(fake: FakeUpstream) ->
     await closing
     assert len(recorder.rows) == 20
     assert recorder.flushes == 1 and not recorder.closed  # injected: flushed, not closed
+
+
+_ONE_VALUE_EACH: dict[str, Any] = {
+    "model": "other-model",
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "max_tokens": 5,
+    "stop": ["x"],
+    "seed": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "tools": [{"type": "function", "function": {"name": "f"}}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "response_format": {"type": "json_object"},
+    "user": "u",
+    "extra_body": {},
+}
+
+
+def test_unset_params_make_no_params(fake: FakeUpstream) -> None:
+    # The request skips building the parameters when none is set: it must agree with
+    # ``call_params`` (the definition) for no parameter and for each one set alone.
+    import inspect
+
+    from polygateway.client import call_params
+    from polygateway.params import ChatParams
+
+    names = {f.name for f in dataclasses.fields(ChatParams)}
+    assert names == set(inspect.signature(call_params).parameters) == set(_ONE_VALUE_EACH)
+    client = GatewayClient(http_settings(fake, ["a"]), registry=registry())
+    assert client._request(MESSAGES).params is None
+    assert call_params() is None
+    for name, value in _ONE_VALUE_EACH.items():
+        made = client._request(MESSAGES, **{name: value}).params
+        assert made is not None and made == call_params(**{name: value}), name

@@ -374,25 +374,42 @@ class GatewayClient:
         if self._closed:
             raise ClientClosedError(f"this GatewayClient ({self._settings.scope}) is closed")
         check_message_shape(messages)
-        params = ChatParams(
-            model=model,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
-            seed=seed,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            tools=None if tools is None else tuple(tools),
-            tool_choice=tool_choice,
-            parallel_tool_calls=parallel_tool_calls,
-            response_format=response_format,
-            user=user,
-            extra_body=extra_body,
-        )
-        plain = params.is_empty()
-        if not plain:
-            check_params(params)
+        if (
+            model is None
+            and temperature is None
+            and top_p is None
+            and max_tokens is None
+            and stop is None
+            and seed is None
+            and presence_penalty is None
+            and frequency_penalty is None
+            and tools is None
+            and tool_choice is None
+            and parallel_tool_calls is None
+            and response_format is None
+            and user is None
+            and extra_body is None
+        ):
+            # The usual call sets none: what building them and ``is_empty`` would say, without
+            # the 14-field object (tests/client: test_unset_params_make_no_params).
+            params: ChatParams | None = None
+        else:
+            params = call_params(
+                model=model,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_tokens,
+                stop=stop,
+                seed=seed,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                tools=tools,
+                tool_choice=tool_choice,
+                parallel_tool_calls=parallel_tool_calls,
+                response_format=response_format,
+                user=user,
+                extra_body=extra_body,
+            )
         if structured is not None and structured != "json" and not _is_model_class(structured):
             raise StructuredSpecError(
                 "structured must be None, 'json' or a pydantic BaseModel subclass, got "
@@ -411,7 +428,7 @@ class GatewayClient:
             cache_namespace=cache_namespace,
             structured=structured,
             stream=stream,
-            params=None if plain else params,
+            params=params,
             deadline_s=deadline_s,
             context=context if context is not None else CallContext(),
         )
@@ -564,3 +581,44 @@ def _discard(item: Any) -> None:
         item.close()
     elif isinstance(item, asyncio.Future):
         item.cancel()
+
+
+def call_params(
+    *,
+    model: str | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_tokens: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    seed: int | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, Any] | None = None,
+    parallel_tool_calls: bool | None = None,
+    response_format: Mapping[str, Any] | None = None,
+    user: str | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+) -> ChatParams | None:
+    """A call's generation parameters, checked (``RequestRejectedError`` naming the field);
+    ``None`` when none is set."""
+    params = ChatParams(
+        model=model,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        stop=stop if stop is None or isinstance(stop, str) else tuple(stop),
+        seed=seed,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        tools=None if tools is None else tuple(tools),
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
+        response_format=response_format,
+        user=user,
+        extra_body=extra_body,
+    )
+    if params.is_empty():
+        return None
+    check_params(params)
+    return params

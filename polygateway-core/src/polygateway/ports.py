@@ -425,6 +425,21 @@ class JointAdmission(Protocol):
     def joint_with(self, gate: ProviderGate) -> JointAdmit | None: ...
 
 
+@runtime_checkable
+class QueuedAdmission(Protocol):
+    """Optional, for a ``RateLimiter`` that can keep a call refused by a full concurrency
+    gate in line for the next released slot, so the caller need not poll.
+
+    ``acquire_queued`` is ``try_acquire`` that, refused by a concurrency gate, waits up to
+    ``timeout_s`` (on the limiter's clock) for a slot handed over first come, first served;
+    then it returns the permit, or the refusal of a last try. Cancelled after a slot was
+    handed over, the slot goes on to the next in line."""
+
+    async def acquire_queued(
+        self, source: str, est_tokens: int, source_limits: Limits, timeout_s: float
+    ) -> Permit | Denial: ...
+
+
 # --------------------------------------------------------------------------- cache, telemetry
 
 

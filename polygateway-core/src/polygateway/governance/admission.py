@@ -32,6 +32,7 @@ from polygateway.ports import (
     JointAdmission,
     Permit,
     ProviderGate,
+    QueuedAdmission,
     RateLimiter,
     ScopedGates,
 )
@@ -92,6 +93,7 @@ class Admission:
         "_memo",
         "_progress_every_s",
         "_progress_marked_at",
+        "_queue",
         "_thresholds",
         "_warned",
         "inflight",
@@ -119,6 +121,9 @@ class Admission:
         self._joint = (
             limiter.joint_with(breaker) if bare and isinstance(limiter, JointAdmission) else None
         )
+        # A limiter that keeps refused calls in line for a slot (memory): waited on instead
+        # of polled.
+        self._queue = limiter if isinstance(limiter, QueuedAdmission) else None
         self._memo = memo
         self._clock = clock
         self._thresholds: dict[str, int] = {
@@ -133,6 +138,24 @@ class Admission:
         self.on_open: Callable[[str], None] | None = None
         """Told the name of a source found open (refused, or opened by a failure)."""
 
+    @property
+    def queues(self) -> bool:
+        """Whether a call refused by full concurrency gates can wait in the limiter's line
+        (``wait_in_line``) instead of polling."""
+        return self._queue is not None
+
+    async def wait_in_line(
+        self, source: SourceConfig, est_tokens: int, timeout_s: float
+    ) -> Permit | Denial:
+        """The limiter's permit for ``source`` once a slot is handed over (``QueuedAdmission``),
+        or its refusal after ``timeout_s``; pass the permit to ``attempt``."""
+        queue = self._queue
+        if queue is None:
+            raise RuntimeError("this limiter keeps no line (check Admission.queues)")
+        return await queue.acquire_queued(
+            self._gate_keys[source.name], est_tokens, source.limits, timeout_s
+        )
+
     async def attempt(
         self,
         source: SourceConfig,
@@ -141,18 +164,28 @@ class Admission:
         observer: AttemptObserver[T] | None,
         number: int,
         events: GovernanceEvents | None = None,
+        permit: Permit | None = None,
     ) -> Outcome[T] | Denial | GateDecision:
         """Admission then one ``attempt`` on ``source``, the call's attempt ``number``.
 
         Returns the call's ``Outcome``, or the refusal (the limiter's ``Denial`` or the
         breaker's not-allowed ``GateDecision``); raises the attempt's error after the breaker
-        verdict.
+        verdict. ``permit``: the limiter's permit already taken (``wait_in_line``); it is
+        released whatever happens, a breaker refusal included.
         """
         name = source.name
         breaker = self._breaker
         joint = self._joint
-        admitted: Permit | Denial | None = None
-        if joint is None:
+        admitted: Permit | Denial | None = permit
+        if permit is not None:
+            try:
+                decision = await breaker.try_enter(name)
+            except BaseException:
+                await self._release(permit)
+                raise
+            if not decision.allowed:
+                await self._release(permit)
+        elif joint is None:
             decision = await breaker.try_enter(name)
         else:
             decision, admitted = await joint(name, est_tokens, source.limits)
@@ -169,7 +202,7 @@ class Admission:
                 )
             if isinstance(admitted, Denial):
                 return admitted
-            permit: Permit = admitted
+            permit = admitted
             if events is not None:
                 self._admitted(events, name, decision)
             clock = self._clock
@@ -266,6 +299,12 @@ class Admission:
             await permit.settle(tokens)
         except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
             self._warn("permit.settle", exc)
+
+    async def _release(self, permit: Permit) -> None:
+        try:
+            await permit.release()
+        except Exception as exc:  # noqa: BLE001 - release side degrades (M2 §10)
+            self._warn("permit.release", exc)
 
     async def _release_probe(self, decision: GateDecision) -> None:
         try:

@@ -54,7 +54,15 @@ from polygateway.governance.decisions import (
 )
 from polygateway.governance.health import HealthProber
 from polygateway.governance.stall import Blocked, backpressure_problems
-from polygateway.ports import Clock, Denial, GateDecision, ProviderGate, RateLimiter, SourceSelector
+from polygateway.ports import (
+    Clock,
+    Denial,
+    GateDecision,
+    Permit,
+    ProviderGate,
+    RateLimiter,
+    SourceSelector,
+)
 from polygateway.settings import (
     BackpressureSettings,
     BreakerSettings,
@@ -348,41 +356,68 @@ class Governor:
         same_tries: dict[str, int] | None = None
         min_window: int | None = None
         last_error: BaseException | None = None
+        # The source whose full concurrency gate refused first this round, while every
+        # refusal of the round was one (only a released slot helps): the line to wait in.
+        line: SourceConfig | None = None
+        # A permit handed over in that line, and its source: the next attempt's.
+        queued: tuple[Permit, SourceConfig] | None = None
 
         while True:
-            if attempts or refused is not None or memo:
-                candidates = self._runnable(dead, refused, avoid, min_window)
+            permit: Permit | None = None
+            if queued is not None:
+                permit, source = queued
+                queued = None
             else:
-                candidates = self._sources  # first try, nothing cooling: every source
-            if not candidates:
-                if min_window is not None and isinstance(last_error, ContextWindowExceededError):
-                    raise last_error  # nothing larger can take it (any more)
-                # Nothing admitted in this round: raise, or wait and start a new round.
-                waited_from = clock.monotonic()
-                await self._blocked.wait_or_raise(
-                    entered_at, dead, denial_wait, reasons, last_error
+                if attempts or refused is not None or memo:
+                    candidates = self._runnable(dead, refused, avoid, min_window)
+                else:
+                    candidates = self._sources  # first try, nothing cooling: every source
+                if not candidates:
+                    if min_window is not None and isinstance(
+                        last_error, ContextWindowExceededError
+                    ):
+                        raise last_error  # nothing larger can take it (any more)
+                    # Nothing admitted in this round: raise, or wait and start a new round.
+                    waited_from = clock.monotonic()
+                    if line is None:
+                        await self._blocked.wait_or_raise(
+                            entered_at, dead, denial_wait, reasons, last_error
+                        )
+                    else:
+                        earliest = await self._blocked.raise_if_due(
+                            entered_at, dead, denial_wait, reasons, last_error
+                        )
+                        in_line = await admission.wait_in_line(
+                            line,
+                            line.est_tokens if est_tokens is None else est_tokens,
+                            await self._blocked.queue_timeout(entered_at, earliest),
+                        )
+                        if not isinstance(in_line, Denial):
+                            queued = (in_line, line)
+                        # Refused again after the wait: the next round asks afresh.
+                        line = None
+                    if events is not None:
+                        waited = clock.monotonic() - waited_from
+                        _tell(events, GovernanceEvent("waited", wait_s=waited))
+                    refused = None
+                    denial_wait = None
+                    continue
+                preferred: SourceConfig | None = None
+                if prefer is not None:
+                    # A same-source retry: the failed source again, when it is still runnable.
+                    for candidate in candidates:
+                        if candidate.name == prefer:
+                            preferred = candidate
+                            break
+                    prefer = None
+                source = (
+                    preferred if preferred is not None else selector.choose(candidates, inflight)
                 )
-                if events is not None:
-                    waited = clock.monotonic() - waited_from
-                    _tell(events, GovernanceEvent("waited", wait_s=waited))
-                refused = None
-                denial_wait = None
-                continue
-            source = None
-            if prefer is not None:
-                # A same-source retry: the failed source again, when it is still runnable.
-                for candidate in candidates:
-                    if candidate.name == prefer:
-                        source = candidate
-                        break
-                prefer = None
-            if source is None:
-                source = selector.choose(candidates, inflight)
             name = source.name
             est = source.est_tokens if est_tokens is None else est_tokens
             try:
                 admitted = await admission.attempt(
-                    source, est, attempt, observer, attempts + 1, events
+                    source, est, attempt, observer, attempts + 1, events, permit
                 )
             except TransientError as exc:
                 attempts += 1
@@ -478,6 +513,9 @@ class Governor:
             # Refused before the attempt: no attempt spent; try another source this round.
             if refused is None:
                 refused = set()
+                line = source if admission.queues and _slot_refusal(admitted) else None
+            elif line is not None and not _slot_refusal(admitted):
+                line = None  # something a released slot does not cure: poll as usual
             if events is not None:
                 _tell_refused(events, name, admitted)
             if isinstance(admitted, Denial):
@@ -555,6 +593,14 @@ class Governor:
             breaker=self._breaker,
             backoff=self._backoff,
         )
+
+
+def _slot_refusal(refusal: Denial | GateDecision) -> bool:
+    """A refusal only a released concurrency slot cures (no time-based gate, no breaker)."""
+    return isinstance(refusal, Denial) and refusal.gate in _SLOT_GATES
+
+
+_SLOT_GATES = frozenset({"global_concurrency", "source_concurrency"})
 
 
 def _tell(events: GovernanceEvents, event: GovernanceEvent) -> None:

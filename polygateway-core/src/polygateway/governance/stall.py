@@ -2,7 +2,8 @@
 
 ``quota_full = "fail_fast"`` raises at once: ``CircuitOpenError`` when only breakers keep the
 sources shut, ``AllSourcesExhausted(reason="quota_exhausted")`` otherwise. ``"wait"`` sleeps
-until a source may admit again (polling, with jitter), and raises
+until a source may admit again (polling, with jitter; a call refused only by full concurrency
+gates waits instead in the limiter's line when it has one, ``ports.QueuedAdmission``), and raises
 ``AllSourcesExhausted(reason="stalled")`` only on the double condition: this call has waited
 past ``stall_window_s`` AND nobody sharing the limiter made progress within it (the local and
 the global clock are never mixed).
@@ -92,6 +93,44 @@ class Blocked:
         dead during this call; ``denial_wait``: the shortest limiter hint of this round, or
         ``None`` when no limiter refused.
         """
+        earliest = await self.raise_if_due(entered_at, dead, denial_wait, reasons, last_error)
+        window = self.stall_window_s
+        poll = self.poll_interval_s
+        if denial_wait is not None:
+            # The limiter's hint is an upper bound (a release frees a slot earlier): poll.
+            delay = min(denial_wait if denial_wait > 0 else poll, poll)
+            if earliest is not None:
+                delay = min(delay, earliest)
+            delay *= self._rng.uniform(0.5, 1.5)
+        elif earliest is not None:
+            # Wait for the earliest reopening; the jitter spreads the waiters of one reopening.
+            delay = min(earliest, window) + poll * self._rng.random()
+        else:
+            delay = poll * self._rng.uniform(0.5, 1.5)
+        await self._clock.sleep(delay)
+
+    async def queue_timeout(self, entered_at: float, earliest: float | None) -> float:
+        """How long a call may wait in a limiter's line for a slot (``QueuedAdmission``):
+        until the stall verdict may be due (the call waited past the window and nobody made
+        progress within it; one poll interval later, as a polling call would see it), and
+        no longer than the earliest reopening of a cooling source (``earliest``)."""
+        window = self.stall_window_s
+        until_window = entered_at + window - self._clock.monotonic()
+        until_idle = window - await self._limiter.progress_age_s()
+        timeout = max(until_window, until_idle, 0.0) + self.poll_interval_s
+        return timeout if earliest is None else min(timeout, earliest)
+
+    async def raise_if_due(
+        self,
+        entered_at: float,
+        dead: set[str] | None,
+        denial_wait: float | None,
+        reasons: Mapping[str, str] | None,
+        last_error: BaseException | None,
+    ) -> float | None:
+        """Raise the scope-level error this round calls for (see ``wait_or_raise``), if any;
+        else return the earliest reopening of a cooling alive source (``None``: none cools).
+        """
         names = self._names
         memo = self._memo
         if not names:
@@ -148,16 +187,4 @@ class Blocked:
                 per_source_reasons=reasons_report(names, memo, reasons),
                 last_error=last_error,
             )
-        poll = self.poll_interval_s
-        if denial_wait is not None:
-            # The limiter's hint is an upper bound (a release frees a slot earlier): poll.
-            delay = min(denial_wait if denial_wait > 0 else poll, poll)
-            if earliest is not None:
-                delay = min(delay, earliest)
-            delay *= self._rng.uniform(0.5, 1.5)
-        elif earliest is not None:
-            # Wait for the earliest reopening; the jitter spreads the waiters of one reopening.
-            delay = min(earliest, window) + poll * self._rng.random()
-        else:
-            delay = poll * self._rng.uniform(0.5, 1.5)
-        await self._clock.sleep(delay)
+        return earliest

@@ -8,13 +8,22 @@ Time: lease expiry and progress use ``clock.monotonic()``; RPM/TPM windows are f
 minute-aligned windows keyed by ``floor(clock.time() / 60)``, the same keying the Redis backend
 uses with the server's time. Fixed windows admit up to twice a limit across a minute boundary;
 that is the chosen trade-off for both backends.
+
+Waiting for a slot (``acquire_queued``, ``ports.QueuedAdmission``): a call refused by a full
+concurrency gate queues, first come first served, and a released (or expired) slot is handed to
+the first waiter it admits before anyone else can take it; the caller does not poll. The wait
+is bounded on the injected clock: the caller's timeout, and the oldest lease's expiry (a dead
+holder frees its slot then, without a release).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import math
 import secrets
+from collections import deque
 
 from polygateway.backends import MAX_TOKENS, check_token_count
 from polygateway.permits import OnceOnlyPermit
@@ -33,6 +42,9 @@ MIN_SLOT_WAIT_S = 0.01
 
 HOLD_WEIGHT = 0.2
 """Weight of the newest hold time in the running estimate (exponential moving average)."""
+
+SLOT_GATES = frozenset({"global_concurrency", "source_concurrency"})
+"""The gates a queued waiter waits on: a release frees them, time alone does not."""
 
 
 def slot_wait(oldest_expiry_in_s: float, hold_s: float | None) -> float:
@@ -117,6 +129,36 @@ class _MemoryPermit(OnceOnlyPermit):
                 held = now - (expiry - limiter._lease_ttl_s)
                 self._state.hold_s = next_hold(self._state.hold_s, held)
                 limiter._hold_s = next_hold(limiter._hold_s, held)
+            if limiter._waiters:
+                limiter._serve_waiters()
+
+    def release_now(self) -> None:
+        """``release`` without a coroutine, for a permit nobody will use (a waiter that was
+        cancelled after its slot was handed over)."""
+        if not self._released:
+            self._released = True
+            self._apply_release()
+
+
+class _Waiter:
+    """One call queued for a concurrency slot (``acquire_queued``)."""
+
+    __slots__ = ("deadline", "est_tokens", "future", "limits", "source")
+
+    def __init__(
+        self,
+        source: str,
+        est_tokens: int,
+        limits: Limits,
+        future: asyncio.Future[Permit | Denial | None],
+        deadline: float,
+    ) -> None:
+        self.source = source
+        self.est_tokens = est_tokens
+        self.limits = limits
+        self.future = future
+        self.deadline = deadline
+        """Set to the permit (or a non-slot refusal) by a release; ``None`` on the timeout."""
 
 
 class InMemoryLimiter:
@@ -139,13 +181,17 @@ class InMemoryLimiter:
         "_global_limits",
         "_global_usage",
         "_hold_s",
+        "_keeper",
+        "_keeper_wakes_at",
         "_lease_numbers",
         "_lease_prefix",
         "_lease_ttl_s",
         "_leases",
         "_progress_at",
         "_scope",
+        "_serving",
         "_sources",
+        "_waiters",
     )
 
     def __init__(
@@ -176,6 +222,12 @@ class InMemoryLimiter:
         # the key; the id string is built only when a permit's ``lease_id`` is read).
         self._lease_prefix = secrets.token_hex(4) + "-"
         self._lease_numbers = itertools.count(1)
+        self._waiters: deque[_Waiter] = deque()
+        self._serving = False
+        # One task watches the time for the whole line (deadlines, lease expiry), while
+        # anyone waits: no timer per waiter.
+        self._keeper: asyncio.Task[None] | None = None
+        self._keeper_wakes_at = math.inf
 
     @property
     def global_limits(self) -> Limits:
@@ -198,7 +250,97 @@ class InMemoryLimiter:
         # One bitwise OR tells whether any of the three limits is negative.
         if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
             check_limits(source_limits, "source_limits")
+        return self._admit(source, est_tokens, source_limits)
 
+    async def acquire_queued(
+        self, source: str, est_tokens: int, source_limits: Limits, timeout_s: float
+    ) -> Permit | Denial:
+        """``try_acquire``, but a refusal by a concurrency gate waits in line for a slot, up
+        to ``timeout_s`` (then the refusal of a last try); FIFO among waiters. Cancelled
+        after a slot was handed over, the slot goes on to the next waiter."""
+        if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
+            est_tokens = check_token_count(est_tokens, "est_tokens")
+        if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
+            check_limits(source_limits, "source_limits")
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+        admitted = self._admit(source, est_tokens, source_limits)
+        if not isinstance(admitted, Denial) or admitted.gate not in SLOT_GATES:
+            return admitted
+        deadline = self._clock.monotonic() + timeout_s
+        handed = await self._wait_in_line(source, est_tokens, source_limits, deadline)
+        if handed is not None:
+            return handed
+        return self._admit(source, est_tokens, source_limits)
+
+    async def _wait_in_line(
+        self, source: str, est_tokens: int, source_limits: Limits, deadline: float
+    ) -> Permit | Denial | None:
+        """Queue until a release hands this waiter a permit (or a non-slot refusal), or the
+        clock reaches ``deadline`` (``None``)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Permit | Denial | None] = loop.create_future()
+        waiter = _Waiter(source, est_tokens, source_limits, future, deadline)
+        self._waiters.append(waiter)
+        # A dead holder frees its slot at its lease's expiry, with no release to wake the
+        # line: the keeper looks then too.
+        wakes_at = min(deadline, self._oldest_expiry(source))
+        if wakes_at < self._keeper_wakes_at:
+            self._start_keeper(wakes_at)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                handed = future.result()
+                if isinstance(handed, _MemoryPermit):
+                    handed.release_now()  # ours but unused: on to the next waiter
+            raise
+        finally:
+            # Still in line unless a release or the keeper took it off (and set its result).
+            if future.cancelled():
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            if not self._waiters:
+                self._stop_keeper()
+
+    def _start_keeper(self, wakes_at: float) -> None:
+        """(Re)start the one task that watches the time for the whole line."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+        self._keeper_wakes_at = wakes_at
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_line(wakes_at))
+
+    def _stop_keeper(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            self._keeper = None
+        self._keeper_wakes_at = math.inf
+
+    async def _keep_line(self, wakes_at: float) -> None:
+        """The time-driven part of the line, one timer for every waiter: at a waiter's
+        deadline it leaves the line with ``None``; at the oldest lease's expiry a dead
+        holder's slot goes to the line (in order, like a release)."""
+        clock = self._clock
+        while True:
+            await clock.sleep(max(0.0, wakes_at - clock.monotonic()))
+            now = clock.monotonic()
+            self._free_expired(now)
+            waiters = self._waiters
+            for waiter in waiters:
+                if waiter.deadline <= now and not waiter.future.done():
+                    waiter.future.set_result(None)
+            if any(w.future.done() for w in waiters):
+                self._waiters = waiters = deque(w for w in waiters if not w.future.done())
+            if not waiters:
+                self._keeper = None
+                self._keeper_wakes_at = math.inf
+                return
+            wakes_at = min(min(w.deadline for w in waiters), self._oldest_expiry(waiters[0].source))
+            self._keeper_wakes_at = wakes_at
+
+    def _admit(self, source: str, est_tokens: int, source_limits: Limits) -> Permit | Denial:
+        """The six gates and the charge, without an ``await`` (atomic on the event loop);
+        the arguments are checked."""
         state = self._sources.get(source)
         if state is None:
             state = self._sources[source] = _SourceState()
@@ -209,12 +351,12 @@ class InMemoryLimiter:
         # Expired leases are purged lazily, only when a concurrency gate looks full.
         limit = glimits.max_concurrency
         if limit and len(leases) >= limit:
-            self._purge_expired(now)
+            self._free_expired(now)
             if len(leases) >= limit:
                 return Denial("global_concurrency", self._lease_wait(now, leases))
         limit = source_limits.max_concurrency
         if limit and len(state.leases) >= limit:
-            self._purge_expired(now)
+            self._free_expired(now)
             if len(state.leases) >= limit:
                 return Denial("source_concurrency", self._source_lease_wait(now, state))
 
@@ -257,7 +399,7 @@ class InMemoryLimiter:
         state = self._sources.get(source)
         if state is None:
             return SourceStats(inflight=0, rpm_used=0, tpm_used=0)
-        self._purge_expired(self._clock.monotonic())
+        self._free_expired(self._clock.monotonic())
         usage = state.usage
         if usage.window != int(self._clock.time() // WINDOW_S):
             return SourceStats(inflight=len(state.leases), rpm_used=0, tpm_used=0)
@@ -266,7 +408,7 @@ class InMemoryLimiter:
         )
 
     async def inflight(self) -> int:
-        self._purge_expired(self._clock.monotonic())
+        self._free_expired(self._clock.monotonic())
         return len(self._leases)
 
     async def mark_progress(self) -> None:
@@ -278,18 +420,65 @@ class InMemoryLimiter:
         return max(0.0, self._clock.monotonic() - self._progress_at)
 
     async def aclose(self) -> None:
-        """Nothing to close: state lives in this object."""
+        """Stop the line's timer, if anyone waits; the state lives in this object."""
+        self._stop_keeper()
 
     # ------------------------------------------------------------------ internals
 
-    def _purge_expired(self, now: float) -> None:
+    def _free_expired(self, now: float) -> None:
+        """Drop the expired leases; the slots they held go to the waiters first."""
+        if self._purge_expired(now) and self._waiters:
+            self._serve_waiters()
+
+    def _purge_expired(self, now: float) -> bool:
+        """Drop the expired leases; whether there were any."""
         leases = self._leases
+        purged = False
         while leases:
             lease_id, state = next(iter(leases.items()))
             if state.leases[lease_id] > now:
-                return
+                return purged
             del leases[lease_id]
             del state.leases[lease_id]
+            purged = True
+        return purged
+
+    def _serve_waiters(self) -> None:
+        """Hand free slots to the waiters, in line order: each gets the permit (or the
+        refusal of a gate other than concurrency, which waiting does not cure); one whose
+        source gate is still full keeps its place. Stops when the global gate is full."""
+        if self._serving:
+            return  # a purge inside an admission below: this loop hands out what it frees
+        self._serving = True
+        try:
+            waiters = self._waiters
+            limit = self._global_limits.max_concurrency
+            kept: list[_Waiter] = []
+            while waiters and not (limit and len(self._leases) >= limit):
+                waiter = waiters.popleft()
+                if waiter.future.done():
+                    continue  # timed out or cancelled, about to leave the line
+                admitted = self._admit(waiter.source, waiter.est_tokens, waiter.limits)
+                if isinstance(admitted, Denial) and admitted.gate in SLOT_GATES:
+                    kept.append(waiter)
+                    if admitted.gate == "global_concurrency":
+                        break
+                    continue
+                waiter.future.set_result(admitted)
+            waiters.extendleft(reversed(kept))
+        finally:
+            self._serving = False
+
+    def _oldest_expiry(self, source: str) -> float:
+        """When the next lease that blocks ``source`` expires (``inf``: none held)."""
+        expiry = math.inf
+        if self._leases:
+            lease_id, state = next(iter(self._leases.items()))
+            expiry = state.leases[lease_id]
+        own = self._sources.get(source)
+        if own is not None and own.leases:
+            expiry = min(expiry, next(iter(own.leases.values())))
+        return expiry
 
     def _lease_wait(self, now: float, leases: dict[int, _SourceState]) -> float:
         lease_id, state = next(iter(leases.items()))
