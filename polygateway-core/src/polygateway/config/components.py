@@ -204,7 +204,6 @@ def resolve(
         return ResolvedOptions(resolved, {}, [])
     from pydantic import ValidationError
 
-    from polygateway.config.layer_models import describe_error
     from polygateway.options import env_keys
 
     problems: list[str] = []
@@ -243,6 +242,8 @@ def resolve(
                 dict(raw) if isinstance(raw, Mapping) else {}
             )
         except ValidationError as exc:
+            from polygateway.config.layer_models import describe_error
+
             for error in exc.errors(include_url=False):
                 loc: Loc = tuple(error["loc"])
                 if error["type"] == "missing" and len(loc) == 1:
@@ -292,7 +293,6 @@ def flat_key_problems(registry: OptionsRegistry, env: Mapping[str, str]) -> list
     whether or not a scope picks the component)."""
     from pydantic import ValidationError
 
-    from polygateway.config.layer_models import describe_error
     from polygateway.options import env_keys
 
     problems: list[str] = []
@@ -304,6 +304,8 @@ def flat_key_problems(registry: OptionsRegistry, env: Mapping[str, str]) -> list
             try:
                 model.model_validate({option: value})
             except ValidationError as exc:
+                from polygateway.config.layer_models import describe_error
+
                 problems.extend(
                     describe_error(error, model, _constant(key))
                     for error in exc.errors(include_url=False)
