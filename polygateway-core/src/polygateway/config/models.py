@@ -1,4 +1,4 @@
-"""Pydantic models of one configuration layer, and the translation of their errors.
+"""One configuration layer: what it is, how it is validated, and the safe rendering of values.
 
 A layer is what one origin says about one scope: the ``{SCOPE}__...`` env keys, the flat
 ``LLM_*``/``PGW_*`` keys, the file's ``[defaults]`` or ``[scopes.X]`` table, or one source
@@ -6,14 +6,12 @@ entry. Every field is optional (``None`` = "this layer does not say"); the loade
 and checks what must be present. Env and file go through the same models, so a value means the
 same and is constrained the same wherever it is written.
 
-Errors become one line each, ``<key>: <reason>[, got <value>]``, where ``<key>`` is the env key
-or ``file:[table].key`` the caller names through ``label``. Pydantic's own rendering is never
-used: it spans lines and echoes inputs, which may be secrets.
-
-
-The pydantic models and the error translation live in ``layer_models.py`` (also importable
-from here); ``validate_layer`` reads a layer without them when every value is plain
-(``layer_values.py``), so loading the usual configuration does not import pydantic.
+The models are pydantic's, in ``layer_models.py`` (their names import from here too), with the
+translation of their errors: one line each, ``<key>: <reason>[, got <value>]``, where ``<key>``
+is the env key or ``file:[table].key`` the caller names through ``label``; pydantic's own
+rendering is never used (it spans lines and echoes inputs, which may be secrets).
+``validate_layer`` reads a layer of plain values without them (``layer_values.py``), so the
+usual configuration loads without building a layer model.
 """
 
 from __future__ import annotations
