@@ -20,7 +20,6 @@ from pydantic import (
 from polygateway.options import (
     MAX_COUNT,
     MAX_DURATION_S,
-    EnvKey,
     is_secret_name,
     parse_bool,
     parse_duration,
@@ -75,16 +74,6 @@ class ComponentOptions(BaseModel):
                 yield name, "***"
             else:
                 yield name, value
-
-
-def env_keys(model: type[BaseModel]) -> dict[str, str]:
-    """Option name -> the flat env key its ``EnvKey`` metadata declares."""
-    found: dict[str, str] = {}
-    for name, info in model.model_fields.items():
-        for meta in info.metadata:
-            if isinstance(meta, EnvKey):
-                found[info.alias or name] = meta.name
-    return found
 
 
 def is_secret_field(model: type[BaseModel], name: str) -> bool:

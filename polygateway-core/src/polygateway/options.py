@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 from polygateway.validation import MAX_TOKENS
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from polygateway.option_types import (
         Bool,
         ComponentOptions,
@@ -50,7 +52,6 @@ if TYPE_CHECKING:
         PositiveInt,
         SecretText,
         dump_options,
-        env_keys,
         is_secret_field,
     )
 
@@ -190,6 +191,16 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+def env_keys(model: type[BaseModel]) -> dict[str, str]:
+    """Option name -> the flat env key its ``EnvKey`` metadata declares."""
+    found: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        for meta in info.metadata:
+            if isinstance(meta, EnvKey):
+                found[info.alias or name] = meta.name
+    return found
+
+
 _PYDANTIC_NAMES = frozenset(
     {
         "Bool",
@@ -203,7 +214,6 @@ _PYDANTIC_NAMES = frozenset(
         "PositiveInt",
         "SecretText",
         "dump_options",
-        "env_keys",
         "is_secret_field",
     }
 )

@@ -291,8 +291,6 @@ def _flat_layer(
 def flat_key_problems(registry: OptionsRegistry, env: Mapping[str, str]) -> list[str]:
     """Every flat env key a model declares that is set, checked alone (the user wrote it,
     whether or not a scope picks the component)."""
-    from pydantic import ValidationError
-
     from polygateway.options import env_keys
 
     problems: list[str] = []
@@ -301,6 +299,8 @@ def flat_key_problems(registry: OptionsRegistry, env: Mapping[str, str]) -> list
             value = env.get(key, "").strip()
             if not value:
                 continue
+            from pydantic import ValidationError
+
             try:
                 model.model_validate({option: value})
             except ValidationError as exc:
