@@ -20,28 +20,40 @@ the factory gets the validated instance as ``ctx.options``. ``docs/plugins.md`` 
 Values arrive as TOML typed them or as env strings, so every field type here parses by meaning,
 never by Python truthiness (``bool("false")`` is true). The core's own settings use the same
 types, so ``yes`` or ``2.5s`` mean the same in a core key and in a plugin option.
+
+
+The parsers, ``EnvKey`` and the limits import nothing heavy; the pydantic types and
+``ComponentOptions`` live in ``polygateway.option_types`` and are imported from here on first
+use, so a module that only parses values (a transport, the configuration loader) does not
+import pydantic.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    PlainValidator,
-    SecretStr,
-)
-
-from polygateway.settings import Secret
 from polygateway.validation import MAX_TOKENS
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from polygateway.option_types import (
+        Bool,
+        ComponentOptions,
+        Duration,
+        Int,
+        NonNegativeDuration,
+        NonNegativeInt,
+        Number,
+        PositiveDuration,
+        PositiveInt,
+        SecretText,
+        dump_options,
+        is_secret_field,
+    )
 
 __all__ = [
     "BOOL_WORDS",
@@ -145,18 +157,6 @@ def parse_duration(value: object) -> float:
     raise ValueError(_DURATION_WORDS)
 
 
-def _secret(value: object) -> Secret:
-    if isinstance(value, Secret):
-        return value
-    if isinstance(value, SecretStr):
-        return Secret(value.get_secret_value())
-    if isinstance(value, str):
-        return Secret(value.strip())
-    raise ValueError("must be a string")
-
-
-Bool = Annotated[bool, BeforeValidator(parse_bool)]
-Int = Annotated[int, BeforeValidator(parse_int)]
 MAX_COUNT = MAX_TOKENS
 """Largest count a setting accepts (tokens, limits, sizes): what every limiter accepts, exact as
 a Lua double (Redis). A larger value is refused at load time, naming the key, instead of
@@ -165,17 +165,6 @@ failing every call later."""
 MAX_DURATION_S = 366 * 86400.0
 """Longest duration a setting accepts (a year): far above any timeout, TTL or cooldown, and
 its milliseconds fit every timer and Redis expiry."""
-
-PositiveInt = Annotated[Int, Field(ge=1, le=MAX_COUNT)]
-NonNegativeInt = Annotated[Int, Field(ge=0, le=MAX_COUNT)]
-Number = Annotated[float, BeforeValidator(parse_number)]
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-PositiveDuration = Annotated[Duration, Field(gt=0, le=MAX_DURATION_S)]
-NonNegativeDuration = Annotated[Duration, Field(ge=0, le=MAX_DURATION_S)]
-SecretText = Annotated[
-    Secret, PlainValidator(_secret), PlainSerializer(lambda secret: secret.masked())
-]
-"""A string held in the core's ``Secret``: never shown in reprs, problems or ``pgw config``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,29 +191,6 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-class ComponentOptions(BaseModel):
-    """Base of an options model: frozen, unknown keys refused, inputs never echoed, and a repr
-    that hides credential-looking values even when a field is typed as a plain ``str``."""
-
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        hide_input_in_errors=True,
-        allow_inf_nan=False,
-    )
-
-    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        for name, value in super().__repr_args__():
-            if isinstance(value, Secret | SecretStr):
-                yield name, value  # masks itself
-            elif (name is not None and is_secret_name(name)) or (
-                isinstance(value, str) and "://" in value and "@" in value
-            ):
-                yield name, "***"
-            else:
-                yield name, value
-
-
 def env_keys(model: type[BaseModel]) -> dict[str, str]:
     """Option name -> the flat env key its ``EnvKey`` metadata declares."""
     found: dict[str, str] = {}
@@ -235,31 +201,28 @@ def env_keys(model: type[BaseModel]) -> dict[str, str]:
     return found
 
 
-def is_secret_field(model: type[BaseModel], name: str) -> bool:
-    """Whether option ``name`` of ``model`` is typed as a secret (``SecretText``/``SecretStr``)."""
-    info = next(
-        (f for n, f in model.model_fields.items() if (f.alias or n) == name),
-        None,
-    )
-    if info is None:
-        return False
-    return _holds_secret(info.annotation) or any(
-        isinstance(meta, PlainValidator) and meta.func is _secret for meta in info.metadata
-    )
+_PYDANTIC_NAMES = frozenset(
+    {
+        "Bool",
+        "ComponentOptions",
+        "Duration",
+        "Int",
+        "NonNegativeDuration",
+        "NonNegativeInt",
+        "Number",
+        "PositiveDuration",
+        "PositiveInt",
+        "SecretText",
+        "dump_options",
+        "is_secret_field",
+    }
+)
 
 
-def _holds_secret(annotation: Any) -> bool:
-    if isinstance(annotation, type) and issubclass(annotation, Secret | SecretStr):
-        return True
-    args: tuple[Any, ...] = getattr(annotation, "__args__", ()) or ()
-    return any(_holds_secret(arg) for arg in args)
+def __getattr__(name: str) -> Any:
+    # The pydantic side of the vocabulary, imported by whoever declares or validates options.
+    if name in _PYDANTIC_NAMES:
+        from polygateway import option_types
 
-
-def dump_options(options: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
-    """Every option value (defaults included) by key, secrets still wrapped (for describing)."""
-    if isinstance(options, BaseModel):
-        return {
-            (info.alias or name): getattr(options, name)
-            for name, info in type(options).model_fields.items()
-        }
-    return dict(options)
+        return getattr(option_types, name)
+    raise AttributeError(f"module 'polygateway.options' has no attribute {name!r}")

@@ -247,7 +247,7 @@ class Registry:
                 f"{kind} {name!r}: options must be a mapping or a {model.__name__}, "
                 f"got {type(options).__name__}"
             )
-        from polygateway.config.models import validate_options
+        from polygateway.config.layer_models import validate_options
 
         def label(loc: tuple[str | int, ...]) -> str:
             return f"{kind} {name!r} option " + ".".join(map(str, loc))

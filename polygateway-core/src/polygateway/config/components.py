@@ -15,15 +15,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polygateway.config.guards import NameRegistry
 from polygateway.config.merge import Layer, Resolved, get_path, resolve_layers, with_env_refs
-from polygateway.config.models import Loc, describe_error
-from polygateway.options import env_keys
+from polygateway.config.models import Loc
 from polygateway.settings import ScopeSettings, TelemetrySettings
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 DEFAULT_BACKEND = "memory"
 NO_BACKEND = "none"
@@ -202,6 +202,9 @@ def resolve(
     ]
     if not with_models:
         return ResolvedOptions(resolved, {}, [])
+    from pydantic import ValidationError
+
+    from polygateway.options import env_keys
 
     problems: list[str] = []
     pairs = [
@@ -239,6 +242,8 @@ def resolve(
                 dict(raw) if isinstance(raw, Mapping) else {}
             )
         except ValidationError as exc:
+            from polygateway.config.layer_models import describe_error
+
             for error in exc.errors(include_url=False):
                 loc: Loc = tuple(error["loc"])
                 if error["type"] == "missing" and len(loc) == 1:
@@ -262,6 +267,8 @@ def _flat_layer(
     with_models: Sequence[tuple[Picked, type[BaseModel]]], env: Mapping[str, str]
 ) -> Layer:
     """The models' flat env keys (``REDIS_URL``) as one layer, for the picked components."""
+    from polygateway.options import env_keys
+
     data: dict[str, Any] = {}
     keys: dict[Loc, str] = {}
     for picked, model in with_models:
@@ -284,15 +291,21 @@ def _flat_layer(
 def flat_key_problems(registry: OptionsRegistry, env: Mapping[str, str]) -> list[str]:
     """Every flat env key a model declares that is set, checked alone (the user wrote it,
     whether or not a scope picks the component)."""
+    from polygateway.options import env_keys
+
     problems: list[str] = []
     for _kind, _name, model in registry.schemas():
         for option, key in env_keys(model).items():
             value = env.get(key, "").strip()
             if not value:
                 continue
+            from pydantic import ValidationError
+
             try:
                 model.model_validate({option: value})
             except ValidationError as exc:
+                from polygateway.config.layer_models import describe_error
+
                 problems.extend(
                     describe_error(error, model, _constant(key))
                     for error in exc.errors(include_url=False)

@@ -14,7 +14,7 @@ Families (ARCHITECTURE §9, M2 §1 in docs/design.md):
   options (``polygateway.options.EnvKey``); those are read by the loader, not here.
 
 This module only sorts raw strings into layer-shaped dicts and remembers which key each value
-came from; typing and constraints are ``models.py``'s job.
+came from; typing and constraints are ``models.py``'s job (the layer models).
 """
 
 from __future__ import annotations

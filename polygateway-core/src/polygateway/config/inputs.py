@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from polygateway.config import env as envkeys
 from polygateway.config import pipeline as pipefile
 from polygateway.config.components import OptionsRegistry, flat_key_problems
+from polygateway.config.layer_values import SCOPE_COMMON
 from polygateway.config.merge import Layer, rejected_names
-from polygateway.config.models import Loc, ScopeCommonLayer, validate_layer
+from polygateway.config.models import Loc, validate_layer
 from polygateway.config.scope import GUARD_FIELDS
 from polygateway.errors import ConfigError
-from polygateway.options import env_keys
 
 
 @dataclass
@@ -72,7 +72,7 @@ def read_inputs(
     def flat_label(loc: Loc) -> str:
         return flat_keys.get(loc) or ".".join(map(str, loc))
 
-    flat_data, flat_problems = validate_layer(env_config.flat, ScopeCommonLayer, flat_label)
+    flat_data, flat_problems = validate_layer(env_config.flat, SCOPE_COMMON, flat_label)
     shared_problems.extend(flat_problems)
     rejected |= rejected_names(env_config.flat, flat_data)
     flat = Layer(flat_data, flat_label)
@@ -84,7 +84,7 @@ def read_inputs(
         def defaults_label(loc: Loc) -> str:
             return file.key(("defaults", *loc))
 
-        data, found = validate_layer(pipeline.defaults, ScopeCommonLayer, defaults_label)
+        data, found = validate_layer(pipeline.defaults, SCOPE_COMMON, defaults_label)
         shared_problems.extend(found)
         rejected |= rejected_names(pipeline.defaults, data)
         defaults = Layer(data, defaults_label)
@@ -93,6 +93,8 @@ def read_inputs(
         registry, found = installed_registry(_plugins_of(values, pipeline))
         shared_problems.extend(found)
     shared_problems.extend(flat_key_problems(registry, values))
+    from polygateway.options import env_keys
+
     declared = [key for _k, _n, model in registry.schemas() for key in env_keys(model).values()]
     configured = [*env_config.scopes, *(pipeline.scopes if pipeline else ())]
     shared_problems.extend(envkeys.unknown_key_problems(values, configured, declared, ignore))

@@ -20,8 +20,9 @@ from polygateway.config.guards import (
     scope_registry_problems,
 )
 from polygateway.config.kinds import CHAT_CALLS, CallKind, health_probe_problems
+from polygateway.config.layer_values import SCOPE_COMMON
 from polygateway.config.merge import Layer, Resolved, get_path, rejected_names, resolve_layers
-from polygateway.config.models import Loc, MaskedOptions, ScopeCommonLayer, validate_layer
+from polygateway.config.models import Loc, MaskedOptions, validate_layer
 from polygateway.config.sources import build_source, source_drafts
 from polygateway.settings import (
     BackpressureSettings,
@@ -97,7 +98,7 @@ def build_scope(
         def scope_label(loc: Loc) -> str:
             return pfile.scope_key(fscope, loc)
 
-        data, found = validate_layer(fscope.settings, ScopeCommonLayer, scope_label)
+        data, found = validate_layer(fscope.settings, SCOPE_COMMON, scope_label)
         invalid = invalid or bool(rejected_names(fscope.settings, data) & GUARD_FIELDS)
         problems.extend(found)
         layers.append(Layer(data, scope_label))
@@ -108,7 +109,7 @@ def build_scope(
         def env_label(loc: Loc) -> str:
             return escope.keys.get(loc) or f"{name}__" + "__".join(str(p).upper() for p in loc)
 
-        data, found = validate_layer(env_scope.settings, ScopeCommonLayer, env_label)
+        data, found = validate_layer(env_scope.settings, SCOPE_COMMON, env_label)
         problems.extend(found)
         invalid = invalid or bool(rejected_names(env_scope.settings, data) & GUARD_FIELDS)
         layers.append(Layer(data, env_label))

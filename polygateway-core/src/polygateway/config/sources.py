@@ -16,8 +16,9 @@ from typing import Any
 from polygateway.config import env as envkeys
 from polygateway.config import pipeline as pipefile
 from polygateway.config.kinds import CHAT_CALLS, CallKind
+from polygateway.config.layer_values import SOURCE
 from polygateway.config.merge import Label, Resolved, merge, with_env_refs
-from polygateway.config.models import Loc, MaskedOptions, SourceLayer, validate_layer
+from polygateway.config.models import Loc, MaskedOptions, validate_layer
 from polygateway.params import ChatParams
 from polygateway.settings import Limits, Secret, SourceConfig
 
@@ -96,7 +97,7 @@ def source_drafts(
             if entry is None:
                 continue
             label = _file_source_label(file, file_scope, index)
-            data, found = validate_layer(entry, SourceLayer, label)
+            data, found = validate_layer(entry, SOURCE, label)
             data, label, more = with_env_refs(data, label, env, [(("api_key",), ("api_key_env",))])
             problems.extend(found + more)
             rejected = set(entry) - set(data) - {"api_key_env"}
@@ -130,7 +131,7 @@ def source_drafts(
     if env_scope is not None:
         for env_source in env_scope.ordered_sources():
             env_label = _env_source_label(env_source)
-            data, found = validate_layer(env_source.values, SourceLayer, env_label)
+            data, found = validate_layer(env_source.values, SOURCE, env_label)
             problems.extend(found)
             existing = drafts.get(env_source.name)
             if existing is not None and existing.provider != env_source.provider:
