@@ -17,7 +17,7 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["Key", "PlainCounter", "PlainGauge", "PlainHistogram", "PlainMeter"]
+__all__ = ["HistogramPoint", "Key", "PlainCounter", "PlainGauge", "PlainHistogram", "PlainMeter"]
 
 Key = tuple[tuple[str, Any], ...]
 
@@ -48,7 +48,7 @@ class PlainGauge:
         self.points[tuple(attributes.items())] = amount
 
 
-class _HistogramPoint:
+class HistogramPoint:
     __slots__ = ("counts", "max", "min", "sum")
 
     def __init__(self, buckets: int, value: float) -> None:
@@ -64,16 +64,26 @@ class PlainHistogram:
     def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.bounds = tuple(float(b) for b in bounds)
-        self.points: dict[Key, _HistogramPoint] = {}
+        self.points: dict[Key, HistogramPoint] = {}
 
     def record(self, amount: float, attributes: Mapping[str, Any]) -> None:
         self.record_key(amount, tuple(attributes.items()))
 
     def record_key(self, amount: float, key: Key) -> None:
         """``record`` with the attributes as their key (``tuple(attributes.items())``)."""
+        self.record_point(amount, self.point_of(key, amount))
+
+    def point_of(self, key: Key, amount: float) -> HistogramPoint:
+        """The point of ``key``, made for a first ``amount`` when there is none yet. Points
+        are never dropped (cumulative), so a caller recording under one key again and again
+        may keep it and use ``record_point``, sparing the key's hash and lookup."""
         point = self.points.get(key)
         if point is None:
-            point = self.points[key] = _HistogramPoint(len(self.bounds) + 1, amount)
+            point = self.points[key] = HistogramPoint(len(self.bounds) + 1, amount)
+        return point
+
+    def record_point(self, amount: float, point: HistogramPoint) -> None:
+        """``record_key`` into a point ``point_of`` gave."""
         point.counts[bisect_left(self.bounds, amount)] += 1
         point.sum += amount
         if amount < point.min:
