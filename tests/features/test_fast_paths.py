@@ -9,7 +9,7 @@ import hashlib
 import json
 import math
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from types import MappingProxyType
@@ -37,7 +37,17 @@ from polygateway.settings import Secret, SourceConfig
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.telemetry.sqlite import SQLiteRecorder
 from polygateway.testing import FakeClock
-from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord, ToolCall
+from polygateway.types import (
+    CallStart,
+    ChatRequest,
+    GovernanceEvent,
+    LLMResponse,
+    TelemetryRecord,
+    ToolCall,
+    admitted_event,
+    call_start,
+    telemetry_record,
+)
 
 # --------------------------------------------------------------------------- the references
 
@@ -587,3 +597,39 @@ async def test_the_memory_cache_checks_every_new_ttl() -> None:
     cache.set_nowait("c", "3", ttl)
     cache.set_nowait("d", "4", ttl)
     assert cache.remaining_ttl_s("d") == 5.0
+
+
+_ROW_VALUES = (
+    "c1", None, "s1", "gpt-x", "openai", "main", "[]", "hello", "", 3, 4, "measured", 12,
+    1.5, 2.5, False, None, 0.001, 123.0, "LLM", "tenant", "", "c1",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("plain", "fast"),
+    [
+        (lambda: TelemetryRecord(*_ROW_VALUES), lambda: telemetry_record(*_ROW_VALUES)),
+        (
+            lambda: CallStart("chat", 1.0, "LLM", "s", "p", "ns", True),
+            lambda: call_start("chat", 1.0, "LLM", "s", "p", "ns", True),
+        ),
+        (
+            lambda: GovernanceEvent("admitted", "main", "half_open", True),
+            lambda: admitted_event("main", "half_open", True),
+        ),
+    ],
+    ids=["telemetry_record", "call_start", "admitted_event"],
+)
+def test_the_per_call_constructors_make_what_the_dataclass_makes(
+    plain: Callable[[], Any], fast: Callable[[], Any]
+) -> None:
+    made, expected = fast(), plain()
+    assert type(made) is type(expected)
+    assert made == expected and hash(made) == hash(expected) and repr(made) == repr(expected)
+    assert dataclasses.asdict(made) == dataclasses.asdict(expected)
+    assert vars(made) == vars(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.scope = "other"
+    field = dataclasses.fields(made)[0].name
+    assert dataclasses.replace(made) == expected
+    assert getattr(dataclasses.replace(made, **{field: "x"}), field) == "x"

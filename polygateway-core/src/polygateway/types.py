@@ -197,9 +197,12 @@ class ChatRequest:
     ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TelemetryRecord:
-    """One telemetry row: the 18 fields of ARCHITECTURE §7.8. One row per attempt or cache hit."""
+    """One telemetry row: the 18 fields of ARCHITECTURE §7.8. One row per attempt or cache hit.
+
+    No ``__slots__``: ``telemetry_record`` (the per-attempt builder's) fills a row's
+    ``__dict__`` at once instead of one ``object.__setattr__`` per field."""
 
     call_id: str
     parent_call_id: str | None
@@ -235,12 +238,78 @@ class TelemetryRecord:
     row. ``""`` from a recorder that predates it (read as a call of its own)."""
 
 
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
+def telemetry_record(
+    call_id: str,
+    parent_call_id: str | None,
+    session_id: str | None,
+    model: str,
+    provider: str,
+    source_name: str,
+    messages: str,
+    response: str,
+    thinking: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    usage_source: UsageSource,
+    latency_ms: int,
+    ttft_ms: float | None,
+    max_inter_token_ms: float | None,
+    cache_hit: bool,
+    error: str | None,
+    cost: float | None,
+    created_at: float,
+    scope: str,
+    cache_namespace: str,
+    params: str,
+    root_call_id: str,
+) -> TelemetryRecord:
+    """``TelemetryRecord(...)`` of every field, in field order: the same row (equal, same
+    fields), made with one write of its ``__dict__`` instead of the frozen ``__init__``'s
+    23 ``object.__setattr__`` calls (most of a row's cost on the per-attempt path)."""
+    record: TelemetryRecord = _new_object(TelemetryRecord)
+    _set_attribute(
+        record,
+        "__dict__",
+        {
+            "call_id": call_id,
+            "parent_call_id": parent_call_id,
+            "session_id": session_id,
+            "model": model,
+            "provider": provider,
+            "source_name": source_name,
+            "messages": messages,
+            "response": response,
+            "thinking": thinking,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "usage_source": usage_source,
+            "latency_ms": latency_ms,
+            "ttft_ms": ttft_ms,
+            "max_inter_token_ms": max_inter_token_ms,
+            "cache_hit": cache_hit,
+            "error": error,
+            "cost": cost,
+            "created_at": created_at,
+            "scope": scope,
+            "cache_namespace": cache_namespace,
+            "params": params,
+            "root_call_id": root_call_id,
+        },
+    )
+    return record
+
+
 GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GovernanceEvent:
-    """A decision the governor made during one call, besides an attempt's outcome.
+    """A decision the governor made during one call, besides an attempt's outcome (no
+    ``__slots__``: ``admitted_event`` fills its ``__dict__`` at once).
 
     ``admitted``: the breaker (in ``breaker_state``; ``probe`` when this attempt is the
     half-open probe) and the limiter let an attempt go to ``source``. ``breaker_refused`` /
@@ -257,9 +326,10 @@ class GovernanceEvent:
     wait_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CallStart:
-    """What a recorder learns when one governed call starts (``SupportsCallTraces``).
+    """What a recorder learns when one governed call starts (``SupportsCallTraces``; no
+    ``__slots__``: ``call_start`` fills its ``__dict__`` at once).
 
     ``operation`` is the call kind (``chat``, ``embeddings``, ``ocr``); ``started_at`` is
     wall-clock epoch seconds from the client's clock, like ``TelemetryRecord.created_at``.
@@ -273,6 +343,54 @@ class CallStart:
     cache_namespace: str = ""
     stream: bool = False
     """The caller reads the answer as a stream (``GatewayClient.stream``)."""
+
+
+def admitted_event(source: str, breaker_state: str, probe: bool) -> GovernanceEvent:
+    """``GovernanceEvent("admitted", source, breaker_state, probe)`` (equal, same fields),
+    made with one write of its ``__dict__`` instead of one ``object.__setattr__`` per field:
+    the event of every admitted attempt a recorder listens to."""
+    event: GovernanceEvent = _new_object(GovernanceEvent)
+    _set_attribute(
+        event,
+        "__dict__",
+        {
+            "kind": "admitted",
+            "source": source,
+            "breaker_state": breaker_state,
+            "probe": probe,
+            "gate": "",
+            "wait_s": 0.0,
+        },
+    )
+    return event
+
+
+def call_start(
+    operation: str,
+    started_at: float,
+    scope: str,
+    session_id: str | None,
+    parent_call_id: str | None,
+    cache_namespace: str,
+    stream: bool,
+) -> CallStart:
+    """``CallStart(...)`` of every field, in field order (equal, same fields), made with one
+    write of its ``__dict__`` instead of one ``object.__setattr__`` per field."""
+    start: CallStart = _new_object(CallStart)
+    _set_attribute(
+        start,
+        "__dict__",
+        {
+            "operation": operation,
+            "started_at": started_at,
+            "scope": scope,
+            "session_id": session_id,
+            "parent_call_id": parent_call_id,
+            "cache_namespace": cache_namespace,
+            "stream": stream,
+        },
+    )
+    return start
 
 
 @dataclass(frozen=True, slots=True)

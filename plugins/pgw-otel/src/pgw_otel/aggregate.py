@@ -27,6 +27,7 @@ from typing import Any
 __all__ = [
     "OVERFLOW_KEY",
     "POINT_LIMIT",
+    "HistogramPoint",
     "Key",
     "PlainCounter",
     "PlainGauge",
@@ -84,7 +85,7 @@ class PlainGauge:
         self.points[key] = amount
 
 
-class _HistogramPoint:
+class HistogramPoint:
     __slots__ = ("counts", "max", "min", "sum")
 
     def __init__(self, buckets: int, value: float) -> None:
@@ -107,7 +108,7 @@ class PlainHistogram:
     ) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.bounds = tuple(float(b) for b in bounds)
-        self.points: dict[Key, _HistogramPoint] = {}
+        self.points: dict[Key, HistogramPoint] = {}
         self.limit = limit
         self.overflowed = 0
 
@@ -116,6 +117,12 @@ class PlainHistogram:
 
     def record_key(self, amount: float, key: Key) -> None:
         """``record`` with the attributes as their key (``tuple(attributes.items())``)."""
+        self.record_point(amount, self.point_of(key, amount))
+
+    def point_of(self, key: Key, amount: float) -> HistogramPoint:
+        """The point of ``key``, made for a first ``amount`` when there is none yet. Points
+        are never dropped (cumulative), so a caller recording under one key again and again
+        may keep it and use ``record_point``, sparing the key's hash and lookup."""
         point = self.points.get(key)
         if point is None:
             if len(self.points) >= self.limit:
@@ -123,7 +130,11 @@ class PlainHistogram:
                 key = OVERFLOW_KEY
                 point = self.points.get(key)
             if point is None:
-                point = self.points[key] = _HistogramPoint(len(self.bounds) + 1, amount)
+                point = self.points[key] = HistogramPoint(len(self.bounds) + 1, amount)
+        return point
+
+    def record_point(self, amount: float, point: HistogramPoint) -> None:
+        """``record_key`` into a point ``point_of`` gave."""
         point.counts[bisect_left(self.bounds, amount)] += 1
         point.sum += amount
         if amount < point.min:

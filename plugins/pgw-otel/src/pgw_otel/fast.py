@@ -21,16 +21,19 @@ from typing import Any
 
 from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
-from pgw_otel.aggregate import Key, PlainMeter
+from pgw_otel.aggregate import HistogramPoint, Key, PlainMeter
 from pgw_otel.otlp import (
     KIND_CLIENT,
     KIND_INTERNAL,
+    SPAN_FLAGS_LOCAL,
+    SPAN_FLAGS_REMOTE,
+    SPAN_TIMES,
     AttributeKey,
     double_attribute,
     int_attribute,
     name_field,
+    span_field,
     str_attribute,
-    wire_span,
 )
 
 __all__ = ["PlainCallWriter"]
@@ -53,6 +56,9 @@ class _Block:
     attempts_key: Key
     cache_key: Key
     admission_key: Key
+    points: list[HistogramPoint | None]
+    """The histogram points of this combination once recorded (duration, input tokens,
+    output tokens, time to first chunk, time per chunk): kept, their keys not hashed again."""
 
 
 class PlainCallWriter:
@@ -98,6 +104,11 @@ class PlainCallWriter:
                 "pgw.usage.cache_read.input_tokens",
             )
         }
+        # The token fields of a count below 128 (one varint byte): the prefix, then the byte.
+        self._input_small = self._keys["gen_ai.usage.input_tokens"].int_prefixes[1]
+        self._output_small = self._keys["gen_ai.usage.output_tokens"].int_prefixes[1]
+        self._attempt_input_small = self._keys["pgw.usage.input_tokens"].int_prefixes[1]
+        self._attempt_output_small = self._keys["pgw.usage.output_tokens"].int_prefixes[1]
 
     @staticmethod
     def takes(
@@ -176,76 +187,123 @@ class PlainCallWriter:
             self._admissions.add_key(1, block.admission_key)
             if breaker_state:
                 self._breaker_seen(scope, record.source_name, breaker_state)
-        base = block.base_key
-        self._duration.record_key((ended_ns - started_ns) / 1e9, base)
-        self._tokens.record_key(record.prompt_tokens, block.input_key)
-        self._tokens.record_key(record.completion_tokens, block.output_key)
+        points = block.points
+        duration_s = (ended_ns - started_ns) / 1e9
+        duration = self._duration
+        point = points[0] or duration.point_of(block.base_key, duration_s)
+        points[0] = point
+        duration.record_point(duration_s, point)
+        prompt = record.prompt_tokens
+        completion = record.completion_tokens
+        tokens = self._tokens
+        point = points[1] or tokens.point_of(block.input_key, prompt)
+        points[1] = point
+        tokens.record_point(prompt, point)
+        point = points[2] or tokens.point_of(block.output_key, completion)
+        points[2] = point
+        tokens.record_point(completion, point)
         ttft = record.ttft_ms
         if start.stream and ttft is not None:
-            self._ttfc.record_key(ttft / 1000, base)
-            chunks = record.completion_tokens
-            if chunks > 1:
-                gap_s = max(0.0, record.latency_ms - ttft) / 1000 / (chunks - 1)
-                self._per_chunk.record_key(gap_s, base)
+            ttfc_s = ttft / 1000
+            ttfc = self._ttfc
+            point = points[3] or ttfc.point_of(block.base_key, ttfc_s)
+            points[3] = point
+            ttfc.record_point(ttfc_s, point)
+            if completion > 1:
+                gap_s = max(0.0, record.latency_ms - ttft) / 1000 / (completion - 1)
+                per_chunk = self._per_chunk
+                point = points[4] or per_chunk.point_of(block.base_key, gap_s)
+                points[4] = point
+                per_chunk.record_point(gap_s, point)
         self._attempts.add_key(1, block.attempts_key)
         self._cache.add_key(1, block.cache_key)
         if not sampled:
             return []
-        # Spans (the definition: OtelRecorder._call_attributes and _attempt_span).
+        # Spans (the definition: OtelRecorder._call_attributes and _attempt_span, encoded as
+        # otlp.wire_span does; the ids both spans share are written once).
         keys = self._keys
         call_id_field = str_attribute(keys["pgw.call_id"], record.call_id)
-        own = [block.call_attrs, call_id_field]
+        trace_field = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+        call_span_id = call_id.to_bytes(8, "big")
+        call = [trace_field, b"\x12\x08", call_span_id]
+        if parent_id:
+            call += (b"\x22\x08", parent_id.to_bytes(8, "big"))
+        call += (
+            block.call_name,
+            SPAN_TIMES(0x30, KIND_CLIENT, 0x39, started_ns, 0x41, ended_ns),
+            block.call_attrs,
+            call_id_field,
+        )
         if record.root_call_id:
-            own.append(str_attribute(keys["pgw.root_call_id"], record.root_call_id))
+            call.append(str_attribute(keys["pgw.root_call_id"], record.root_call_id))
         session = start.session_id or record.session_id
         if session:
-            own.append(str_attribute(keys["gen_ai.conversation.id"], session))
-            own.append(str_attribute(keys["pgw.session_id"], session))
+            call.append(str_attribute(keys["gen_ai.conversation.id"], session))
+            call.append(str_attribute(keys["pgw.session_id"], session))
         parent_call = start.parent_call_id or record.parent_call_id
         if parent_call:
-            own.append(str_attribute(keys["pgw.parent_call_id"], parent_call))
-        prompt = record.prompt_tokens
-        completion = record.completion_tokens
-        own.append(int_attribute(keys["gen_ai.usage.input_tokens"], prompt))
-        own.append(int_attribute(keys["gen_ai.usage.output_tokens"], completion))
+            call.append(str_attribute(keys["pgw.parent_call_id"], parent_call))
+        row_start_ns = int(row_start * 1_000_000_000)
         attempt = [
+            trace_field,
+            b"\x12\x08",
+            attempt_id.to_bytes(8, "big"),
+            b"\x22\x08",
+            call_span_id,
+            block.attempt_name,
+            SPAN_TIMES(
+                0x30,
+                KIND_INTERNAL,
+                0x39,
+                row_start_ns,
+                0x41,
+                int(record.created_at * 1_000_000_000),
+            ),
             block.attempt_attrs,
-            int_attribute(keys["pgw.usage.input_tokens"], prompt),
-            int_attribute(keys["pgw.usage.output_tokens"], completion),
-            call_id_field,
         ]
+        if 0 <= prompt < 0x80 and 0 <= completion < 0x80:  # the usual small counts
+            call += (
+                self._input_small + bytes((prompt,)),
+                self._output_small + bytes((completion,)),
+            )
+            attempt += (
+                self._attempt_input_small + bytes((prompt,)),
+                self._attempt_output_small + bytes((completion,)),
+            )
+        else:
+            call += (
+                int_attribute(keys["gen_ai.usage.input_tokens"], prompt),
+                int_attribute(keys["gen_ai.usage.output_tokens"], completion),
+            )
+            attempt += (
+                int_attribute(keys["pgw.usage.input_tokens"], prompt),
+                int_attribute(keys["pgw.usage.output_tokens"], completion),
+            )
+        attempt.append(call_id_field)
         cached = getattr(outcome, "cached_prompt_tokens", 0)
         if type(cached) is int and cached:
-            own.append(int_attribute(keys["gen_ai.usage.cache_read.input_tokens"], cached))
+            call.append(int_attribute(keys["gen_ai.usage.cache_read.input_tokens"], cached))
             attempt.append(int_attribute(keys["pgw.usage.cache_read.input_tokens"], cached))
         written = getattr(outcome, "cache_write_tokens", 0)
         if type(written) is int and written:
-            own.append(int_attribute(keys["gen_ai.usage.cache_creation.input_tokens"], written))
+            call.append(int_attribute(keys["gen_ai.usage.cache_creation.input_tokens"], written))
         if record.cost is not None:
             cost = double_attribute(keys["pgw.cost"], float(record.cost))
-            own.append(cost)
+            call.append(cost)
             attempt.append(cost)
         if ttft is not None:
             field = double_attribute(keys["pgw.ttft_ms"], float(ttft))
-            own.append(field)
+            call.append(field)
             attempt.append(field)
         if record.max_inter_token_ms is not None:
             field = double_attribute(
                 keys["pgw.max_inter_token_ms"], float(record.max_inter_token_ms)
             )
-            own.append(field)
+            call.append(field)
             attempt.append(field)
-        row_start_ns = int(row_start * 1_000_000_000)
-        return [
-            wire_span(
-                trace_id, call_id, parent_id, parent_is_remote, block.call_name, KIND_CLIENT,
-                started_ns, ended_ns, b"".join(own), None,
-            ),
-            wire_span(
-                trace_id, attempt_id, call_id, False, block.attempt_name, KIND_INTERNAL,
-                row_start_ns, int(record.created_at * 1_000_000_000), b"".join(attempt), None,
-            ),
-        ]  # fmt: skip
+        call += (b"\x7a\x00", SPAN_FLAGS_REMOTE if parent_is_remote else SPAN_FLAGS_LOCAL)
+        attempt += (b"\x7a\x00", SPAN_FLAGS_LOCAL)
+        return [span_field(b"".join(call)), span_field(b"".join(attempt))]
 
     def _block(
         self,
@@ -319,4 +377,5 @@ class PlainCallWriter:
                 ("pgw.source", record.source_name),
                 ("pgw.breaker.probe", False),
             ),
+            points=[None] * 5,
         )

@@ -26,6 +26,11 @@ from typing import Any
 from pgw_otel.exchange import ANSWER_LIMIT, Budget, budgeted_connection, check_headers
 
 __all__ = [
+    "KIND_CLIENT",
+    "KIND_INTERNAL",
+    "SPAN_FLAGS_LOCAL",
+    "SPAN_FLAGS_REMOTE",
+    "SPAN_TIMES",
     "AttributeKey",
     "OtlpHttp",
     "SpanData",
@@ -35,6 +40,7 @@ __all__ = [
     "int_attribute",
     "key_field_of",
     "name_field",
+    "span_field",
     "str_attribute",
     "wire_span",
 ]
@@ -83,10 +89,12 @@ class SpanData:
     """The status description of an ``ERROR`` status; ``None``: status unset."""
 
 
-_TIMES = struct.Struct("<BBBQBQ").pack
+SPAN_TIMES = struct.Struct("<BBBQBQ").pack
 """The kind, start and end fields of a span (kinds are one-byte varints)."""
-_FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE)
-_FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
+SPAN_FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE)
+"""The ``flags`` field of a span whose parent (if any) is local."""
+SPAN_FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
+"""The ``flags`` field of a span whose parent is remote."""
 _DOUBLE = struct.Struct("<Bd").pack
 _PACK_DOUBLE = struct.Struct("<d").pack
 """A ``double_value`` field: its tag byte and the little-endian double."""
@@ -224,14 +232,25 @@ def wire_span(
     parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
     if parent_span_id:
         parts += (b"\x22\x08", parent_span_id.to_bytes(8, "big"))
-    parts += (name_field, _TIMES(0x30, kind, 0x39, start_ns, 0x41, end_ns), attribute_fields)
+    parts += (name_field, SPAN_TIMES(0x30, kind, 0x39, start_ns, 0x41, end_ns), attribute_fields)
     if error is None:
         parts.append(b"\x7a\x00")
     else:
         message = _delimited(0x12, error.encode()) if error else b""
         parts.append(_delimited(0x7A, message + b"\x18\x02"))
-    parts.append(_FLAGS_REMOTE if parent_is_remote else _FLAGS_LOCAL)
-    return _delimited(0x12, b"".join(parts))
+    parts.append(SPAN_FLAGS_REMOTE if parent_is_remote else SPAN_FLAGS_LOCAL)
+    return span_field(b"".join(parts))
+
+
+def span_field(span: bytes) -> bytes:
+    """An encoded ``Span`` message as a field of ``ScopeSpans`` (``_delimited(0x12, span)``,
+    the one- and two-byte lengths of nearly every span written without ``_varint``)."""
+    size = len(span)
+    if size < 0x80:
+        return bytes((0x12, size)) + span
+    if size < 0x4000:
+        return bytes((0x12, (size & 0x7F) | 0x80, size >> 7)) + span
+    return _delimited(0x12, span)
 
 
 def name_field(name: str) -> bytes:

@@ -37,7 +37,7 @@ from polygateway.ports import (
     ScopedGates,
 )
 from polygateway.settings import BreakerSettings, SourceConfig, effective_fail_threshold
-from polygateway.types import GovernanceEvent
+from polygateway.types import admitted_event
 
 __all__ = ["Admission", "gate_key", "scope_breaker"]
 
@@ -290,7 +290,7 @@ class Admission:
 
     def _admitted(self, events: GovernanceEvents, name: str, decision: GateDecision) -> None:
         try:
-            events(GovernanceEvent("admitted", name, decision.state, decision.is_probe))
+            events(admitted_event(name, decision.state, decision.is_probe))
         except Exception as exc:  # noqa: BLE001 - an observer must never break the call
             self._warn("governance events observer", exc)
 
