@@ -29,12 +29,18 @@ released in the same turn costs one script (``release`` applies the TPM correcti
 progress mark rides along with a release. Reads (``inflight``, ``source_stats``,
 ``progress_age_s``) see every write queued before them; an admission may not see a release
 still on the wire, so at worst it refuses early, never admits too much. ``flush()`` (and
-``aclose()``) waits until everything queued has been sent. A process that dies with writes
-queued loses them; the lease TTL frees its leases, as it does after a SIGKILL.
+``aclose()``) waits until everything queued has been sent and every batch on the wire has
+landed. A process that dies with writes queued loses them; the lease TTL frees its leases, as
+it does after a SIGKILL. ``aclose()`` refuses admissions from its first step on.
+
+Size: one script call carries at most ``MAX_BATCH_ACCOUNTING`` writes and
+``MAX_BATCH_ADMISSIONS`` admissions. Redis runs a script atomically, serving no other client
+meanwhile, so a backlog (the compensations of an outage) goes out in bounded pieces, one call
+after the other, and an admission carries one piece at most in front of it.
 
 Queued writes are never lost to someone else's trouble: when the command they ride with is
 cancelled or fails (waiting for a connection, connecting, a connection lost, a timeout), they
-go back to the front of the queue and the background flush sends them. Whether they ran
+go back to the queue and the background flush sends them. Whether they ran
 before the failure is often unknowable, so every accounting script is idempotent: a release
 removes a lease id (twice is once), and a lease's TPM correction is applied only by the run
 that records its id in the window's set of settled leases. When the background flush (or
@@ -53,7 +59,11 @@ lease exists, and otherwise records the id as abandoned so that the acquire, sho
 afterwards, admits nothing. redis-py drops the connection of a cancelled command, so it is
 never a reply behind. Batches are sent by the limiter's own flush task, which a cancelled
 caller does not cancel; an admission cancelled while still queued is taken off the queue, or left
-out by the batch that would have taken it (it was never sent: nothing to compensate).
+out by the batch that would have taken it (it was never sent: nothing to compensate). Nor is
+anything compensated when the batch failed before it was written (no connection, no free
+slot: ``NotSentError``). A batch that fails in any other way, expected or not, fails each of
+its admissions with a ``GovernanceBackendError`` of its own. Batches run in a context of their
+own, not in that of the caller who happened to queue first.
 """
 
 from __future__ import annotations
