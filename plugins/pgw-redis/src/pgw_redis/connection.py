@@ -47,9 +47,19 @@ BACKEND_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterExcep
 errors (OOM, READONLY, CLUSTERDOWN), and plain socket errors."""
 
 
-class NotSentError(RedisConnectionError):
+class NotSentError(RedisError):
     """The commands were never written to Redis (no connection, no free slot, scripts not
     loaded, or the client closed): none of them ran, so there is nothing to undo."""
+
+
+class NotConnectedError(NotSentError, RedisConnectionError):
+    """``NotSentError`` because connecting failed: still a ``ConnectionError``, which callers
+    may retry on a fresh connection as before."""
+
+
+def _not_sent(what: str, exc: BaseException) -> NotSentError:
+    kind = NotConnectedError if isinstance(exc, RedisConnectionError) else NotSentError
+    return kind(f"{what}: {type(exc).__name__}: {exc}")
 
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -221,7 +231,7 @@ class ScriptClient:
             try:
                 await self._load_once()
             except BACKEND_ERRORS as exc:
-                raise NotSentError(f"scripts not loaded: {type(exc).__name__}: {exc}") from exc
+                raise _not_sent("scripts not loaded", exc) from exc
         results = await self._send(calls)
         missed = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
         if missed:
@@ -301,7 +311,7 @@ class ScriptClient:
             if writing or isinstance(exc, NotSentError):
                 raise
             # Waiting for a slot or connecting: nothing was written.
-            raise NotSentError(f"not sent: {type(exc).__name__}: {exc}") from exc
+            raise _not_sent("not sent", exc) from exc
 
     def _new_connection(self) -> AbstractConnection:
         if self._closed:  # disconnect() ran while this call waited for a slot

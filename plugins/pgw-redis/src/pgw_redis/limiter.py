@@ -420,13 +420,14 @@ class RedisLimiter:
                 (gate_key, *self._acquire_keys(source_keys, window)),
                 (*gate_args, *self._acquire_args(window, lease_id, est_tokens, source_limits)),
             )
-            admission = self._enqueue(op)
+            admission = None
             try:
+                admission = self._enqueue(op)
                 reply = await self._reply(admission, lease_id, source_keys, window, est_tokens)
             except (asyncio.CancelledError, GovernanceBackendError):
                 # The script may have run and made this caller the probe: hand it back
                 # (unless no script of this call ever reached Redis).
-                if answered or admission.sent:
+                if answered or (admission is not None and admission.sent):
                     gate.hand_back_later(gate_key, owner)
                 raise
             answered = True
