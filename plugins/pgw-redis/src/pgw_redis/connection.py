@@ -21,7 +21,7 @@ own ``register_script`` would add a ``SCRIPT EXISTS`` round trip before every pi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
@@ -33,6 +33,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
 from redis.retry import Retry
 
@@ -44,6 +45,22 @@ RedisClient: TypeAlias = "Redis | RedisCluster"
 BACKEND_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError)
 """What a failing Redis raises through redis-py: refused/reset connections, timeouts, server
 errors (OOM, READONLY, CLUSTERDOWN), and plain socket errors."""
+
+
+class NotSentError(RedisError):
+    """The commands were never written to Redis (no connection, no free slot, scripts not
+    loaded, or the client closed): none of them ran, so there is nothing to undo."""
+
+
+class NotConnectedError(NotSentError, RedisConnectionError):
+    """``NotSentError`` because connecting failed: still a ``ConnectionError``, which callers
+    may retry on a fresh connection as before."""
+
+
+def _not_sent(what: str, exc: BaseException) -> NotSentError:
+    kind = NotConnectedError if isinstance(exc, RedisConnectionError) else NotSentError
+    return kind(f"{what}: {type(exc).__name__}: {exc}")
+
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -155,9 +172,14 @@ class ScriptClient:
     exchange instead (waiting for a connection, connecting, writing, reading every reply),
     which halves the client CPU of a round trip. A failed or cancelled exchange disconnects
     its connection (redis-py does so on every error), so none is ever reused a reply behind.
+
+    A failure before the commands were written raises ``NotSentError``. After
+    ``disconnect()`` every call raises it, and a connection still busy then is closed when its
+    exchange ends instead of being kept.
     """
 
     __slots__ = (
+        "_closed",
         "_idle",
         "_load_lock",
         "_loaded",
@@ -171,6 +193,7 @@ class ScriptClient:
 
     def __init__(self, client: RedisClient) -> None:
         self.client = client
+        self._closed = False
         self._loaded = False
         self._load_lock = asyncio.Lock()
         self._idle: list[AbstractConnection] = []
@@ -202,8 +225,13 @@ class ScriptClient:
         Returns one entry per call: its reply, or the ``ResponseError`` it answered (the
         caller decides what an error means on its side). Connection failures raise.
         """
+        if self._closed:
+            raise NotSentError("the script client is closed")
         if not self._loaded:
-            await self._load_once()
+            try:
+                await self._load_once()
+            except BACKEND_ERRORS as exc:
+                raise _not_sent("scripts not loaded", exc) from exc
         results = await self._send(calls)
         missed = [i for i, result in enumerate(results) if isinstance(result, NoScriptError)]
         if missed:
@@ -228,7 +256,9 @@ class ScriptClient:
         self._loaded = True
 
     async def disconnect(self) -> None:
-        """Close the connections this object made (not the client's own)."""
+        """Close the connections this object made (not the client's own); later calls raise
+        ``NotSentError``."""
+        self._closed = True
         made, self._made, self._idle = self._made, [], []
         for connection in made:
             await connection.disconnect()
@@ -256,25 +286,47 @@ class ScriptClient:
         # bookkeeping, which costs more client CPU than the scripts cost the server.
         memo = self._memo
         data = b"".join([_pack(call, memo) for call in calls])
-        async with asyncio.timeout(self._timeout_s), self._slots:
-            connection = self._idle.pop() if self._idle else self._new_connection()
-            try:
-                await connection.send_packed_command(data, check_health=False)
-                replies: list[Any] = []
-                for _ in calls:
-                    try:
-                        replies.append(await connection.read_response())
-                    except ResponseError as exc:
-                        replies.append(exc)
-                return replies
-            finally:
-                self._idle.append(connection)
+        writing = False
+        try:
+            async with asyncio.timeout(self._timeout_s), self._slots:
+                connection = self._idle.pop() if self._idle else self._new_connection()
+                try:
+                    if not connection.is_connected:
+                        await _connect(connection)
+                    writing = True
+                    await connection.send_packed_command(data, check_health=False)
+                    replies: list[Any] = []
+                    for _ in calls:
+                        try:
+                            replies.append(await connection.read_response())
+                        except ResponseError as exc:
+                            replies.append(exc)
+                    return replies
+                finally:
+                    if self._closed:  # disconnect() ran meanwhile: nobody would close it
+                        await connection.disconnect(nowait=True)
+                    else:
+                        self._idle.append(connection)
+        except BACKEND_ERRORS as exc:
+            if writing or isinstance(exc, NotSentError):
+                raise
+            # Waiting for a slot or connecting: nothing was written.
+            raise _not_sent("not sent", exc) from exc
 
     def _new_connection(self) -> AbstractConnection:
+        if self._closed:  # disconnect() ran while this call waited for a slot
+            raise NotSentError("the script client is closed")
         assert self._make is not None
         connection = self._make()
         self._made.append(connection)
         return connection
+
+
+async def _connect(connection: AbstractConnection) -> None:
+    """Connect (and authenticate) apart from the first write, so that a failure here is known
+    to have sent nothing."""
+    connect: Callable[[], Awaitable[None]] = connection.connect
+    await connect()
 
 
 _MEMO_MAX = 4096

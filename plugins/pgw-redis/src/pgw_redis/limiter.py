@@ -29,12 +29,18 @@ released in the same turn costs one script (``release`` applies the TPM correcti
 progress mark rides along with a release. Reads (``inflight``, ``source_stats``,
 ``progress_age_s``) see every write queued before them; an admission may not see a release
 still on the wire, so at worst it refuses early, never admits too much. ``flush()`` (and
-``aclose()``) waits until everything queued has been sent. A process that dies with writes
-queued loses them; the lease TTL frees its leases, as it does after a SIGKILL.
+``aclose()``) waits until everything queued has been sent and every batch on the wire has
+landed. A process that dies with writes queued loses them; the lease TTL frees its leases, as
+it does after a SIGKILL. ``aclose()`` refuses admissions from its first step on.
+
+Size: one script call carries at most ``MAX_BATCH_ACCOUNTING`` writes and
+``MAX_BATCH_ADMISSIONS`` admissions. Redis runs a script atomically, serving no other client
+meanwhile, so a backlog (the compensations of an outage) goes out in bounded pieces, one call
+after the other, and an admission carries one piece at most in front of it.
 
 Queued writes are never lost to someone else's trouble: when the command they ride with is
 cancelled or fails (waiting for a connection, connecting, a connection lost, a timeout), they
-go back to the front of the queue and the background flush sends them. Whether they ran
+go back to the queue and the background flush sends them. Whether they ran
 before the failure is often unknowable, so every accounting script is idempotent: a release
 removes a lease id (twice is once), and a lease's TPM correction is applied only by the run
 that records its id in the window's set of settled leases. When the background flush (or
@@ -53,16 +59,22 @@ lease exists, and otherwise records the id as abandoned so that the acquire, sho
 afterwards, admits nothing. redis-py drops the connection of a cancelled command, so it is
 never a reply behind. Batches are sent by the limiter's own flush task, which a cancelled
 caller does not cancel; an admission cancelled while still queued is taken off the queue, or left
-out by the batch that would have taken it (it was never sent: nothing to compensate).
+out by the batch that would have taken it (it was never sent: nothing to compensate). Nor is
+anything compensated when the batch failed before it was written (no connection, no free
+slot: ``NotSentError``). A batch that fails in any other way, expected or not, fails each of
+its admissions with a ``GovernanceBackendError`` of its own. Batches run in a context of their
+own, not in that of the caller who happened to queue first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from polygateway.errors import GovernanceBackendError
@@ -82,7 +94,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
-from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient
+from pgw_redis.connection import (
+    BACKEND_ERRORS,
+    NotSentError,
+    RedisClient,
+    ScriptCall,
+    ScriptClient,
+)
 from pgw_redis.keys import LimiterKeys, SourceKeys, new_id
 from pgw_redis.scripts import BATCH, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
 
@@ -125,6 +143,11 @@ RETRY_FOR_S: Final = 60.0
 
 MAX_BATCH_ADMISSIONS: Final = 256
 """Admissions sent in one script call at most; more wait for the next one."""
+
+MAX_BATCH_ACCOUNTING: Final = 256
+"""Accounting operations sent in one script call at most: a backlog (after an outage) goes
+in several calls, so that no call keeps Redis from its other clients for long and an
+admission never waits behind more than this many writes."""
 
 MAX_BATCHES_IN_FLIGHT: Final = 2
 """Batches of admissions on the wire at once (each on a connection of its own)."""
@@ -253,6 +276,7 @@ class RedisLimiter:
         "_admissions",
         "_client",
         "_closed",
+        "_disconnected",
         "_flush_tasks",
         "_forming",
         "_global_limits",
@@ -314,6 +338,9 @@ class RedisLimiter:
         self._forming: asyncio.Task[None] | None = None
         """The batch task made but not yet started: what is queued meanwhile goes in it."""
         self._closed = False
+        """Set when ``aclose()`` starts: admissions are refused, no batch starts by itself."""
+        self._disconnected = False
+        """Set when ``aclose()`` is done: nothing can send a write any more."""
         self._warn = WarnOnce(logger, f"Redis limiter (scope {scope!r})")
 
     @property
@@ -346,7 +373,8 @@ class RedisLimiter:
                 self._acquire_keys(source_keys, window),
                 self._acquire_args(window, lease_id, est_tokens, source_limits),
             )
-            reply = await self._admit(op, lease_id, source_keys, window, est_tokens)
+            admission = self._enqueue(op)
+            reply = await self._reply(admission, lease_id, source_keys, window, est_tokens)
             admitted = self._admitted(reply, source, lease_id, source_keys, est_tokens, window)
             if admitted is not None:
                 return admitted
@@ -385,18 +413,24 @@ class RedisLimiter:
         gate_key, owner, gate_args = gate.joint_enter_args(source)
         lease_id = new_id()
         window = self._guess_window()
+        answered = False  # a reply came: the gate may have made this caller the probe
         for _ in range(_WINDOW_ATTEMPTS):
             op = (
                 _OP_GATE_ACQUIRE,
                 (gate_key, *self._acquire_keys(source_keys, window)),
                 (*gate_args, *self._acquire_args(window, lease_id, est_tokens, source_limits)),
             )
+            admission = None
             try:
-                reply = await self._admit(op, lease_id, source_keys, window, est_tokens)
+                admission = self._enqueue(op)
+                reply = await self._reply(admission, lease_id, source_keys, window, est_tokens)
             except (asyncio.CancelledError, GovernanceBackendError):
-                # The script may have run and made this caller the probe: hand it back.
-                gate.hand_back_later(gate_key, owner)
+                # The script may have run and made this caller the probe: hand it back
+                # (unless no script of this call ever reached Redis).
+                if answered or (admission is not None and admission.sent):
+                    gate.hand_back_later(gate_key, owner)
                 raise
+            answered = True
             decision = gate.joint_decision(source, reply[0])
             if not decision.allowed:
                 return decision, None
@@ -464,26 +498,35 @@ class RedisLimiter:
             source_limits.tpm,
         )
 
-    async def _admit(
-        self, op: _Op, lease_id: str, source_keys: SourceKeys, window: int, est_tokens: int
+    def _enqueue(self, op: _Op) -> _Admission:
+        """Queue an admission for the next batch (refused once ``aclose()`` has started)."""
+        if self._closed:
+            raise GovernanceBackendError(f"Redis limiter (scope {self._scope!r}) is closed")
+        admission = _Admission(op, asyncio.get_running_loop().create_future())
+        self._admissions.append(admission)
+        self._schedule_flush(admission=True)
+        return admission
+
+    async def _reply(
+        self,
+        admission: _Admission,
+        lease_id: str,
+        source_keys: SourceKeys,
+        window: int,
+        est_tokens: int,
     ) -> Any:
-        """Queue an admission for the next batch and wait for its reply.
+        """Wait for the reply of a queued admission.
 
         Cancelled or failed after it was sent, the script may have run: what it may have
         taken is freed (a queued compensation, a no-op when the lease does not exist) before
-        the error goes on. Cancelled before it was sent, it is simply taken off the queue.
+        the error goes on. Cancelled before it was sent, it is simply taken off the queue; a
+        batch that failed before reaching Redis leaves nothing to free either.
         """
-        if self._closed:
-            raise GovernanceBackendError(f"Redis limiter (scope {self._scope!r}) is closed")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        admission = _Admission(op, future)
-        self._admissions.append(admission)
-        self._schedule_flush(admission=True)
         try:
-            return await future
+            return await admission.future
         except (asyncio.CancelledError, GovernanceBackendError):
             if not admission.sent:
-                if admission in self._admissions:  # else a batch left it out already
+                if admission in self._admissions:  # else a batch took it already
                     self._admissions.remove(admission)
             else:
                 self._queue(lease_id, source_keys, window, delta=-est_tokens, compensate=True)
@@ -553,25 +596,38 @@ class RedisLimiter:
     # ------------------------------------------------------------------ lifecycle
 
     async def flush(self) -> None:
-        """Wait until every accounting write queued so far has been sent (and answered)."""
-        await self._wait_in_flight()
-        batch = self._take_queued()
-        if batch is not None:
-            await self._send_accounting(batch)
+        """Wait until every accounting write queued so far has been sent and answered, and
+        every batch on the wire now has landed.
+
+        A write Redis did not take is kept and sent again in the background (see the module
+        docstring); ``flush()`` does not wait for those retries.
+        """
+        in_flight = tuple(self._flush_tasks)
+        # Taken now, so that no batch started later carries them past the waits below.
+        await self._send_in_turn(self._take_all_queued())
+        if in_flight:
+            # asyncio.wait: a caller cancelled here must not cancel the batches themselves.
+            await asyncio.wait(in_flight)
 
     async def aclose(self) -> None:
-        """Send queued accounting, then close the client if this limiter owns it."""
+        """Refuse new admissions, wait for the batches on the wire, send the queued
+        accounting (one try), then close the client if this limiter owns it."""
         if self._closed:
             return
+        self._closed = True
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
+        # Queued, never sent: nothing to undo.
+        queued, self._admissions = self._admissions, []
+        _fail(queued, "the Redis limiter was closed", None)
         try:
-            await self.flush()
+            while self._flush_tasks:  # none starts once closed: this ends
+                await asyncio.wait(tuple(self._flush_tasks))
+            # What they queued (compensations of failed or cancelled calls) goes too.
+            await self._send_in_turn(self._take_all_queued())
         finally:
-            self._closed = True
-            if self._retry_handle is not None:
-                self._retry_handle.cancel()
-                self._retry_handle = None
-            _fail(self._admissions, GovernanceBackendError("the Redis limiter was closed"))
-            self._admissions = []
+            self._disconnected = True
             if self._pending:
                 self._warn.failed(
                     "accounting at close",
@@ -580,6 +636,7 @@ class RedisLimiter:
                     "after their TTL",
                 )
                 self._pending = {}
+            self._progress_pending = False
             await self._scripts.disconnect()
             if self._owns_client:
                 await self._client.aclose()
@@ -601,27 +658,41 @@ class RedisLimiter:
         return server_ms // WINDOW_MS
 
     async def _exchange(self, call: ScriptCall, operation: str) -> Any:
-        """Run the read ``call`` behind the queued accounting, in one round trip.
+        """Run the read ``call`` behind the queued accounting.
 
-        It first waits for the batches in flight, if any, so that it sees every write this
-        limiter queued before it. Backend failures raise ``GovernanceBackendError``. The
-        accounting taken along is not this caller's: if the exchange does not complete it is
-        queued again.
+        It sees every write this limiter queued before it: those on the wire (it waits for
+        the batches in flight) and those still queued (sent in front of it, in the same round
+        trip unless the backlog needs more than one call). Backend failures raise
+        ``GovernanceBackendError``. The accounting taken along is not this caller's: if the
+        exchange does not complete, what was not delivered is queued again.
         """
-        await self._wait_in_flight()
-        batch = self._take_queued()
+        in_flight = tuple(self._flush_tasks)
+        batches = self._take_all_queued()
+        last = batches.pop() if batches else None
+        sent = 0
         delivered = False
         try:
-            calls = (call,) if batch is None else (_batch_call(batch.ops), call)
+            if in_flight:
+                await asyncio.wait(in_flight)
+            for batch in batches:
+                (result,) = await self._run((_batch_call(batch.ops),))
+                sent += 1
+                self._delivered()
+                self._check_accounting(result)
+            calls = (call,) if last is None else (_batch_call(last.ops), call)
             results = await self._run(calls)
             delivered = True
         except BACKEND_ERRORS as exc:
             raise self._backend_error(operation, exc) from exc
         finally:
-            if batch is not None and not delivered:
-                self._requeue(batch)
-                self._schedule_flush()
-        if batch is not None:
+            if not delivered:
+                for batch in batches[sent:]:
+                    self._requeue(batch)
+                if last is not None:
+                    self._requeue(last)
+                if batches or last is not None:
+                    self._schedule_flush()
+        if last is not None:
             self._delivered()
             self._check_accounting(results[0])
         result = results[-1]
@@ -631,7 +702,10 @@ class RedisLimiter:
         return result
 
     def _backend_error(self, operation: str, exc: BaseException) -> GovernanceBackendError:
-        return GovernanceBackendError(
+        return GovernanceBackendError(self._backend_message(operation, exc))
+
+    def _backend_message(self, operation: str, exc: BaseException) -> str:
+        return (
             f"Redis limiter (scope {self._scope!r}): {operation} failed: "
             f"{type(exc).__name__}: {exc}"
         )
@@ -639,11 +713,16 @@ class RedisLimiter:
     async def _run(self, calls: Sequence[ScriptCall]) -> list[Any]:
         try:
             return await self._scripts.run_many(calls)
-        except RedisConnectionError:
+        except RedisConnectionError as first:
             # A pooled connection that died with the server (restart, failover, idle kill)
             # fails once although Redis is back: one more try, on a fresh connection. Safe,
             # as every script here is idempotent (an acquire is keyed by its lease id).
-            return await self._scripts.run_many(calls)
+            try:
+                return await self._scripts.run_many(calls)
+            except NotSentError:
+                if isinstance(first, NotSentError):
+                    raise
+                raise first from None  # the first try may have run: not "never sent"
 
     def _queue(
         self,
@@ -655,6 +734,13 @@ class RedisLimiter:
         release: bool = False,
         compensate: bool = False,
     ) -> None:
+        if self._disconnected:
+            self._warn.failed(
+                "accounting after close",
+                GovernanceBackendError("the limiter is closed"),
+                "release/settle dropped; leases expire after their TTL",
+            )
+            return
         entry = self._pending.get(lease_id)
         if entry is None:
             entry = self._pending[lease_id] = _QueuedAccounting(lease_id, source_keys, window)
@@ -689,8 +775,12 @@ class RedisLimiter:
             self._start_flush()
 
     def _start_flush(self) -> None:
+        # A context of its own: the batch serves many callers, not the one that queued first
+        # (whose context, trace and request-scoped logging would otherwise take it over).
         task = asyncio.get_running_loop().create_task(
-            self._flush_queued(), name=f"pgw-redis limiter flush ({self._scope})"
+            self._flush_queued(),
+            name=f"pgw-redis limiter flush ({self._scope})",
+            context=contextvars.Context(),
         )
         self._forming = task
         self._flush_tasks.add(task)
@@ -701,12 +791,6 @@ class RedisLimiter:
         if self._forming is task:  # cancelled before its first step: it took nothing
             self._forming = None
 
-    async def _wait_in_flight(self) -> None:
-        """Wait for every batch sent or forming now (not for those started meanwhile)."""
-        if self._flush_tasks:
-            # asyncio.wait: a caller cancelled here must not cancel the batches themselves.
-            await asyncio.wait(tuple(self._flush_tasks))
-
     async def _flush_queued(self) -> None:
         # Runs at the turn after the one that made it: everything queued until then goes in
         # one script call; what is queued while it is on the wire forms the next batch.
@@ -715,15 +799,17 @@ class RedisLimiter:
             return
         admissions = self._take_admissions()
         batch = self._take_queued()
-        if admissions:
-            await self._send_admissions(batch, admissions)
-        elif batch is not None:
-            await self._send_accounting(batch)
-        # This batch has landed: count it out before starting the next (the done callback
-        # would do so only after this returns).
-        task = asyncio.current_task()
-        if task is not None:
-            self._flush_tasks.discard(task)
+        try:
+            if admissions:
+                await self._send_admissions(batch, admissions)
+            elif batch is not None:
+                await self._send_accounting(batch)
+        finally:
+            # This batch has landed: count it out before starting the next (the done
+            # callback would do so only after this returns).
+            task = asyncio.current_task()
+            if task is not None:
+                self._flush_tasks.discard(task)
         if self._admissions:
             self._schedule_flush(admission=True)
         elif self._pending or self._progress_pending:
@@ -748,47 +834,70 @@ class RedisLimiter:
 
     async def _send_admissions(self, batch: _Batch | None, admissions: list[_Admission]) -> None:
         """Queued accounting and ``admissions`` in one script call; each admission's reply
-        (or the failure, as ``GovernanceBackendError``) goes to its caller."""
+        (or the failure, as a ``GovernanceBackendError`` of its own) goes to its caller.
+
+        Whatever goes wrong, no caller is left waiting: an unexpected error (a reply of the
+        wrong shape, say) fails the admissions as a backend error does.
+        """
         accounting = batch.ops if batch is not None else []
-        call = _batch_call([*accounting, *(admission.op for admission in admissions)])
         try:
+            call = _batch_call([*accounting, *(admission.op for admission in admissions)])
             (result,) = await self._run((call,))
-        except BACKEND_ERRORS as exc:
-            _fail(admissions, self._backend_error("try_acquire", exc))
-            if batch is not None:
-                self._retry_later(batch, exc)
-            return
         except asyncio.CancelledError:
             # The loop is shutting down: the callers learn their admission failed (and
             # compensate); the accounting stays for this limiter's next command or flush.
-            _fail(admissions, GovernanceBackendError("the admission was cancelled"))
+            _fail(admissions, "the admission was cancelled", None)
             if batch is not None:
                 self._requeue(batch)
             raise
+        except BaseException as exc:
+            if isinstance(exc, NotSentError):
+                for admission in admissions:
+                    admission.sent = False  # nothing ran: no compensation to queue
+            _fail(admissions, self._backend_message("try_acquire", exc), exc)
+            if batch is not None:
+                self._retry_later(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
         if batch is not None:
             self._delivered()
-        if isinstance(result, Exception):
-            _fail(admissions, self._backend_error("try_acquire", result))
-            if batch is not None:
-                self._check_accounting(result)
-            return
-        self._warn.succeeded()
-        replies = result[len(accounting) :]
-        for admission, reply in zip(admissions, replies, strict=True):
-            if not admission.future.done():
-                admission.future.set_result(reply)
+        try:
+            if isinstance(result, Exception):
+                if batch is not None:
+                    self._check_accounting(result)
+                raise result
+            replies = result[len(accounting) :]
+            if len(replies) != len(admissions):
+                raise ValueError(
+                    f"the batch answered {len(replies)} admission(s) of {len(admissions)}"
+                )
+            self._warn.succeeded()
+            for admission, reply in zip(admissions, replies, strict=True):
+                if not admission.future.done():
+                    admission.future.set_result(reply)
+        except Exception as exc:  # noqa: BLE001 - it reaches every caller, as their error
+            _fail(admissions, self._backend_message("try_acquire", exc), exc)
 
     def _take_queued(self) -> _Batch | None:
+        """Take the oldest queued accounting, ``MAX_BATCH_ACCOUNTING`` operations at most."""
         pending = self._pending
         progress = self._progress_pending
         if not pending and not progress:
             return None
-        self._pending = {}
-        self._progress_pending = False
+        if len(pending) <= MAX_BATCH_ACCOUNTING:
+            taken = pending
+            self._pending = {}
+        else:
+            # Each entry makes one operation at most; the rest stays queued, in order.
+            taken = {
+                lease_id: pending.pop(lease_id)
+                for lease_id in list(islice(pending, MAX_BATCH_ACCOUNTING))
+            }
         keys = self._keys
         ops: list[_Op] = []
         mark = progress
-        for entry in pending.values():
+        for entry in taken.values():
             w = str(entry.window)
             window_end_s = (entry.window + 1) * (WINDOW_MS // 1000)
             source_keys = entry.source_keys
@@ -827,47 +936,85 @@ class RedisLimiter:
                     )
                 )
         if mark:
-            ops.append((_OP_PROGRESS, (keys.progress,), ()))
-        return _Batch(pending, progress, ops)
+            if len(ops) < MAX_BATCH_ACCOUNTING:
+                ops.append((_OP_PROGRESS, (keys.progress,), ()))
+            else:
+                progress = False  # no room: the next batch carries it
+        self._progress_pending = self._progress_pending and not progress
+        return _Batch(taken, progress, ops)
+
+    def _take_all_queued(self) -> list[_Batch]:
+        """Everything queued, as batches of ``MAX_BATCH_ACCOUNTING`` operations at most."""
+        batches: list[_Batch] = []
+        while (batch := self._take_queued()) is not None:
+            batches.append(batch)
+        return batches
 
     def _requeue(self, batch: _Batch) -> None:
-        """Put ``batch`` back in front of what was queued since (its scripts are idempotent)."""
-        entries = batch.entries
-        for lease_id, later in self._pending.items():
-            entry = entries.get(lease_id)
-            if entry is None:
-                entries[lease_id] = later
-            else:
+        """Queue ``batch`` again, merged with what was queued for its leases since (its
+        scripts are idempotent, and one lease's writes add up in any order)."""
+        # In place: a chunk of a long backlog goes back without copying the rest.
+        pending = self._pending
+        for lease_id, entry in batch.entries.items():
+            later = pending.get(lease_id)
+            if later is not None:
                 entry.absorb(later)
-        self._pending = entries
+            pending[lease_id] = entry
         self._progress_pending = self._progress_pending or batch.progress
 
-    async def _send_accounting(self, batch: _Batch) -> None:
+    async def _send_accounting(self, batch: _Batch) -> bool:
+        """Send ``batch`` alone; whether Redis took it (if not, it is kept for a retry)."""
         if not batch.ops:
-            return
+            return True
         try:
             (result,) = await self._run((_batch_call(batch.ops),))
-        except BACKEND_ERRORS as exc:
-            self._retry_later(batch, exc)
-            return
         except asyncio.CancelledError:
             # Whoever sent it is going away (a cancelled flush(), the loop shutting down):
             # keep it for this limiter's next command or flush rather than lose it.
             self._requeue(batch)
             raise
+        except BaseException as exc:
+            self._retry_later(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return False
         self._delivered()
         self._check_accounting(result)
+        return True
+
+    async def _send_in_turn(self, batches: list[_Batch]) -> None:
+        """Send ``batches`` one call after the other, stopping at the first that fails (it and
+        the rest are kept for a retry)."""
+        for index, batch in enumerate(batches):
+            delivered = False
+            try:
+                delivered = await self._send_accounting(batch)
+            finally:
+                if not delivered:
+                    for rest in batches[index + 1 :]:
+                        self._requeue(rest)
+            if not delivered:
+                return
 
     def _retry_later(self, batch: _Batch, exc: BaseException) -> None:
-        """Keep a batch that Redis did not take and send it again after a backoff, unless the
-        limiter is closed or the outage outlasted the retry bound (then drop it, warned)."""
+        """Keep a batch that Redis did not take and send it again after a backoff; once the
+        outage outlasted the retry bound, drop it and everything queued (warned). A closing
+        limiter keeps it for ``aclose()``'s last try."""
+        if self._closed:
+            self._requeue(batch)
+            return
         now = self._monotonic()
         if self._retry_since is None:
             self._retry_since = now
         bound_s = max(RETRY_FOR_S, 2.0 * self._lease_ttl_s)
-        if self._closed or now - self._retry_since > bound_s:
+        if now - self._retry_since > bound_s:
+            dropped = len(batch.entries) + len(self._pending)
+            self._pending = {}
+            self._progress_pending = False
             self._warn.failed(
-                "accounting", exc, "release/settle/progress dropped; leases expire after their TTL"
+                "accounting",
+                exc,
+                f"{dropped} release/settle write(s) dropped; leases expire after their TTL",
             )
             self._retry_since = None
             self._retry_delay_s = RETRY_FIRST_S
@@ -898,9 +1045,13 @@ class RedisLimiter:
         )
 
 
-def _fail(admissions: Sequence[_Admission], error: GovernanceBackendError) -> None:
+def _fail(admissions: Sequence[_Admission], message: str, cause: BaseException | None) -> None:
+    """Fail every admission still waiting, each with an exception of its own: the callers are
+    unrelated requests, and a raised exception takes on its handler's traceback and notes."""
     for admission in admissions:
         if not admission.future.done():
+            error = GovernanceBackendError(message)
+            error.__cause__ = cause
             admission.future.set_exception(error)
 
 
