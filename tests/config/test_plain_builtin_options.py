@@ -143,3 +143,15 @@ def test_loading_the_default_configuration_imports_no_options_model() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_ready_client_of_the_default_configuration_imports_no_pydantic() -> None:
+    code = (
+        "import sys\n"
+        "from polygateway import GatewayClient\n"
+        "GatewayClient.from_env(env={'LLM__OPENAI__1__BASE_URL': 'http://127.0.0.1:9/v1',"
+        " 'LLM__OPENAI__1__API_KEY': 'sk-test', 'LLM__OPENAI__1__MODEL': 'm'})\n"
+        "print('pydantic' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
