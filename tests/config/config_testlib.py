@@ -36,7 +36,10 @@ class FakeRegistry:
     def options_of(self, kind: str, name: str) -> None:
         return None
 
-    def schemas(self) -> list[tuple[str, str, type]]:
+    def declared_options(self, kind: str, name: str) -> None:
+        return None
+
+    def flat_env_keys(self) -> list[tuple[str, str, dict[str, str]]]:
         return []
 
     def unavailable(self) -> list[str]:

@@ -226,8 +226,8 @@ def test_the_package_root_holds_only_hook_implementations() -> None:
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public <= {
-        "annotations", "Any", "TYPE_CHECKING", "ComponentContext", "Register", "hookimpl",
-        "pgw_register_limiters", "pgw_register_breakers", "pgw_register_caches",
+        "annotations", "Any", "TYPE_CHECKING", "ComponentContext", "OptionsRef", "Register",
+        "hookimpl", "pgw_register_limiters", "pgw_register_breakers", "pgw_register_caches",
     }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from polygateway.settings import SourceConfig
 
 if TYPE_CHECKING:
     from polygateway.builtin_options import MemoryCacheOptions, SQLiteTelemetryOptions
+    from polygateway.builtin_values import MemoryCacheValues, SQLiteTelemetryValues
 
 
 @hookimpl
@@ -70,14 +71,15 @@ def pgw_register_breakers(register: Register) -> None:
 
 @hookimpl
 def pgw_register_caches(register: Register) -> None:
-    from polygateway.builtin_options import MemoryCacheOptions
+    # By reference, with a plain reader: the default configuration's cache needs no pydantic.
+    from polygateway.builtin_values import MEMORY_CACHE_OPTIONS
 
-    def memory(ctx: ComponentContext[MemoryCacheOptions]) -> Any:
+    def memory(ctx: ComponentContext[MemoryCacheValues | MemoryCacheOptions]) -> Any:
         from polygateway.backends.memory.cache import MemoryCache
 
         return MemoryCache(clock=ctx.clock, max_entries=ctx.options.max_entries)
 
-    register("memory", memory, options=MemoryCacheOptions)
+    register("memory", memory, options=MEMORY_CACHE_OPTIONS)
 
 
 @hookimpl
@@ -140,9 +142,9 @@ def pgw_register_pricing(register: Register) -> None:
 
 @hookimpl
 def pgw_register_telemetry(register: Register) -> None:
-    from polygateway.builtin_options import SQLiteTelemetryOptions
+    from polygateway.builtin_values import SQLITE_TELEMETRY_OPTIONS
 
-    def sqlite(ctx: ComponentContext[SQLiteTelemetryOptions]) -> Any:
+    def sqlite(ctx: ComponentContext[SQLiteTelemetryValues | SQLiteTelemetryOptions]) -> Any:
         from polygateway.telemetry.sqlite import SQLiteRecorder
 
         options = ctx.options
@@ -153,7 +155,7 @@ def pgw_register_telemetry(register: Register) -> None:
             queue_max=options.queue_max,
         )
 
-    register("sqlite", sqlite, options=SQLiteTelemetryOptions)
+    register("sqlite", sqlite, options=SQLITE_TELEMETRY_OPTIONS)
 
 
 @hookimpl

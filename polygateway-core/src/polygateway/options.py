@@ -11,6 +11,12 @@ A component factory registers with an options model::
 
     register("redis", factory, options=RedisOptions)
 
+or, so that registration and the unknown-key check do not import the model (nor pydantic)
+until the component's options are used, by reference with its flat keys declared up front::
+
+    register("redis", factory, options=OptionsRef("pgw_redis.options:RedisOptions",
+                                                  env_keys={"url": "REDIS_URL"}))
+
 The configuration loader collects the component's values (``[scopes.X.limiter] options =
 {...}``, ``{SCOPE}__LIMITER__SOCKET_TIMEOUT_S``, the flat keys the model declares with
 ``EnvKey``), validates them with the model and names the key the user wrote in every problem;
@@ -35,6 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from polygateway.options_ref import OptionsRef
 from polygateway.validation import MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -67,6 +74,7 @@ __all__ = [
     "NonNegativeDuration",
     "NonNegativeInt",
     "Number",
+    "OptionsRef",
     "PositiveDuration",
     "PositiveInt",
     "SecretText",

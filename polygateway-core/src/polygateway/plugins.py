@@ -28,6 +28,7 @@ import pluggy
 from polygateway import __version__, builtin, hookspecs, ports
 from polygateway.errors import ConfigError, PluginError
 from polygateway.hookspecs import HOOK_KINDS, PROJECT_NAME
+from polygateway.options import OptionsRef
 from polygateway.ports import ComponentContext
 
 if TYPE_CHECKING:
@@ -94,11 +95,12 @@ _PROTOCOLS: dict[str, tuple[type, ...]] = {
 
 @dataclass(frozen=True, slots=True)
 class Registration:
-    """One registered thing: the object, the distribution that registered it, its options model."""
+    """One registered thing: the object, the distribution that registered it, its options model
+    (a class, or an ``OptionsRef`` naming one)."""
 
     obj: Any
     provider: str
-    options: type[BaseModel] | None = None
+    options: type[BaseModel] | OptionsRef | None = None
 
 
 @dataclass(frozen=True)
@@ -220,25 +222,75 @@ class Registry:
         return self._entry(kind, name).provider
 
     def options_of(self, kind: str, name: str) -> type[BaseModel] | None:
-        """The options model ``name`` was registered with, or ``None`` (options stay a mapping)."""
+        """The options model ``name`` was registered with, or ``None`` (options stay a mapping);
+        a model registered by reference is imported here.
+
+        :raises PluginError: the reference names no model, or its ``env_keys`` differ from the
+            model's ``EnvKey`` metadata.
+        """
+        declared = self._entry(kind, name).options
+        if not isinstance(declared, OptionsRef):
+            return declared
+        try:
+            model = declared.load()
+        # The reference is the plugin's: whatever importing it raises is the plugin's problem.
+        except Exception as exc:
+            raise PluginError(
+                f"{self._blame(kind, name, 'options model')} {declared.model!r} "
+                f"cannot be imported: {_one_line(exc)}"
+            ) from exc
+        from polygateway.options import env_keys
+
+        if env_keys(model) != dict(declared.env_keys):
+            raise PluginError(
+                f"{self._blame(kind, name, 'options model')} {declared.model!r} declares the "
+                f"flat keys {env_keys(model)}, its registration {dict(declared.env_keys)}"
+            )
+        return model
+
+    def declared_options(self, kind: str, name: str) -> type[BaseModel] | OptionsRef | None:
+        """The options ``name`` was registered with, as given (nothing imported)."""
         return self._entry(kind, name).options
 
     def schemas(self) -> list[tuple[str, str, type[BaseModel]]]:
-        """``(kind, name, options model)`` of every component registered with one."""
-        found = [
-            (kind, name, entry.options)
-            for (kind, name), entry in sorted(self._entries.items())
-            if entry.options is not None
-        ]
+        """``(kind, name, options model)`` of every component registered with one (imported)."""
+        found: list[tuple[str, str, type[BaseModel]]] = []
+        for kind, name in sorted(self._entries):
+            model = self.options_of(kind, name)
+            if model is not None:
+                found.append((kind, name, model))
+        return found
+
+    def flat_env_keys(self) -> list[tuple[str, str, dict[str, str]]]:
+        """``(kind, name, option -> flat env key)`` of every component registered with options,
+        read from a reference's ``env_keys`` without importing its model."""
+        from polygateway.options import env_keys
+
+        found: list[tuple[str, str, dict[str, str]]] = []
+        for (kind, name), entry in sorted(self._entries.items()):
+            declared = entry.options
+            if isinstance(declared, OptionsRef):
+                found.append((kind, name, dict(declared.env_keys)))
+            elif declared is not None:
+                found.append((kind, name, env_keys(declared)))
         return found
 
     def resolve_options(self, kind: str, name: str, options: object) -> Any:
         """``options`` validated with the component's model (a mapping as given otherwise).
 
-        An instance of the model passes as is (the loader already validated it).
+        An instance of the model, or of a reference's plain values, passes as is (the loader
+        already validated it); a mapping a reference's plain reader is sure of gives its value.
 
         :raises ConfigError: one line per problem, ``limiter 'redis' option url: ...``.
         """
+        declared = self.declared_options(kind, name)
+        if isinstance(declared, OptionsRef) and declared.plain is not None:
+            if isinstance(options, declared.plain):
+                return options
+            if isinstance(options, Mapping) and declared.read_plain is not None:
+                plain = declared.read_plain(options)
+                if plain is not None:
+                    return plain
         model = self.options_of(kind, name)
         if model is None or isinstance(options, model):
             return options
@@ -638,20 +690,22 @@ def _collect(
 
 def _call_registration_hook(
     impl: pluggy.HookImpl, hook_name: str, kind: str, candidate: _Candidate
-) -> list[tuple[str, Any, type[BaseModel] | None]] | None:
+) -> list[tuple[str, Any, type[BaseModel] | OptionsRef | None]] | None:
     """Run one hook implementation; its registrations, or ``None`` (and an error) if it failed."""
     if impl.hookwrapper or impl.wrapper:
         candidate.errors.append(f"{hook_name}: registration hooks cannot be wrappers")
         return None
-    registered: list[tuple[str, Any, type[BaseModel] | None]] = []
+    registered: list[tuple[str, Any, type[BaseModel] | OptionsRef | None]] = []
     seen: set[str] = set()
 
-    def register(name: str, obj: Any, /, *, options: type[Any] | None = None) -> None:
+    def register(name: str, obj: Any, /, *, options: type[Any] | OptionsRef | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise PluginError(f"register() needs a non-empty string name, got {name!r}")
         if name in seen:
             raise PluginError(f"{kind} {name!r} registered twice by the same plugin")
-        if options is not None:
+        if isinstance(options, OptionsRef):
+            _check_reference(kind, name, options)
+        elif options is not None:
             from pydantic import BaseModel
 
             if not (isinstance(options, type) and issubclass(options, BaseModel)):
@@ -678,6 +732,26 @@ def _call_registration_hook(
         candidate.errors.append(f"{hook_name}: registration hooks must be plain functions")
         return None
     return registered
+
+
+def _check_reference(kind: str, name: str, options: OptionsRef) -> None:
+    """What a reference must hold to be read without its model (the model is checked on import)."""
+    module, colon, attribute = options.model.partition(":")
+    if not (module and colon and attribute.isidentifier()):
+        raise PluginError(
+            f"{kind} {name!r}: OptionsRef needs 'package.module:ClassName', got {options.model!r}"
+        )
+    if (options.plain is None) != (options.read_plain is None):
+        raise PluginError(
+            f"{kind} {name!r}: OptionsRef needs both plain= and read_plain=, or neither"
+        )
+    bad = [
+        f"{option}={key}"
+        for option, key in options.env_keys.items()
+        if not (isinstance(option, str) and isinstance(key, str) and option and key)
+    ]
+    if bad:
+        raise PluginError(f"{kind} {name!r}: OptionsRef env_keys must map strings: {bad}")
 
 
 def load_registry(

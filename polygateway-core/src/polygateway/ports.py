@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    runtime_checkable,
+)
 
 from polygateway.settings import Limits, ScopeSettings, SourceConfig
 from polygateway.types import (
@@ -23,6 +32,9 @@ from polygateway.types import (
     TelemetryRecord,
     TransportResult,
 )
+
+if TYPE_CHECKING:
+    from polygateway.options_ref import OptionsRef
 
 # --------------------------------------------------------------------------- clock
 
@@ -651,6 +663,10 @@ class Register(Protocol):
     ``register(name, factory_or_profile)``, or ``register(name, factory, options=Model)`` with
     ``Model`` a ``polygateway.options.ComponentOptions`` subclass: the loader then validates the
     component's options with it and the factory gets the instance as ``ctx.options``.
+    ``options=OptionsRef("module:Model", env_keys=...)`` names the model instead, imported only
+    when the component's options are used.
     """
 
-    def __call__(self, name: str, obj: Any, /, *, options: type[Any] | None = None) -> None: ...
+    def __call__(
+        self, name: str, obj: Any, /, *, options: type[Any] | OptionsRef | None = None
+    ) -> None: ...

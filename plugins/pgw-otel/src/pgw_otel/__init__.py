@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from polygateway.hookspecs import hookimpl
+from polygateway.options import OptionsRef
 from polygateway.ports import ComponentContext, Register, TelemetryRecorder
 
 if TYPE_CHECKING:
@@ -43,15 +44,23 @@ def __getattr__(name: str) -> Any:
 
 @hookimpl
 def pgw_register_telemetry(register: Register) -> None:
-    # The options model is imported at load (the loader validates with it); the SDK is not.
-    from pgw_otel.options import OtelOptions
-
+    # The options model by reference: imported when a scope picks otel or a PGW_OTEL_* key is
+    # set (the loader validates with it); the SDK only when the recorder is built.
     def otel(ctx: ComponentContext[OtelOptions]) -> TelemetryRecorder:
         from pgw_otel.recorder import OtelRecorder
 
         return OtelRecorder.from_options(ctx.options, sources=ctx.settings.sources)
 
-    register("otel", otel, options=OtelOptions)
+    options = OptionsRef(
+        "pgw_otel.options:OtelOptions",
+        env_keys={
+            "endpoint": "PGW_OTEL_ENDPOINT",
+            "headers": "PGW_OTEL_HEADERS",
+            "capture_content": "PGW_OTEL_CAPTURE_CONTENT",
+            "prometheus_port": "PGW_OTEL_PROMETHEUS_PORT",
+        },
+    )
+    register("otel", otel, options=options)
 
 
 __all__ = ["OtelOptions", "OtelRecorder", "PrometheusEndpoint", "serve_prometheus"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from polygateway.hookspecs import hookimpl
+from polygateway.options import OptionsRef
 from polygateway.ports import ComponentContext, Register, TelemetryRecorder
 
 if TYPE_CHECKING:
@@ -39,15 +40,17 @@ def __getattr__(name: str) -> Any:
 
 @hookimpl
 def pgw_register_telemetry(register: Register) -> None:
-    # The options model is imported at load (the loader validates with it); asyncpg is not.
-    from pgw_postgres.options import PostgresOptions
-
+    # The options model by reference: imported when a scope picks postgres or
+    # PGW_TELEMETRY_PG_DSN is set (the loader validates with it); asyncpg only at build.
     def postgres(ctx: ComponentContext[PostgresOptions]) -> TelemetryRecorder:
         from pgw_postgres.recorder import PostgresRecorder
 
         return PostgresRecorder.from_options(ctx.options)
 
-    register("postgres", postgres, options=PostgresOptions)
+    options = OptionsRef(
+        "pgw_postgres.options:PostgresOptions", env_keys={"dsn": "PGW_TELEMETRY_PG_DSN"}
+    )
+    register("postgres", postgres, options=options)
 
 
 @hookimpl

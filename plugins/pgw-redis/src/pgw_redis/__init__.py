@@ -15,16 +15,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from polygateway.hookspecs import hookimpl
+from polygateway.options import OptionsRef
 from polygateway.ports import ComponentContext, Register
 
 if TYPE_CHECKING:
     from pgw_redis.options import RedisBreakerOptions, RedisCacheOptions, RedisOptions
 
+# By reference: the models (and pydantic) are imported only when a scope uses Redis or
+# REDIS_URL is set; the flat key is declared here for the unknown-key check.
+_FLAT_KEYS = {"url": "REDIS_URL"}
+
 
 @hookimpl
 def pgw_register_limiters(register: Register) -> None:
-    from pgw_redis.options import RedisOptions
-
     def redis(ctx: ComponentContext[RedisOptions]) -> Any:
         from pgw_redis.connection import connect_for
         from pgw_redis.limiter import RedisLimiter
@@ -39,13 +42,13 @@ def pgw_register_limiters(register: Register) -> None:
             owns_client=True,
         )
 
-    register("redis", redis, options=RedisOptions)
+    register(
+        "redis", redis, options=OptionsRef("pgw_redis.options:RedisOptions", env_keys=_FLAT_KEYS)
+    )
 
 
 @hookimpl
 def pgw_register_breakers(register: Register) -> None:
-    from pgw_redis.options import RedisBreakerOptions
-
     def redis(ctx: ComponentContext[RedisBreakerOptions]) -> Any:
         from pgw_redis.breaker import RedisGate
         from pgw_redis.connection import connect_for
@@ -63,13 +66,12 @@ def pgw_register_breakers(register: Register) -> None:
             owns_client=True,
         )
 
-    register("redis", redis, options=RedisBreakerOptions)
+    options = OptionsRef("pgw_redis.options:RedisBreakerOptions", env_keys=_FLAT_KEYS)
+    register("redis", redis, options=options)
 
 
 @hookimpl
 def pgw_register_caches(register: Register) -> None:
-    from pgw_redis.options import RedisCacheOptions
-
     def redis(ctx: ComponentContext[RedisCacheOptions]) -> Any:
         from pgw_redis.cache import RedisCache
         from pgw_redis.connection import connect_for
@@ -77,4 +79,5 @@ def pgw_register_caches(register: Register) -> None:
         client = connect_for(ctx.options, "cache")
         return RedisCache(client, prefix=ctx.options.prefix, owns_client=True)
 
-    register("redis", redis, options=RedisCacheOptions)
+    options = OptionsRef("pgw_redis.options:RedisCacheOptions", env_keys=_FLAT_KEYS)
+    register("redis", redis, options=options)

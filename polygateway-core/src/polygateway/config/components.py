@@ -8,6 +8,11 @@ declares (``EnvKey``, ranked with the core's flat keys), ``<option>_env`` indire
 file are resolved, and the model validates the result. Problems name the key the user wrote;
 a missing required option names the key that would set it and the key that picked the
 component. Nothing here knows a plugin: everything comes from the registry.
+
+A model registered by reference (``OptionsRef``) is imported only when its options are
+validated: the unknown-key check reads the reference's ``env_keys``, and a reference with a
+plain reader gives its plain value when the reader is sure of every picked component's options
+(the core's memory cache and sqlite recorder, so the default configuration needs no pydantic).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from polygateway.settings import ScopeSettings, TelemetrySettings
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from polygateway.options import OptionsRef
+
 DEFAULT_BACKEND = "memory"
 NO_BACKEND = "none"
 # The settings' own defaults, so that the two never disagree.
@@ -39,7 +46,9 @@ class OptionsRegistry(Protocol):
 
     def options_of(self, kind: str, name: str) -> type[BaseModel] | None: ...
 
-    def schemas(self) -> Sequence[tuple[str, str, type[BaseModel]]]: ...
+    def declared_options(self, kind: str, name: str) -> type[BaseModel] | OptionsRef | None: ...
+
+    def flat_env_keys(self) -> Sequence[tuple[str, str, Mapping[str, str]]]: ...
 
 
 class ConfigRegistry(OptionsRegistry, NameRegistry, Protocol):
@@ -152,9 +161,36 @@ def picked_components(scope: str, resolved: Resolved) -> list[Picked]:
     return picked
 
 
-def _model_of(registry: OptionsRegistry, kind: str, name: str) -> type[BaseModel] | None:
+def _declared_of(
+    registry: OptionsRegistry, kind: str, name: str
+) -> type[BaseModel] | OptionsRef | None:
     # An unknown name has no model; naming it is the registry check's job.
-    return registry.options_of(kind, name) if name in registry.names(kind) else None
+    return registry.declared_options(kind, name) if name in registry.names(kind) else None
+
+
+def _read_plain(
+    declared: Sequence[tuple[Picked, type[BaseModel] | OptionsRef]],
+    resolved: Resolved,
+    env: Mapping[str, str],
+) -> dict[Loc, Any] | None:
+    """Every picked component's plain value, or ``None`` unless each reader is sure (no flat
+    key set: those and ``_env`` indirections are the full path's)."""
+    from polygateway.options import OptionsRef
+
+    values: dict[Loc, Any] = {}
+    for picked, options in declared:
+        if not isinstance(options, OptionsRef) or options.read_plain is None:
+            return None
+        if any(env.get(key, "").strip() for key in options.env_keys.values()):
+            return None
+        raw = get_path(resolved.values, picked.options_path)
+        if raw is not None and not isinstance(raw, Mapping):
+            return None
+        value = options.read_plain(raw or {})
+        if value is None:
+            return None
+        values[picked.options_path] = value
+    return values
 
 
 def _fallback_label(scope: str, picked: Picked) -> Callable[[Loc], str]:
@@ -177,8 +213,9 @@ class ResolvedOptions:
 
     resolved: Resolved
     """The merged values again, with the models' flat keys and ``_env`` indirections in."""
-    models: dict[Loc, BaseModel]
-    """Options path -> the validated instance, for every picked component with a model."""
+    models: dict[Loc, Any]
+    """Options path -> the validated instance (or a reference's plain value), for every picked
+    component with a model."""
     problems: list[str]
 
 
@@ -195,13 +232,21 @@ def resolve(
     :param layers: the scope's layers, lowest precedence first, as ``resolved`` was merged.
     :param flat_index: the position of the flat env layer (the models' flat keys rank with it).
     """
+    declared = [
+        (picked, options)
+        for picked in picked_components(scope, resolved)
+        if (options := _declared_of(registry, picked.kind, picked.name)) is not None
+    ]
+    if not declared:
+        return ResolvedOptions(resolved, {}, [])
+    plain = _read_plain(declared, resolved, env)
+    if plain is not None:
+        return ResolvedOptions(resolved, plain, [])
     with_models = [
         (picked, model)
-        for picked in picked_components(scope, resolved)
-        if (model := _model_of(registry, picked.kind, picked.name)) is not None
+        for picked, _ in declared
+        if (model := registry.options_of(picked.kind, picked.name)) is not None
     ]
-    if not with_models:
-        return ResolvedOptions(resolved, {}, [])
     from pydantic import ValidationError
 
     from polygateway.options import env_keys
@@ -224,7 +269,7 @@ def resolve(
     rebuilt.insert(flat_index + 1, _flat_layer(with_models, env))
     merged = resolve_layers(rebuilt)
 
-    models: dict[Loc, BaseModel] = {}
+    models: dict[Loc, Any] = {}
     missing: dict[tuple[str, str, str], list[str]] = {}
     for picked, model in with_models:
         raw = get_path(merged.values, picked.options_path)
@@ -291,13 +336,14 @@ def _flat_layer(
 def flat_key_problems(registry: OptionsRegistry, env: Mapping[str, str]) -> list[str]:
     """Every flat env key a model declares that is set, checked alone (the user wrote it,
     whether or not a scope picks the component)."""
-    from polygateway.options import env_keys
-
     problems: list[str] = []
-    for _kind, _name, model in registry.schemas():
-        for option, key in env_keys(model).items():
+    for kind, name, flat in registry.flat_env_keys():
+        for option, key in flat.items():
             value = env.get(key, "").strip()
             if not value:
+                continue
+            model = registry.options_of(kind, name)
+            if model is None:
                 continue
             from pydantic import ValidationError
 

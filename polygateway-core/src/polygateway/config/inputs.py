@@ -93,9 +93,7 @@ def read_inputs(
         registry, found = installed_registry(_plugins_of(values, pipeline))
         shared_problems.extend(found)
     shared_problems.extend(flat_key_problems(registry, values))
-    from polygateway.options import env_keys
-
-    declared = [key for _k, _n, model in registry.schemas() for key in env_keys(model).values()]
+    declared = [key for _k, _n, flat in registry.flat_env_keys() for key in flat.values()]
     configured = [*env_config.scopes, *(pipeline.scopes if pipeline else ())]
     shared_problems.extend(envkeys.unknown_key_problems(values, configured, declared, ignore))
     problems.extend(shared_problems)

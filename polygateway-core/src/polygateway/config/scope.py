@@ -37,8 +37,6 @@ from polygateway.settings import (
 )
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from polygateway.config.components import ConfigRegistry
     from polygateway.config.inputs import Inputs
 
@@ -163,7 +161,7 @@ def _build_scope_settings(
     name: str,
     resolved: Resolved,
     sources: tuple[SourceConfig, ...],
-    models: Mapping[Loc, BaseModel],
+    models: Mapping[Loc, Any],
 ) -> tuple[ScopeSettings | None, list[str]]:
     problems: list[str] = []
     values = resolved.values

@@ -26,11 +26,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ports import Handler, ProviderProfile, StructuredOutputStrategy
 from polygateway.settings import SourceConfig
+from polygateway.structured.json_repair import is_model_schema
 from polygateway.structured.native_schema import NativeSchemaStrategy
 from polygateway.types import ChatRequest, LLMResponse, Message
 
@@ -136,7 +135,7 @@ class StructuredMiddleware:
             return await call_next(request)
         if schema == "json":
             return await self._repair_only(request, call_next)
-        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        if not is_model_schema(schema):  # imports pydantic only for a class
             raise RequestRejectedError(
                 "structured must be None, 'json' or a pydantic BaseModel subclass, "
                 f"got {schema!r} ({type(schema).__name__})"

@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import json_repair
-from pydantic import BaseModel, ValidationError
 
 from polygateway.errors import ResultInvalidError
 from polygateway.ports import ProviderProfile
 from polygateway.types import ChatRequest
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 Normalizer = Callable[[Any], Any]
 
@@ -40,7 +42,12 @@ seconds. Valid JSON of any size is still parsed by the strict decoders."""
 
 def is_model_schema(schema: Any) -> bool:
     """True for a pydantic model class (the full-ladder form of ``structured=``)."""
-    return isinstance(schema, type) and issubclass(schema, BaseModel)
+    if not isinstance(schema, type):
+        return False
+    # pydantic is imported only when a class is given: "json" and None need none of it
+    from pydantic import BaseModel
+
+    return issubclass(schema, BaseModel)
 
 
 def check_schema(schema: Any) -> None:
@@ -187,6 +194,8 @@ class JsonRepairStrategy:
                 message = f"normalize returned {type(value).__name__}, expected a dict or list"
                 raise ResultInvalidError(message, raw_text=text, repair_errors=[message])
             return value
+        from pydantic import ValidationError
+
         try:
             return schema.model_validate(value)
         except RecursionError:
