@@ -109,6 +109,9 @@ _REFUSALS = {
 }
 
 
+_SPAN_ID_MASK = (1 << 64) - 1
+"""The low 64 bits of a 128-bit draw: one span id (the high 64 bits are the other)."""
+
 _UNSAMPLED = -1
 """``SpanData.kind`` of a call span under an unsampled parent: its spans are not exported."""
 
@@ -454,10 +457,10 @@ class OtelRecorder:
                 if fast is not None and fast.takes(rows, failure, events):
                     self.calls += 1
                     trace_id, parent_id, remote, sampled = self._trace_of(parent)
-                    ids = self._ids
+                    span_ids = self._ids.getrandbits(128)  # both span ids in one draw
                     encoded += fast.write(
                         start, rows, events, ended_at, self._new_trace(trace_id),
-                        ids.getrandbits(64) or 1, ids.getrandbits(64) or 1, parent_id, remote,
+                        span_ids >> 64 or 1, span_ids & _SPAN_ID_MASK or 1, parent_id, remote,
                         sampled,
                     )  # fmt: skip
                     continue
