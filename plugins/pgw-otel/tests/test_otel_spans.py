@@ -294,3 +294,31 @@ async def test_a_breaker_refusal_and_the_scope_verdict_are_counted(
     }
     assert gauge["a"] == 2
     assert "pgw.telemetry.dropped" not in found  # nothing dropped: no point yet
+
+
+def test_an_attempt_keeps_what_the_outcome_tuple_makes() -> None:
+    """``_Call.attempt`` builds its ``_Outcome`` through ``tuple.__new__``: the same tuple, the
+    same fields, as the named tuple's own constructor."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from opentelemetry.context import Context
+    from pgw_otel.recorder import _Call, _Outcome
+    from polygateway.types import call_start
+
+    ended: list[Any] = []
+
+    class Kept:
+        def ended(self, *args: Any) -> None:
+            ended.append(args)
+
+    start = call_start("chat", 1.0, "LLM", None, None, "", False)
+    call = _Call(cast(Any, Kept()), start, Context())
+    outcome = SimpleNamespace(finish_reason="stop", cached_prompt_tokens=64, cache_write_tokens=3)
+    call.attempt(cast(Any, "row"), outcome)
+    call.attempt(cast(Any, "row"), None)
+    call.close(2.0, None)
+    kept = [row[1] for row in ended[0][2]]
+    assert kept == [_Outcome("stop", 64, 3), _Outcome(None, 0, 0)]
+    assert all(type(outcome) is _Outcome for outcome in kept)
+    assert kept[0].finish_reason == "stop" and kept[0].cache_write_tokens == 3

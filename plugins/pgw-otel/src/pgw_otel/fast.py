@@ -104,11 +104,16 @@ class PlainCallWriter:
                 "pgw.usage.cache_read.input_tokens",
             )
         }
-        # The token fields of a count below 128 (one varint byte): the prefix, then the byte.
-        self._input_small = self._keys["gen_ai.usage.input_tokens"].int_prefixes[1]
-        self._output_small = self._keys["gen_ai.usage.output_tokens"].int_prefixes[1]
-        self._attempt_input_small = self._keys["pgw.usage.input_tokens"].int_prefixes[1]
-        self._attempt_output_small = self._keys["pgw.usage.output_tokens"].int_prefixes[1]
+        # The token fields of each count below 128 (one varint byte), made once: indexed by
+        # the count, what int_attribute gives for it.
+        self._input_small = self._small_fields("gen_ai.usage.input_tokens")
+        self._output_small = self._small_fields("gen_ai.usage.output_tokens")
+        self._attempt_input_small = self._small_fields("pgw.usage.input_tokens")
+        self._attempt_output_small = self._small_fields("pgw.usage.output_tokens")
+
+    def _small_fields(self, name: str) -> list[bytes]:
+        key = self._keys[name]
+        return [int_attribute(key, count) for count in range(0x80)]
 
     @staticmethod
     def takes(
@@ -262,14 +267,8 @@ class PlainCallWriter:
             block.attempt_attrs,
         ]
         if 0 <= prompt < 0x80 and 0 <= completion < 0x80:  # the usual small counts
-            call += (
-                self._input_small + bytes((prompt,)),
-                self._output_small + bytes((completion,)),
-            )
-            attempt += (
-                self._attempt_input_small + bytes((prompt,)),
-                self._attempt_output_small + bytes((completion,)),
-            )
+            call += (self._input_small[prompt], self._output_small[completion])
+            attempt += (self._attempt_input_small[prompt], self._attempt_output_small[completion])
         else:
             call += (
                 int_attribute(keys["gen_ai.usage.input_tokens"], prompt),

@@ -95,6 +95,11 @@ SPAN_FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE)
 """The ``flags`` field of a span whose parent (if any) is local."""
 SPAN_FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
 """The ``flags`` field of a span whose parent is remote."""
+_BYTES_2 = struct.Struct("BB").pack
+_BYTES_3 = struct.Struct("BBB").pack
+_BYTES_4 = struct.Struct("BBBB").pack
+"""Two, three and four bytes from ints: cheaper than ``bytes((...))``, which goes through a
+tuple and the buffer protocol (it showed in the per-call profile)."""
 _DOUBLE = struct.Struct("<Bd").pack
 _PACK_DOUBLE = struct.Struct("<d").pack
 """A ``double_value`` field: its tag byte and the little-endian double."""
@@ -115,7 +120,7 @@ def _delimited(tag: int, payload: bytes) -> bytes:
     """Field ``tag`` (already shifted, wire type 2) with ``payload``."""
     size = len(payload)
     if size < 0x80:
-        return bytes((tag, size)) + payload
+        return _BYTES_2(tag, size) + payload
     return bytes((tag,)) + _varint(size) + payload
 
 
@@ -193,7 +198,7 @@ class TraceEncoder:
                 if encoded_key is None:
                     encoded_key = keys[key] = _delimited(0x0A, key.encode())
                 if kind is int and 0 <= value < 0x80:
-                    any_value = bytes((0x18, value))
+                    any_value = _BYTES_2(0x18, value)
                 elif kind is float:
                     any_value = _DOUBLE(0x21, value)
                 else:
@@ -247,9 +252,9 @@ def span_field(span: bytes) -> bytes:
     the one- and two-byte lengths of nearly every span written without ``_varint``)."""
     size = len(span)
     if size < 0x80:
-        return bytes((0x12, size)) + span
+        return _BYTES_2(0x12, size) + span
     if size < 0x4000:
-        return bytes((0x12, (size & 0x7F) | 0x80, size >> 7)) + span
+        return _BYTES_3(0x12, (size & 0x7F) | 0x80, size >> 7) + span
     return _delimited(0x12, span)
 
 
@@ -306,9 +311,9 @@ def str_attribute(key: AttributeKey, value: str) -> bytes:
     field = key.key_field
     if size + len(field) < 120:  # every length fits in one byte
         return (
-            bytes((0x4A, len(field) + size + 4))
+            _BYTES_2(0x4A, len(field) + size + 4)
             + field
-            + bytes((0x12, size + 2, 0x0A, size))
+            + _BYTES_4(0x12, size + 2, 0x0A, size)
             + encoded
         )
     return attribute_field(field, value)

@@ -109,6 +109,9 @@ _REFUSALS = {
 }
 
 
+_SPAN_ID_MASK = (1 << 64) - 1
+"""The low 64 bits of a 128-bit draw: one span id (the high 64 bits are the other)."""
+
 _UNSAMPLED = -1
 """``SpanData.kind`` of a call span under an unsampled parent: its spans are not exported."""
 
@@ -374,12 +377,13 @@ class OtelRecorder:
         """A call ended: to the batch thread (a compact record: the rows, the caller's
         context, the error's name), or, through an SDK tracer, its spans now."""
         batches = self._batches
+        failure = None if error is None else _failure(error)  # the usual case: no call
         if batches is None:
-            self.export(start, parent, rows, ended_at, _failure(error), events or ())
+            self.export(start, parent, rows, ended_at, failure, events or ())
             return
         if self._closed:
             return
-        if not batches.offer((start, parent, rows, ended_at, _failure(error), events or ())):
+        if not batches.offer((start, parent, rows, ended_at, failure, events or ())):
             self._refused += len(rows)
             scope = start.scope or (rows[0][0].scope if rows else "")
             self._drops[scope] = self._drops.get(scope, 0) + len(rows)
@@ -454,10 +458,10 @@ class OtelRecorder:
                 if fast is not None and fast.takes(rows, failure, events):
                     self.calls += 1
                     trace_id, parent_id, remote, sampled = self._trace_of(parent)
-                    ids = self._ids
+                    span_ids = self._ids.getrandbits(128)  # both span ids in one draw
                     encoded += fast.write(
                         start, rows, events, ended_at, self._new_trace(trace_id),
-                        ids.getrandbits(64) or 1, ids.getrandbits(64) or 1, parent_id, remote,
+                        span_ids >> 64 or 1, span_ids & _SPAN_ID_MASK or 1, parent_id, remote,
                         sampled,
                     )  # fmt: skip
                     continue
@@ -815,11 +819,12 @@ class _Call:
 
     def attempt(self, record: TelemetryRecord, outcome: object) -> None:
         # Only what the spans read of the outcome: the response itself is not kept waiting.
-        kept = _Outcome(
+        # tuple.__new__: the _Outcome its generated __new__ makes, without that Python frame.
+        kept = tuple.__new__(_Outcome, (
             getattr(outcome, "finish_reason", None),
             getattr(outcome, "cached_prompt_tokens", 0),
             getattr(outcome, "cache_write_tokens", 0),
-        )
+        ))  # fmt: skip
         self._rows.append((record, kept))
 
     def on_governance(self, event: GovernanceEvent) -> None:
