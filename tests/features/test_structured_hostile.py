@@ -4,6 +4,7 @@ answers end in ``ResultInvalidError`` without blocking the event loop."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -200,12 +201,20 @@ async def test_a_huge_hostile_answer_never_blocks_the_loop(
 ) -> None:
     fake_upstream.set_default("s", Reply.ok('{"city": "Paris"}'))
     reports = []
-    async with GatewayClient(scope(hostile_url, "huge")) as hostile:
-        for _ in range(TRIES):
-            huge, added, report = await hostile_phase(client, hostile, stream, structured)
-            reports.append(report)
-            if added < ADDED_P99_MS:
-                break
+    # What the suite has allocated so far is left out of the collector's full passes: late in
+    # a long run one such pass over the whole test process took 0.4 s of the loop's CPU, which
+    # says nothing of this call. Collections of what the calls allocate still count.
+    gc.collect()
+    gc.freeze()
+    try:
+        async with GatewayClient(scope(hostile_url, "huge")) as hostile:
+            for _ in range(TRIES):
+                huge, added, report = await hostile_phase(client, hostile, stream, structured)
+                reports.append(report)
+                if added < ADDED_P99_MS:
+                    break
+    finally:
+        gc.unfreeze()
     assert added < ADDED_P99_MS, "; ".join(reports)
     if structured is None:
         answer = huge.result()
