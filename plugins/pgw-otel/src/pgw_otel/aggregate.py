@@ -43,7 +43,9 @@ OVERFLOW_KEY: Key = (("otel.metric.overflow", True),)
 """The point measurements with attribute sets beyond the limit go to."""
 
 
-class PlainCounter:
+class _NumberPoints:
+    """An instrument's number points per attribute set, at most ``limit`` of them."""
+
     __slots__ = ("description", "limit", "name", "overflowed", "points", "unit")
 
     def __init__(self, name: str, unit: str, description: str, limit: int = POINT_LIMIT) -> None:
@@ -51,6 +53,10 @@ class PlainCounter:
         self.points: dict[Key, int | float] = {}
         self.limit = limit
         self.overflowed = 0
+
+
+class PlainCounter(_NumberPoints):
+    __slots__ = ()
 
     def add(self, amount: float, attributes: Mapping[str, Any]) -> None:
         self.add_key(amount, tuple(attributes.items()))
@@ -68,14 +74,8 @@ class PlainCounter:
             points[OVERFLOW_KEY] = points.get(OVERFLOW_KEY, 0) + amount
 
 
-class PlainGauge:
-    __slots__ = ("description", "limit", "name", "overflowed", "points", "unit")
-
-    def __init__(self, name: str, unit: str, description: str, limit: int = POINT_LIMIT) -> None:
-        self.name, self.unit, self.description = name, unit, description
-        self.points: dict[Key, int | float] = {}
-        self.limit = limit
-        self.overflowed = 0
+class PlainGauge(_NumberPoints):
+    __slots__ = ()
 
     def set(self, amount: float, attributes: Mapping[str, Any]) -> None:
         key = tuple(attributes.items())
