@@ -372,3 +372,19 @@ def test_max_response_bytes_per_source_and_for_every_source() -> None:
     assert (first.max_response_bytes, second.max_response_bytes) == (1048576, 64 * 1024 * 1024)
     off = load_scope("LLM", source_env("LLM", "QWEN", 1, MAX_RESPONSE_BYTES="0")).sources[0]
     assert off.max_response_bytes == 0  # 0 = no cap
+
+
+def test_engine_pool_and_read_timeout_are_source_fields_kept_as_transport_options() -> None:
+    env = source_env(
+        "LLM", "QWEN", 1, KEEPALIVE_S="30", MAX_CONNECTIONS="8", READ_TIMEOUT_S="2.5"
+    )
+    qwen = load_scope("LLM", env).source("qwen-1")
+    assert dict(qwen.options) == {
+        "keepalive_s": "30",
+        "max_connections": "8",
+        "read_timeout_s": "2.5",
+    }
+    from polygateway import GatewayClient
+
+    with pytest.raises(ConfigError, match="option 'keepalive_s' must be a number, got 'soon'"):
+        GatewayClient.from_env(env={**env, "LLM__QWEN__1__KEEPALIVE_S": "soon"})

@@ -51,7 +51,14 @@ def health_probe_problems(
     ]
 
 
-CHAT_CALLS: Final = CallKind()
-"""Chat scopes: chat transports, ``MODEL`` required, no extra source fields."""
+CHAT_CALLS: Final = CallKind(
+    source_options={
+        "READ_TIMEOUT_S": "read_timeout_s",
+        "MAX_CONNECTIONS": "max_connections",
+        "KEEPALIVE_S": "keepalive_s",
+    }
+)
+"""Chat scopes: chat transports, ``MODEL`` required; the HTTP engine's pool and read timeout may
+be written as source fields (``LLM__OPENAI__1__KEEPALIVE_S=30``)."""
 
 __all__ = ["CHAT_CALLS", "CallKind", "health_probe_problems"]
