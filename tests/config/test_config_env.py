@@ -375,9 +375,7 @@ def test_max_response_bytes_per_source_and_for_every_source() -> None:
 
 
 def test_engine_pool_and_read_timeout_are_source_fields_kept_as_transport_options() -> None:
-    env = source_env(
-        "LLM", "QWEN", 1, KEEPALIVE_S="30", MAX_CONNECTIONS="8", READ_TIMEOUT_S="2.5"
-    )
+    env = source_env("LLM", "QWEN", 1, KEEPALIVE_S="30", MAX_CONNECTIONS="8", READ_TIMEOUT_S="2.5")
     qwen = load_scope("LLM", env).source("qwen-1")
     assert dict(qwen.options) == {
         "keepalive_s": "30",
