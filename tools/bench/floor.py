@@ -295,8 +295,9 @@ def state_env(redis_url: str | None) -> dict[str, str]:
 
 WORKER_TIMEOUT_S = 3600.0
 """The governed clients' attempt, connect and keep-alive timeouts in the callgrind children, and
-the floor's keep-alive there: under callgrind a round of 1024 calls takes longer than the
-default 15 s keep-alive, and connections re-opened inside the counted batch would be counted."""
+the floor's connect timeout and keep-alive there: under callgrind a round of 1024 calls takes
+longer than the default 15 s keep-alive (connections re-opened inside the counted batch would be
+counted) and a loop turn can outlast aiohttp's 30 s socket connect timeout."""
 
 WORKER_OPENING = 64
 """Calls of the callgrind children's warm-up that open a connection at the same time."""
@@ -539,6 +540,9 @@ async def worker_async(args: argparse.Namespace) -> None:
                 # calls under callgrind can outlast aiohttp's 15 s keep-alive).
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=WORKER_TIMEOUT_S),
                 headers=HEADERS,
+                # As for the governed clients: a loop turn of 1024 calls under callgrind can
+                # outlast aiohttp's 30 s socket connect timeout.
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=WORKER_TIMEOUT_S),
             )
             closer = session.close
 

@@ -968,7 +968,9 @@ def callgrind_instructions(
             env={**(os.environ if env is None else env), "PYTHONHASHSEED": "0"},
         )
     if done.returncode != 0:
-        raise RuntimeError(f"callgrind run failed: {done.stderr[-2000:]}")
+        # The child's own output (its traceback), without valgrind's "==pid==" lines.
+        own = "\n".join(line for line in done.stderr.splitlines() if not line.startswith("=="))
+        raise RuntimeError(f"callgrind run failed (exit {done.returncode}): {own[-2000:]}")
     for line in done.stderr.splitlines():
         if "Collected :" in line:
             return int(line.rsplit(":", 1)[1].strip())

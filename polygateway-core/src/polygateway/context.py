@@ -76,6 +76,13 @@ class CallContext:
         """Tell ``observer`` about every attempt of this call from now on."""
         self.observers = (*self.observers, observer)
 
+    def detach(self, party: object) -> None:
+        """The call is over for ``party`` (an observer, the stream sink, or both): it is told
+        nothing more, and the context no longer refers to it."""
+        self.observers = tuple(o for o in self.observers if o is not party)
+        if self.stream is party:
+            self.stream = None
+
     def canonical_messages(self, messages: Sequence[Message]) -> str:
         """``canonical_messages_json(messages)``, computed once per messages list.
 

@@ -58,7 +58,7 @@ class ChatStream(Generic[DataT]):
     )
 
     def __init__(self, start: Start, *, restart_on_cut: bool = False) -> None:
-        self._start = start
+        self._start: Start | None = start
         self._restart = restart_on_cut
         self._task: asyncio.Task[LLMResponse[Any]] | None = None
         self._pending: deque[StreamDelta] = deque()
@@ -145,14 +145,20 @@ class ChatStream(Generic[DataT]):
     # ------------------------------------------------------------------ the consumer's side
 
     async def __aenter__(self) -> ChatStream[DataT]:
+        if self._start is None:
+            raise TypeError("a stream is entered once: call client.stream(...) again")
         self._task = asyncio.get_running_loop().create_task(self._run(self.context))
         # A call that ends by cancellation never reaches _run's own wake-up.
         self._task.add_done_callback(self._wake)
         return self
 
     async def _run(self, context: CallContext) -> LLMResponse[Any]:
+        # Dropped once started: the start closure holds the request, which holds the context,
+        # which holds this stream (a reference cycle per call for the garbage collector).
+        start, self._start = self._start, None
+        assert start is not None  # __aenter__ checked
         try:
-            return await self._start(context)
+            return await start(context)
         finally:
             # Wakes the consumer from inside the call's task, one loop turn before a done
             # callback would: the task is done by the time the consumer runs.
@@ -172,6 +178,9 @@ class ChatStream(Generic[DataT]):
             # Wait for the call to unwind (releases happen in its finally blocks); the
             # consumer's own cancellation, if any, is already being raised.
             await asyncio.wait([task])
+        # The call is over: its context stops pointing back at this stream, so the two are
+        # freed by reference counting, not left in a cycle for the garbage collector.
+        self.context.detach(self)
         if not task.cancelled():
             task.exception()  # retrieved: never "exception was never retrieved"
 

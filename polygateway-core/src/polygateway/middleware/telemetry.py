@@ -154,7 +154,7 @@ class TelemetryMiddleware:
             context = CallContext()
             request = with_context(request, context)
         trace = self._open_call(request, context) if self._traced else None
-        observer = _CallObserver(self, context, trace)
+        observer = _CallObserver(self, trace)
         context.add_observer(observer)
         try:
             response = await call_next(request)
@@ -167,7 +167,7 @@ class TelemetryMiddleware:
             self._after_error(observer, request, exc, started)
             self._rows.close_call(trace, exc)
             raise
-        response = self._after_success(observer, request, response, started)
+        response = self._after_success(observer, request, context, response, started)
         if trace is not None:
             self._rows.close_call(trace, None)
         return response
@@ -191,7 +191,12 @@ class TelemetryMiddleware:
         return trace
 
     def _after_success(
-        self, observer: _CallObserver, request: ChatRequest, response: LLMResponse, started: float
+        self,
+        observer: _CallObserver,
+        request: ChatRequest,
+        context: CallContext,
+        response: LLMResponse,
+        started: float,
     ) -> LLMResponse:
         try:
             observer.release_pending()
@@ -201,7 +206,7 @@ class TelemetryMiddleware:
                     response,
                     call_id=response.call_id or new_call_id(),
                     latency_ms=elapsed_ms(started, self._clock.monotonic()),
-                    messages=self.messages_of(observer.context, request),
+                    messages=self.messages_of(context, request),
                     trace=observer.trace,
                 )
                 return response
@@ -229,10 +234,15 @@ class TelemetryMiddleware:
         except Exception as error:  # noqa: BLE001 - telemetry must never mask the call's error
             self.warn_once("finish", "telemetry bookkeeping failed: %r", error)
 
-    def messages_of(self, context: CallContext, request: ChatRequest) -> str:
-        """The rows' ``messages`` for ``request``: its canonical JSON (encoded once per call),
-        or ``""`` for a recorder that reads no content (``ports.DeclaresContentUse``)."""
-        return context.canonical_messages(request.messages) if self._wants_content else ""
+    def messages_of(self, context: CallContext | None, request: ChatRequest) -> str:
+        """The rows' ``messages`` for ``request``: its canonical JSON (encoded once per call
+        through ``context``), or ``""`` for a recorder that reads no content
+        (``ports.DeclaresContentUse``)."""
+        if not self._wants_content:
+            return ""
+        if context is None:
+            return canonical_messages_json(request.messages)
+        return context.canonical_messages(request.messages)
 
     def build(
         self,
@@ -333,17 +343,16 @@ class _CallObserver:
         "_pending_outcome",
         "_root",
         "attempts",
-        "context",
         "last_call_id",
         "last_cost",
         "trace",
     )
 
-    def __init__(
-        self, layer: TelemetryMiddleware, context: CallContext, trace: CallTrace | None = None
-    ) -> None:
+    def __init__(self, layer: TelemetryMiddleware, trace: CallTrace | None = None) -> None:
+        # No reference to the call's context: the context holds this observer, and the cycle
+        # would keep both alive until a garbage collection, one per call. Attempts bring the
+        # context along (``request.context``).
         self._layer = layer
-        self.context = context
         self.trace = trace
         self._root = CallRoot()
         self.attempts = 0
@@ -370,7 +379,7 @@ class _CallObserver:
                 call_id=call_id,
                 latency_ms=latency_ms,
                 source=source,
-                messages=layer.messages_of(self.context, request),
+                messages=layer.messages_of(request.context, request),
                 root_call_id=self._root.of(call_id),
             )
             if record is None:

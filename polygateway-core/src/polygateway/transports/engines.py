@@ -201,6 +201,10 @@ class _Inflater:
         return self._obj.flush()
 
 
+async def _end_of_body() -> bytes:
+    return b""
+
+
 class BodyReader:
     """A response body as the transport reads it, through the engine's raw (undecoded) reads.
 
@@ -233,6 +237,14 @@ class BodyReader:
             # Raised by the first read, so that the caller's ``finally`` closes the response.
             self._raw = self._unsupported(encoding)
             self._inflater = None
+
+    def detach(self) -> None:
+        """The response is closed: later reads see the end of the body. Drops the raw reader,
+        which is the response wrapper's own method: the wrapper holds this reader too, and
+        the cycle would keep both (with the engine's response and its headers) alive until a
+        garbage collection, one per call."""
+        self._raw = _end_of_body
+        self._held = b""
 
     @property
     def exhausted(self) -> bool:
@@ -373,6 +385,7 @@ class _AiohttpResponse:
         return self._response.content.at_eof() and self._body.exhausted
 
     async def aclose(self) -> None:
+        self._body.detach()
         response = self._response
         if response.content.at_eof():
             response.release()  # body complete: the connection goes back to the pool
@@ -541,6 +554,7 @@ class _HttpxResponse:
         return self._response.is_closed and self._body.exhausted
 
     async def aclose(self) -> None:
+        self._body.detach()
         chunks, self._chunks = self._chunks, None
         try:
             if chunks is not None:

@@ -425,6 +425,7 @@ class _HttptoolsResponse:
         return complete and self._body.exhausted
 
     async def aclose(self) -> None:
+        self._body.detach()
         connection, self._connection = self._connection, None
         if connection is not None:
             self._engine._release(connection)

@@ -1,0 +1,93 @@
+"""A finished call leaves no reference cycles behind: everything it made is freed by reference
+counting at once, not kept (with the engine's response, its headers and the call's context) for
+the cyclic garbage collector. A cycle per call made the collector run every few dozen calls,
+and each run walked all the calls in flight: about a tenth of a governed call's CPU."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from polygateway import GatewayClient
+from polygateway.testing import FakeUpstream
+
+# Not httpx: httpcore's own response stream and pool request refer to each other (40 objects a
+# call, none of them this library's).
+ENGINES = ["aiohttp", "httptools"]
+
+
+@pytest.fixture
+def collector_paused() -> Iterator[None]:
+    """The collector off (so nothing is freed behind the test's back), on again after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def env_for(fake: FakeUpstream, engine: str, *, full: bool, db: Path) -> dict[str, str]:
+    return {
+        "LLM__OPENAI__1__BASE_URL": fake.base_url("a"),
+        "LLM__OPENAI__1__MODEL": "m",
+        "LLM__OPENAI__1__ENGINE": engine,
+        "PGW_PLUGINS": "",
+        "PGW_TELEMETRY_BACKEND": "sqlite" if full else "none",
+        "PGW_TELEMETRY_SQLITE_PATH": str(db),
+        "PGW_CACHE_BACKEND": "memory" if full else "none",
+        "PGW_CACHE_NAMESPACE": "cycles",
+        "PGW_CACHE_TTL_S": "600",
+    }
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["governed", "full-pipeline"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_finished_calls_leave_nothing_for_the_cycle_collector(
+    fake_upstream: FakeUpstream,
+    collector_paused: None,
+    tmp_path: Path,
+    engine: str,
+    stream: bool,
+    full: bool,
+) -> None:
+    env = env_for(fake_upstream, engine, full=full, db=tmp_path / "t.db")
+    async with GatewayClient.from_env(env=env) as client:
+
+        async def call(n: int) -> None:
+            # A new question each time: with the cache on, every call is a miss.
+            resp = await client.chat([{"role": "user", "content": f"hello #{n}"}], stream=stream)
+            assert resp.content
+
+        for n in range(3):  # warm-up: connections, lazy imports, first-use caches
+            await call(n)
+        gc.collect()
+        for n in range(3, 23):
+            await call(n)
+        left = gc.collect()
+    assert left == 0, f"20 calls left {left} objects in reference cycles"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_finished_client_streams_leave_nothing_for_the_cycle_collector(
+    fake_upstream: FakeUpstream, collector_paused: None, tmp_path: Path, engine: str
+) -> None:
+    env = env_for(fake_upstream, engine, full=True, db=tmp_path / "t.db")
+    async with GatewayClient.from_env(env=env) as client:
+
+        async def call(n: int) -> None:
+            async with client.stream([{"role": "user", "content": f"hello #{n}"}]) as stream:
+                texts = [delta.text async for delta in stream]
+            assert "".join(texts) == stream.response.content
+
+        for n in range(3):
+            await call(n)
+        gc.collect()
+        for n in range(3, 23):
+            await call(n)
+        left = gc.collect()
+    assert left == 0, f"20 streams left {left} objects in reference cycles"
