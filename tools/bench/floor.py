@@ -2,7 +2,7 @@
 
     python tools/bench/floor.py [--seconds 1.0] [--rounds 3] [--conc 1,64,1024]
                                 [--modes stream,json] [--only name,name]
-    python tools/bench/floor.py --callgrind [--calls-pair 200,600] [--only ...]
+    python tools/bench/floor.py --callgrind [--calls-pair 200,600] [--only ...] [--global-limit N]
                                 [--engines aiohttp,httptools]
     python tools/bench/floor.py --startup [--runs 9] [--callgrind]
     python tools/bench/floor.py --rss [--rss-calls 100000] [--conc 64] [--modes stream]
@@ -311,8 +311,10 @@ def make_client(
     full: bool,
     engine: str = "",
     timeout_s: float | None = None,
+    global_limit: int | None = None,
 ) -> Any:
-    """The governed (or ``full``) client on ``engine`` (empty: the default engine)."""
+    """The governed (or ``full``) client on ``engine`` (empty: the default engine);
+    ``global_limit``: its global concurrency limit (``None``: the benchmarks' 1000)."""
     from polygateway import GatewayClient
     from polygateway.transports.engines import DEFAULT_ENGINE
 
@@ -323,6 +325,8 @@ def make_client(
         cache="memory" if full else "none",
         db=db,
     )
+    if global_limit is not None:
+        env["LLM__GLOBAL__MAX_CONCURRENCY"] = str(global_limit)
     if timeout_s is not None:
         env["LLM__OPENAI__1__TIMEOUT_S"] = f"{timeout_s:g}"
         env["LLM__OPENAI__1__CONNECT_TIMEOUT_S"] = f"{timeout_s:g}"
@@ -523,6 +527,7 @@ async def worker_async(args: argparse.Namespace) -> None:
                 # Under callgrind a round of 1024 concurrent calls takes minutes of wall time:
                 # an attempt timing out there would retry and count another call's work.
                 timeout_s=WORKER_TIMEOUT_S,
+                global_limit=args.global_limit,
             )
             counter = iter(range(10**9))
             closer = client.aclose
@@ -657,6 +662,11 @@ def run_callgrind(args: argparse.Namespace) -> None:
                                 args.conc.split(",")[0],
                                 "--worker-calls",
                                 str(n),
+                                *(
+                                    ("--global-limit", str(args.global_limit))
+                                    if args.global_limit is not None
+                                    else ()
+                                ),
                                 script=__file__,
                             )
                         )
@@ -841,6 +851,13 @@ def main() -> None:
     parser.add_argument("--only", default="")
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--calls-pair", default="200,600", help="--callgrind call counts")
+    parser.add_argument(
+        "--global-limit",
+        type=int,
+        default=None,
+        help="--callgrind: the governed clients' global concurrency limit (default 1000; "
+        "below --conc, calls wait in the limiter's line)",
+    )
     parser.add_argument("--startup", action="store_true")
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--rss", action="store_true", help="RSS over many full-pipeline calls")
