@@ -31,7 +31,7 @@ from otel_test_helpers import MESSAGES, scope, source
 from pgw_otel import OtelRecorder
 from pgw_otel.aggregate import PlainMeter
 from pgw_otel.fast import PlainCallWriter
-from pgw_otel.otlp import OtlpHttp, TraceEncoder
+from pgw_otel.otlp import OtlpHttp, TraceEncoder, _delimited
 from pgw_otel.recorder import INSTRUMENTATION, VERSION, _Outcome
 from pgw_otel.sinks import OtlpSpanSink
 from polygateway.client import GatewayClient
@@ -408,3 +408,12 @@ def test_a_common_call_waits_as_plain_values_the_collector_stops_tracking() -> N
             )
             is None
         )
+
+
+@pytest.mark.parametrize("size", [1, 60, 200, 20_000])
+@pytest.mark.parametrize("count", [0, 1, 3, 300])
+def test_a_request_of_encoded_spans_is_their_nested_fields(size: int, count: int) -> None:
+    encoder = TraceEncoder({"service.name": "wire-test", "long": "x" * 300}, "pgw_otel", "0.1")
+    encoded = [bytes([n % 256]) * size for n in range(count)]
+    scope_spans = _delimited(0x12, encoder._scope_block + b"".join(encoded))
+    assert encoder.request_of(encoded) == _delimited(0x0A, encoder._resource_block + scope_spans)

@@ -37,11 +37,11 @@ from pgw_otel.aggregate import (
 from pgw_otel.otlp import (
     KIND_CLIENT,
     KIND_INTERNAL,
+    PACK_DOUBLE,
     SPAN_FLAGS_LOCAL,
     SPAN_FLAGS_REMOTE,
     SPAN_TIMES,
     AttributeKey,
-    double_attribute,
     int_attribute,
     name_field,
     span_field,
@@ -76,6 +76,7 @@ class _Block:
         "attempt_name",
         "attempts_key",
         "base_key",
+        "breaker_key",
         "cache_key",
         "call_attrs",
         "call_name",
@@ -98,6 +99,7 @@ class _Block:
         attempts_key: Key,
         cache_key: Key,
         admission_key: Key | None,
+        breaker_key: tuple[str, str],
     ) -> None:
         self.call_attrs = call_attrs
         self.call_name = call_name
@@ -110,6 +112,8 @@ class _Block:
         self.cache_key = cache_key
         self.admission_key = admission_key
         """``None``: the calls of this block had no admission to report."""
+        self.breaker_key = breaker_key
+        """``(scope, source)``: the breaker-state gauge's key in ``breaker_states``."""
         self.points: list[HistogramPoint | None] = [None] * 5
         """The histogram points of this combination once recorded (duration, input tokens,
         output tokens, time to first chunk, time per chunk): kept, their keys not hashed
@@ -125,7 +129,8 @@ class _Block:
 class PlainCallWriter:
     """See the module docstring. ``models``: each source's configured model; ``attributes``: the
     encoder's (its cache of repeated pairs); ``meter``: the recorder's aggregates;
-    ``breaker_seen``: the recorder's breaker-state gauge update."""
+    ``breaker_seen``: the recorder's breaker-state gauge update, ``breaker_states``: the states
+    it last set, by ``(scope, source)`` (it is called on a change only)."""
 
     def __init__(
         self,
@@ -133,9 +138,11 @@ class PlainCallWriter:
         attributes: Callable[[Mapping[str, Any]], bytes],
         meter: PlainMeter,
         breaker_seen: Callable[[str, str, str], None],
+        breaker_states: Mapping[tuple[str, str], str],
     ) -> None:
         self._models = models
         self._breaker_seen = breaker_seen
+        self._breaker_states = breaker_states
         self._admissions = meter.counter("pgw.limiter.admissions")
         self._attributes = attributes
         self._duration = meter.histogram("gen_ai.client.operation.duration")
@@ -178,6 +185,11 @@ class PlainCallWriter:
         self._output_small = self._small_fields("gen_ai.usage.output_tokens")
         self._attempt_input_small = self._small_fields("pgw.usage.input_tokens")
         self._attempt_output_small = self._small_fields("pgw.usage.output_tokens")
+        self._call_id_prefixes = self._keys["pgw.call_id"].str_prefixes
+        self._root_call_id_prefixes = self._keys["pgw.root_call_id"].str_prefixes
+        self._cost_prefix = self._keys["pgw.cost"].double_prefix
+        self._ttft_prefix = self._keys["pgw.ttft_ms"].double_prefix
+        self._max_inter_prefix = self._keys["pgw.max_inter_token_ms"].double_prefix
 
     def _small_fields(self, name: str) -> list[bytes]:
         key = self._keys[name]
@@ -339,8 +351,8 @@ class PlainCallWriter:
             block.pending += 1
         else:
             self._count_first(block)
-        if breaker_state:
-            self._breaker_seen(scope, source_name, breaker_state)
+        if breaker_state and self._breaker_states.get(block.breaker_key) != breaker_state:
+            self._breaker_seen(scope, source_name, breaker_state)  # a change of state
         # The histograms: PlainHistogram.record_point, inline.
         points = block.points
         duration_s = (ended_ns - started_ns) / 1e9
@@ -393,7 +405,11 @@ class PlainCallWriter:
         # Spans (the definition: OtelRecorder._call_attributes and _attempt_span, encoded as
         # otlp.wire_span does; the ids both spans share are written once).
         keys = self._keys
-        call_id_field = str_attribute(keys["pgw.call_id"], record_call_id)
+        encoded = record_call_id.encode()
+        try:  # str_attribute, inline
+            call_id_field = self._call_id_prefixes[len(encoded)] + encoded
+        except IndexError:
+            call_id_field = str_attribute(keys["pgw.call_id"], record_call_id)
         trace_field = b"\x0a\x10" + trace_id.to_bytes(16, "big")
         call_span_id = call_id.to_bytes(8, "big")
         spans = [trace_field, b"\x12\x08", call_span_id]
@@ -406,7 +422,11 @@ class PlainCallWriter:
             call_id_field,
         )
         if root_call_id:
-            spans.append(str_attribute(keys["pgw.root_call_id"], root_call_id))
+            encoded = root_call_id.encode()
+            try:
+                spans.append(self._root_call_id_prefixes[len(encoded)] + encoded)
+            except IndexError:
+                spans.append(str_attribute(keys["pgw.root_call_id"], root_call_id))
         if session:
             spans.append(str_attribute(keys["gen_ai.conversation.id"], session))
             spans.append(str_attribute(keys["pgw.session_id"], session))
@@ -447,16 +467,16 @@ class PlainCallWriter:
             attempt.append(int_attribute(keys["pgw.usage.cache_read.input_tokens"], cached))
         if written:
             spans.append(int_attribute(keys["gen_ai.usage.cache_creation.input_tokens"], written))
-        if cost is not None:
-            field = double_attribute(keys["pgw.cost"], float(cost))
+        if cost is not None:  # double_attribute, inline
+            field = self._cost_prefix + PACK_DOUBLE(float(cost))
             spans.append(field)
             attempt.append(field)
         if ttft is not None:
-            field = double_attribute(keys["pgw.ttft_ms"], float(ttft))
+            field = self._ttft_prefix + PACK_DOUBLE(float(ttft))
             spans.append(field)
             attempt.append(field)
         if max_inter_token_ms is not None:
-            field = double_attribute(keys["pgw.max_inter_token_ms"], float(max_inter_token_ms))
+            field = self._max_inter_prefix + PACK_DOUBLE(float(max_inter_token_ms))
             spans.append(field)
             attempt.append(field)
         spans += (b"\x7a\x00", SPAN_FLAGS_REMOTE if parent_is_remote else SPAN_FLAGS_LOCAL)
@@ -541,4 +561,5 @@ class PlainCallWriter:
                 ("pgw.source", source_name),
                 ("pgw.breaker.probe", False),
             ),
+            breaker_key=(scope, source_name),
         )

@@ -258,6 +258,7 @@ class OtelRecorder:
                 span_sink.encoder.attributes,
                 self._plain,
                 self._metrics.breaker_seen,
+                self._metrics._breakers,
             )
         self._batches: BatchThread[_Ended | Common] | None = None
         if span_sink is not None:
@@ -466,11 +467,18 @@ class OtelRecorder:
                 assert fast is not None
                 try:
                     self.calls += 1
-                    trace_id, parent_id, remote, sampled = self._trace_of(item[-1])
-                    span_ids = self._ids.getrandbits(128)  # both span ids in one draw
+                    getrandbits = self._ids.getrandbits
+                    parent_context = item[-1]
+                    if parent_context is None:  # the usual case: a new trace
+                        trace_id = getrandbits(128) or 1
+                        parent_id, remote, sampled = 0, False, True
+                    else:
+                        trace_id, parent_id, remote, sampled = self._trace_of(parent_context)
+                        trace_id = self._new_trace(trace_id)
+                    span_ids = getrandbits(128)  # both span ids in one draw
                     encoded += fast.write(
-                        item, self._new_trace(trace_id), span_ids >> 64 or 1,
-                        span_ids & _SPAN_ID_MASK or 1, parent_id, remote, sampled,
+                        item, trace_id, span_ids >> 64 or 1, span_ids & _SPAN_ID_MASK or 1,
+                        parent_id, remote, sampled,
                     )  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
                     self._count_drop(item[2], 1, exc)
