@@ -388,7 +388,10 @@ class OtelRecorder:
         fast = self._fast
         item: _Ended | Common | None = None
         if fast is not None and error is None:
-            item = fast.common(start, parent, rows, ended_at, events)
+            try:
+                item = fast.common(start, parent, rows, ended_at, events)
+            except Exception:  # noqa: BLE001 - never into the call: the general path counts it
+                item = None
         if item is None:
             failure = None if error is None else _failure(error)  # the usual case: no call
             item = (start, parent, rows, ended_at, failure, events or ())
