@@ -11,12 +11,14 @@ points both recorders aggregated are compared too.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
@@ -27,14 +29,16 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from otel_test_helpers import MESSAGES, scope, source
 from pgw_otel import OtelRecorder
-from pgw_otel.otlp import OtlpHttp, TraceEncoder
-from pgw_otel.recorder import INSTRUMENTATION, VERSION
+from pgw_otel.aggregate import PlainMeter
+from pgw_otel.fast import PlainCallWriter
+from pgw_otel.otlp import OtlpHttp, TraceEncoder, _delimited
+from pgw_otel.recorder import INSTRUMENTATION, VERSION, _Outcome
 from pgw_otel.sinks import OtlpSpanSink
 from polygateway.client import GatewayClient
 from polygateway.errors import AllSourcesExhausted, CircuitOpenError
 from polygateway.settings import CacheSettings, RetrySettings, ScopeSettings
 from polygateway.testing import FakeUpstream, Reply
-from polygateway.types import CallStart
+from polygateway.types import CallStart, TelemetryRecord, admitted_event
 from pydantic import BaseModel
 
 RESOURCE = Resource.create({"service.name": "wire-test"})
@@ -335,3 +339,81 @@ async def test_a_full_buffer_drops_calls_counted_and_never_waits(
     assert len(_spans([ExportTraceServiceRequest.FromString(b) for b in held.requests])) == 6
     dropped = _points(metrics.bodies)["pgw.telemetry.dropped"]
     assert dropped[0] == "sum" and '"as_int": 3' in dropped[2][0]
+
+
+def _row(call_id: str, scope: str, error: str | None = None) -> TelemetryRecord:
+    return TelemetryRecord(
+        call_id, None, "s", "m", "openai", "a", "[]", "hi", "", 5, 1, "measured", 250, 80.0,
+        5.0, False, error, 0.001, created_at=1_700_000_000.0, scope=scope,
+    )  # fmt: skip
+
+
+async def test_common_calls_beyond_every_limit_count_as_the_general_path_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # More scopes than blocks kept and than points per instrument (both limits lowered): blocks
+    # of their own per call, overflow points, and kept blocks whose calls wait in their cells
+    # until an export, some of them (after failed calls filled the counters) for an overflow
+    # point.
+    monkeypatch.setattr("pgw_otel.fast._BLOCK_LIMIT", 40)
+    monkeypatch.setattr(PlainMeter.__init__, "__defaults__", (100,))
+    own, own_metrics = _KeptRequests(), _KeptMetrics()
+    sdk, sdk_metrics = InMemorySpanExporter(), _KeptMetrics()
+    written = OtelRecorder(span_sink=own, metric_exporter=own_metrics, resource=RESOURCE)
+    defined = OtelRecorder(span_exporter=sdk, metric_exporter=sdk_metrics, resource=RESOURCE)
+    for n in range(90):  # the general path: a failed call per scope
+        for recorder in (written, defined):
+            recorder.record_nowait(_row(f"e-{n}", scope=f"e-{n}", error="UpstreamError"))
+    for round_ in range(2):
+        for n in range(150):
+            for recorder in (written, defined):
+                recorder.record_nowait(_row(f"c-{round_}-{n}", scope=f"s-{n % 110}"))
+        await written.flush()
+        await defined.flush()
+        points = _points(own_metrics.bodies)
+        assert points == _points(sdk_metrics.bodies)
+        attempts = points["pgw.call.attempts"][2]
+        assert len(attempts) == 101 and any("otel.metric.overflow" in p for p in attempts)
+        assert written._plain is not None and defined._plain is not None
+        assert written._plain.overflowed == defined._plain.overflowed > 0
+    await written.aclose()
+    await defined.aclose()
+    assert written.spans == len(sdk.get_finished_spans()) == 2 * 90 + 2 * 2 * 150
+
+
+def test_a_common_call_waits_as_plain_values_the_collector_stops_tracking() -> None:
+    start = CallStart("chat", 1_699_999_999.0, "LLM", "s-1", None, "tenant-1", True)
+    row = _row("c-1", "LLM")
+    kept = tuple.__new__(_Outcome, ("stop", 3, 0))
+    admitted = admitted_event("a", "closed", False)
+    common = PlainCallWriter.common(
+        start, otel_context.get_current(), [(row, kept)], 1_700_000_000.5, [(0, admitted)]
+    )
+    assert common is not None
+    del start, row, kept, admitted
+    gc.collect()
+    assert not gc.is_tracked(common)
+    # Not common: a probe, a second decision, a refusal, a retried call.
+    probe = admitted_event("a", "half_open", True)
+    row = _row("c-2", "LLM")
+    for rows, events in (
+        ([(row, None)], [(0, probe)]),
+        ([(row, None)], [(0, admitted_event("a", "closed", False))] * 2),
+        ([(row, None), (row, None)], None),
+        ([(_row("c-3", ""), None)], [(1, admitted_event("a", "closed", False))]),
+    ):
+        assert (
+            PlainCallWriter.common(
+                CallStart("chat", 0.0), otel_context.Context(), rows, 1.0, events
+            )
+            is None
+        )
+
+
+@pytest.mark.parametrize("size", [1, 60, 200, 20_000])
+@pytest.mark.parametrize("count", [0, 1, 3, 300])
+def test_a_request_of_encoded_spans_is_their_nested_fields(size: int, count: int) -> None:
+    encoder = TraceEncoder({"service.name": "wire-test", "long": "x" * 300}, "pgw_otel", "0.1")
+    encoded = [bytes([n % 256]) * size for n in range(count)]
+    scope_spans = _delimited(0x12, encoder._scope_block + b"".join(encoded))
+    assert encoder.request_of(encoded) == _delimited(0x0A, encoder._resource_block + scope_spans)

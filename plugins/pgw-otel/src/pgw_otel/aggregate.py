@@ -15,13 +15,16 @@ set goes to one overflow point, attributes ``otel.metric.overflow=true``, as in 
 counts in the instrument's ``overflowed``.
 
 Only the recorder's batch thread touches a ``PlainMeter``: no locks. ``request`` builds the
-export with the generated protobuf classes, once per export interval (never per call).
+export with the generated protobuf classes, once per export interval (never per call). A
+writer that counts into cells of its own (``pgw_otel.fast``) registers their fold with
+``on_settle``: ``settle`` (which ``request`` and ``overflowed`` call first) adds them into the
+counters.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -151,10 +154,21 @@ class PlainMeter:
         self.point_limit = point_limit
         """Attribute sets kept per instrument (see the module docstring)."""
         self.instruments: list[PlainCounter | PlainGauge | PlainHistogram] = []
+        self._settles: list[Callable[[], None]] = []
+
+    def on_settle(self, fold: Callable[[], None]) -> None:
+        """``fold`` adds measurements held elsewhere into the instruments: ``settle`` calls it."""
+        self._settles.append(fold)
+
+    def settle(self) -> None:
+        """Every measurement held elsewhere (``on_settle``) added into the instruments."""
+        for fold in self._settles:
+            fold()
 
     @property
     def overflowed(self) -> int:
         """Measurements that went to an overflow point, over every instrument."""
+        self.settle()
         return sum(instrument.overflowed for instrument in self.instruments)
 
     def create_counter(self, name: str, unit: str = "", description: str = "") -> PlainCounter:
@@ -206,6 +220,7 @@ class PlainMeter:
         from opentelemetry.proto.metrics.v1 import metrics_pb2 as pb
         from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
+        self.settle()
         cumulative = pb.AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
         started = self.started_ns
         found = []

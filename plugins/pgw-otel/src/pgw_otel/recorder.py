@@ -56,7 +56,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -67,7 +67,7 @@ from polygateway.types import CallStart, GovernanceEvent, TelemetryRecord
 
 from pgw_otel.aggregate import PlainMeter
 from pgw_otel.batch import BatchThread
-from pgw_otel.fast import PlainCallWriter
+from pgw_otel.fast import Common, PlainCallWriter
 from pgw_otel.options import OtelOptions, parse_headers
 from pgw_otel.otlp import KIND_CLIENT, KIND_INTERNAL, OtlpHttp, SpanData, TraceEncoder
 from pgw_otel.sinks import OtlpSpanSink, SdkExporterSink, SpanSink
@@ -258,8 +258,9 @@ class OtelRecorder:
                 span_sink.encoder.attributes,
                 self._plain,
                 self._metrics.breaker_seen,
+                self._metrics._breakers,
             )
-        self._batches: BatchThread[_Ended] | None = None
+        self._batches: BatchThread[_Ended | Common] | None = None
         if span_sink is not None:
             self._batches = BatchThread(
                 self._handle,
@@ -374,16 +375,27 @@ class OtelRecorder:
         error: BaseException | None,
         events: list[tuple[int, GovernanceEvent]] | None = None,
     ) -> None:
-        """A call ended: to the batch thread (a compact record: the rows, the caller's
-        context, the error's name), or, through an SDK tracer, its spans now."""
+        """A call ended: to the batch thread (a common call in its ``Common`` form, any other
+        as a compact record: the rows, the caller's context, the error's name), or, through
+        an SDK tracer, its spans now."""
         batches = self._batches
-        failure = None if error is None else _failure(error)  # the usual case: no call
         if batches is None:
+            failure = None if error is None else _failure(error)
             self.export(start, parent, rows, ended_at, failure, events or ())
             return
         if self._closed:
             return
-        if not batches.offer((start, parent, rows, ended_at, failure, events or ())):
+        fast = self._fast
+        item: _Ended | Common | None = None
+        if fast is not None and error is None:
+            try:
+                item = fast.common(start, parent, rows, ended_at, events)
+            except Exception:  # noqa: BLE001 - never into the call: the general path counts it
+                item = None
+        if item is None:
+            failure = None if error is None else _failure(error)  # the usual case: no call
+            item = (start, parent, rows, ended_at, failure, events or ())
+        if not batches.offer(item):
             self._refused += len(rows)
             scope = start.scope or (rows[0][0].scope if rows else "")
             self._drops[scope] = self._drops.get(scope, 0) + len(rows)
@@ -448,26 +460,40 @@ class OtelRecorder:
 
     # ------------------------------------------------------------------ the batch thread
 
-    def _handle(self, batch: list[_Ended]) -> None:
+    def _handle(self, batch: list[_Ended | Common]) -> None:
         otlp = self._sink if isinstance(self._sink, OtlpSpanSink) else None
         fast = self._fast
         spans: list[SpanData] = []
         encoded: list[bytes] = []
-        for start, parent, rows, ended_at, failure, events in batch:
-            try:
-                if fast is not None and fast.takes(rows, failure, events):
+        for item in batch:
+            if type(item[0]) is str:  # a common call (PlainCallWriter.common)
+                assert fast is not None
+                try:
                     self.calls += 1
-                    trace_id, parent_id, remote, sampled = self._trace_of(parent)
-                    span_ids = self._ids.getrandbits(128)  # both span ids in one draw
+                    getrandbits = self._ids.getrandbits
+                    parent_context = item[-1]
+                    if parent_context is None:  # the usual case: a new trace
+                        trace_id = getrandbits(128) or 1
+                        parent_id, remote, sampled = 0, False, True
+                    else:
+                        trace_id, parent_id, remote, sampled = self._trace_of(parent_context)
+                        trace_id = self._new_trace(trace_id)
+                    span_ids = getrandbits(128)  # both span ids in one draw
                     encoded += fast.write(
-                        start, rows, events, ended_at, self._new_trace(trace_id),
-                        span_ids >> 64 or 1, span_ids & _SPAN_ID_MASK or 1, parent_id, remote,
-                        sampled,
+                        item, trace_id, span_ids >> 64 or 1, span_ids & _SPAN_ID_MASK or 1,
+                        parent_id, remote, sampled,
                     )  # fmt: skip
-                    continue
+                except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
+                    self._count_drop(item[2], 1, exc)
+                continue
+            start, parent, rows, ended_at, failure, events = cast("_Ended", item)
+            try:
                 made = self._build(start, parent, rows, ended_at, failure, events)
             except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
-                self._count_drop(start, rows, exc)
+                if rows:
+                    self._count_drop(start.scope or rows[0][0].scope, len(rows), exc)
+                else:
+                    self._warn("export", exc)
                 continue
             try:
                 self._record_call(start, rows, made)
@@ -491,7 +517,7 @@ class OtelRecorder:
             self._warn("span export", exc)
 
     @staticmethod
-    def _trace_of(parent: otel_context.Context) -> tuple[int, int, bool, bool]:
+    def _trace_of(parent: otel_context.Context | None) -> tuple[int, int, bool, bool]:
         """The caller's span as (trace id, span id, remote, sampled); zeros: no span."""
         if not parent:  # an empty context, the usual case: no lookup
             return 0, 0, False, True
@@ -539,19 +565,18 @@ class OtelRecorder:
                 self._start_spans(parent, made)
                 self._record_call(start, rows, made)
         except Exception as exc:  # noqa: BLE001 - telemetry never reaches the call
-            self._count_drop(start, rows, exc)
+            if rows:
+                self._count_drop(start.scope or rows[0][0].scope, len(rows), exc)
+            else:
+                self._warn("export", exc)
 
-    def _count_drop(
-        self, start: CallStart, rows: Sequence[tuple[TelemetryRecord, object]], exc: Exception
-    ) -> None:
-        self._failed += len(rows)
+    def _count_drop(self, scope: str, rows: int, exc: Exception) -> None:
+        """``rows`` rows of a call in ``scope`` lost to a failed step."""
+        self._failed += rows
         self._warn("export", exc)
-        if rows and not self._closed:
+        if not self._closed:
             try:
-                self._metrics.dropped.add(
-                    len(rows),
-                    {"pgw.sink": "otel", "pgw.scope": start.scope or rows[0][0].scope},
-                )
+                self._metrics.dropped.add(rows, {"pgw.sink": "otel", "pgw.scope": scope})
             except Exception as again:  # noqa: BLE001 - a broken meter is dropped too
                 self._warn("metrics", again)
 
