@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from polygateway import GatewayClient
-from polygateway.testing import FakeUpstream
+from polygateway.testing import FakeUpstream, Reply
 
 # Not httpx: httpcore's own response stream and pool request refer to each other (40 objects a
 # call, none of them this library's).
@@ -91,3 +91,28 @@ async def test_finished_client_streams_leave_nothing_for_the_cycle_collector(
             await call(n)
         left = gc.collect()
     assert left == 0, f"20 streams left {left} objects in reference cycles"
+
+
+@pytest.mark.parametrize("deadline", [False, True], ids=["no-deadline", "call-deadline"])
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_call_retried_after_a_500_leaves_nothing_for_the_cycle_collector(
+    fake_upstream: FakeUpstream, collector_paused: None, tmp_path: Path, engine: str, deadline: bool
+) -> None:
+    env = env_for(fake_upstream, engine, full=True, db=tmp_path / "t.db")
+    env["LLM__RETRY__BASE_DELAY_S"] = "0.001"
+    if deadline:
+        env["LLM__RETRY__CALL_DEADLINE_S"] = "60"
+    async with GatewayClient.from_env(env=env) as client:
+
+        async def call(n: int) -> None:
+            fake_upstream.script("a", Reply.error(500))  # then the default answer
+            resp = await client.chat([{"role": "user", "content": f"hello #{n}"}])
+            assert resp.content
+
+        for n in range(3):
+            await call(n)
+        gc.collect()
+        for n in range(3, 13):
+            await call(n)
+        left = gc.collect()
+    assert left == 0, f"10 retried calls left {left} objects in reference cycles"

@@ -382,6 +382,8 @@ def test_engine_pool_and_read_timeout_are_source_fields_kept_as_transport_option
         "max_connections": "8",
         "read_timeout_s": "2.5",
     }
+    # The whole configuration (``pgw config check``) reads them too.
+    assert dict(load_settings(env).scope("LLM").source("qwen-1").options) == dict(qwen.options)
     from polygateway import GatewayClient
 
     with pytest.raises(ConfigError, match="option 'keepalive_s' must be a number, got 'soon'"):

@@ -27,6 +27,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from polygateway.config.kinds import CHAT_CALLS
 from polygateway.config.models import Loc
 from polygateway.config.suggest import closest, did_you_mean
 from polygateway.errors import ConfigError
@@ -316,7 +317,8 @@ def parse_env(
         if scope_name not in scopes_seen:
             continue  # not ours: some other tool's double-underscore key
         scope = config.scopes.setdefault(scope_name, EnvScope(scope_name))
-        options = (source_options or {}).get(scope_name, {})
+        # A scope no call kind names serves chat (as the loader builds it).
+        options = (source_options or {}).get(scope_name, CHAT_CALLS.source_options)
         before = len(scope.problems)
         _parse_scope_key(scope, key, parts, value, options)
         if is_ignored(key, ignore):

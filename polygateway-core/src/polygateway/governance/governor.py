@@ -509,6 +509,12 @@ class Governor:
                     raise
                 continue
             if isinstance(admitted, Outcome):
+                # An earlier attempt's error holds a traceback through this frame, which holds
+                # the error: dropped here, the call's objects are freed by reference counting
+                # instead of waiting in a cycle for the garbage collector.
+                last_error = None
+                if progress is not None:
+                    progress.last_error = None
                 return admitted
             # Refused before the attempt: no attempt spent; try another source this round.
             if refused is None:

@@ -271,7 +271,8 @@ def engine_for_source(
             source_name=source.name,
             headers={"Accept-Encoding": ACCEPT_ENCODING, **headers},
             connect_timeout_s=source.connect_timeout_s,
-            read_timeout_s=option_float(options, "read_timeout_s", None, source.name),
+            # 0 is off, as for the other engines' idle reads (httpx would time out every read).
+            read_timeout_s=option_float(options, "read_timeout_s", None, source.name) or None,
             max_connections=int(max_connections or 0),
             keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
             trust_env=option_bool(options, "trust_env", False, source.name),
