@@ -6,7 +6,7 @@ and each run walked all the calls in flight: about a tenth of a governed call's 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +44,17 @@ def env_for(fake: FakeUpstream, engine: str, *, full: bool, db: Path) -> dict[st
     }
 
 
+async def left_in_cycles(call: Callable[[int], Awaitable[None]], counted: int) -> int:
+    """Objects that ``counted`` calls (after 3 warm-up calls: connections, lazy imports,
+    first-use caches) left for the cycle collector."""
+    for n in range(3):
+        await call(n)
+    gc.collect()
+    for n in range(3, 3 + counted):
+        await call(n)
+    return gc.collect()
+
+
 @pytest.mark.parametrize("full", [False, True], ids=["governed", "full-pipeline"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 @pytest.mark.parametrize("engine", ENGINES)
@@ -63,12 +74,7 @@ async def test_finished_calls_leave_nothing_for_the_cycle_collector(
             resp = await client.chat([{"role": "user", "content": f"hello #{n}"}], stream=stream)
             assert resp.content
 
-        for n in range(3):  # warm-up: connections, lazy imports, first-use caches
-            await call(n)
-        gc.collect()
-        for n in range(3, 23):
-            await call(n)
-        left = gc.collect()
+        left = await left_in_cycles(call, 20)
     assert left == 0, f"20 calls left {left} objects in reference cycles"
 
 
@@ -84,12 +90,7 @@ async def test_finished_client_streams_leave_nothing_for_the_cycle_collector(
                 texts = [delta.text async for delta in stream]
             assert "".join(texts) == stream.response.content
 
-        for n in range(3):
-            await call(n)
-        gc.collect()
-        for n in range(3, 23):
-            await call(n)
-        left = gc.collect()
+        left = await left_in_cycles(call, 20)
     assert left == 0, f"20 streams left {left} objects in reference cycles"
 
 
@@ -109,10 +110,5 @@ async def test_a_call_retried_after_a_500_leaves_nothing_for_the_cycle_collector
             resp = await client.chat([{"role": "user", "content": f"hello #{n}"}])
             assert resp.content
 
-        for n in range(3):
-            await call(n)
-        gc.collect()
-        for n in range(3, 13):
-            await call(n)
-        left = gc.collect()
+        left = await left_in_cycles(call, 10)
     assert left == 0, f"10 retried calls left {left} objects in reference cycles"

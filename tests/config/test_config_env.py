@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from config_testlib import one_problem_with, problems_of, source_env
+from polygateway import GatewayClient
 from polygateway.config import load_scope, load_settings, plugin_filter, read_env
 from polygateway.errors import ConfigError
 
@@ -384,7 +385,5 @@ def test_engine_pool_and_read_timeout_are_source_fields_kept_as_transport_option
     }
     # The whole configuration (``pgw config check``) reads them too.
     assert dict(load_settings(env).scope("LLM").source("qwen-1").options) == dict(qwen.options)
-    from polygateway import GatewayClient
-
     with pytest.raises(ConfigError, match="option 'keepalive_s' must be a number, got 'soon'"):
         GatewayClient.from_env(env={**env, "LLM__QWEN__1__KEEPALIVE_S": "soon"})

@@ -145,18 +145,17 @@ class ChatStream(Generic[DataT]):
     # ------------------------------------------------------------------ the consumer's side
 
     async def __aenter__(self) -> ChatStream[DataT]:
-        if self._start is None:
+        # Taken here, not kept: the start closure holds the request, which holds the context,
+        # which holds this stream (a reference cycle per call for the garbage collector).
+        start, self._start = self._start, None
+        if start is None:
             raise TypeError("a stream is entered once: call client.stream(...) again")
-        self._task = asyncio.get_running_loop().create_task(self._run(self.context))
+        self._task = asyncio.get_running_loop().create_task(self._run(start, self.context))
         # A call that ends by cancellation never reaches _run's own wake-up.
         self._task.add_done_callback(self._wake)
         return self
 
-    async def _run(self, context: CallContext) -> LLMResponse[Any]:
-        # Dropped once started: the start closure holds the request, which holds the context,
-        # which holds this stream (a reference cycle per call for the garbage collector).
-        start, self._start = self._start, None
-        assert start is not None  # __aenter__ checked
+    async def _run(self, start: Start, context: CallContext) -> LLMResponse[Any]:
         try:
             return await start(context)
         finally:
