@@ -294,7 +294,8 @@ def state_env(redis_url: str | None) -> dict[str, str]:
 
 
 WORKER_TIMEOUT_S = 3600.0
-"""The governed clients' attempt, connect and keep-alive timeouts in the callgrind children, and
+"""The governed clients' attempt, connect, stream (TTFT, inter-token), keep-alive and Redis
+socket timeouts in the callgrind children, and
 the floor's connect timeout and keep-alive there: under callgrind a round of 1024 calls takes
 longer than the default 15 s keep-alive (connections re-opened inside the counted batch would be
 counted) and a loop turn can outlast aiohttp's 30 s socket connect timeout."""
@@ -331,6 +332,14 @@ def make_client(
         env["LLM__OPENAI__1__TIMEOUT_S"] = f"{timeout_s:g}"
         env["LLM__OPENAI__1__CONNECT_TIMEOUT_S"] = f"{timeout_s:g}"
         env["LLM__OPENAI__1__KEEPALIVE_S"] = f"{timeout_s:g}"
+        env["LLM__OPENAI__1__TTFT_TIMEOUT_S"] = f"{timeout_s:g}"
+        env["LLM__OPENAI__1__INTER_TOKEN_TIMEOUT_S"] = f"{timeout_s:g}"
+        if redis_url is not None:
+            # At valgrind's speed a script call can outlast the default socket timeout, and
+            # the backends would fail closed.
+            for kind in ("LIMITER", "BREAKER"):
+                env[f"LLM__{kind}__SOCKET_TIMEOUT_S"] = f"{timeout_s:g}"
+                env[f"LLM__{kind}__CONNECT_TIMEOUT_S"] = f"{timeout_s:g}"
     return GatewayClient.from_env(env=env | state_env(redis_url))
 
 
