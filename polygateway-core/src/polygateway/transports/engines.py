@@ -17,7 +17,8 @@ chain. Cancellation is never caught. No engine follows a redirect. Bodies are re
 decoded by ``BodyReader`` (gzip, deflate), which counts the bytes on the wire and decoded against
 ``max_response_bytes`` and hands them out in slices of at most 64 KiB. A response must be closed
 with ``aclose()`` (in ``finally``): a fully read response goes back to the pool, a partly read
-one closes its connection.
+one closes its connection; reading it after that is a ``ResponseClosedError`` unless its body
+was read to the end (then it reads ``b""``).
 
 Timeouts: ``connect_timeout_s`` bounds connecting (and waiting for a pooled connection);
 ``read_timeout_s`` bounds each socket read and is off by default because the transport always
@@ -95,7 +96,8 @@ class EngineResponse(Protocol):
         ...
 
     async def read_chunk(self) -> bytes:
-        """The next body bytes as they arrive; ``b""`` at the end of the body."""
+        """The next body bytes as they arrive; ``b""`` at the end of the body. After
+        ``aclose()``: ``b""`` if the body was read to its end, else ``ResponseClosedError``."""
         ...
 
     async def read(self, limit: int | None = None) -> bytes:
