@@ -155,7 +155,7 @@ class Boom(Exception):
     """The consumer's own failure, raised inside the stream's block."""
 
 
-@pytest.mark.parametrize("leave", ["exception", "break"])
+@pytest.mark.parametrize("leave", ["exception", "break", "cancelled"])
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_a_stream_left_early_leaves_nothing_for_the_cycle_collector(
     fake_upstream: FakeUpstream, collector_paused: None, tmp_path: Path, engine: str, leave: str
@@ -163,21 +163,34 @@ async def test_a_stream_left_early_leaves_nothing_for_the_cycle_collector(
     env = env_for(fake_upstream, engine, full=True, db=tmp_path / "t.db")
     async with GatewayClient.from_env(env=env) as client:
 
+        async def consume(n: int, seen: list[str], first: asyncio.Event) -> None:
+            async with client.stream([{"role": "user", "content": f"hello #{n}"}]) as stream:
+                async for delta in stream:
+                    seen.append(delta.text)
+                    first.set()
+                    if leave == "exception":
+                        raise Boom
+                    if leave == "break":
+                        break
+
         async def call(n: int) -> None:
             # One chunk, then nothing: the call is still running when the consumer leaves.
             fake_upstream.script("a", Reply.stall(after_chunks=1))
             seen: list[str] = []
-            with pytest.raises(Boom) if leave == "exception" else contextlib.nullcontext():
-                async with client.stream([{"role": "user", "content": f"hello #{n}"}]) as stream:
-                    async for delta in stream:
-                        seen.append(delta.text)
-                        if leave == "exception":
-                            raise Boom
-                        break
-            assert len(seen) == 1
+            first = asyncio.Event()
+            if leave == "cancelled":
+                consumer = asyncio.create_task(consume(n, seen, first))
+                await first.wait()
+                consumer.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await consumer
+            else:
+                with pytest.raises(Boom) if leave == "exception" else contextlib.nullcontext():
+                    await consume(n, seen, first)
+            assert seen == [seen[0]] and seen[0]
 
         left = await left_in_cycles(call, 20, closes_connections=True)
-    assert left == 0, f"20 streams left early left {left} objects in reference cycles"
+    assert left == 0, f"20 streams left early ({leave}) left {left} objects in reference cycles"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
