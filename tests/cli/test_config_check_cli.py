@@ -429,3 +429,13 @@ def test_the_documented_pricing_format_is_what_loads() -> None:
     )
     example = PricingTable.from_file(str(REPO / "docs" / "pricing.example.json"))
     assert example.currency == "USD" and "gpt-test" in example.models
+
+
+def test_a_bad_engine_source_field_is_reported_by_its_key(tmp_path: Path) -> None:
+    env = clean_env(PGW_PLUGINS="", **SOURCE, LLM__OPENAI__1__KEEPALIVE_S="soon")
+    result = pgw(tmp_path, "config", "check", env=env)
+    assert result.returncode == 2, result.stdout
+    line = line_with(result.stderr, "pgw: LLM__OPENAI__1__KEEPALIVE_S:")
+    assert "must be a number of seconds" in line and "soon" not in line
+    fine = clean_env(PGW_PLUGINS="", **SOURCE, LLM__OPENAI__1__KEEPALIVE_S="15s")
+    assert pgw(tmp_path, "config", "check", env=fine).returncode == 0

@@ -9,6 +9,7 @@ from config_testlib import one_problem_with, problems_of, source_env
 from polygateway import GatewayClient
 from polygateway.config import load_scope, load_settings, plugin_filter, read_env
 from polygateway.errors import ConfigError
+from polygateway.transports.engine_options import EngineOptions, engine_options
 
 
 def test_sources_are_aggregated_from_env_keys() -> None:
@@ -385,5 +386,57 @@ def test_engine_pool_and_read_timeout_are_source_fields_kept_as_transport_option
     }
     # The whole configuration (``pgw config check``) reads them too.
     assert dict(load_settings(env).scope("LLM").source("qwen-1").options) == dict(qwen.options)
-    with pytest.raises(ConfigError, match="option 'keepalive_s' must be a number, got 'soon'"):
-        GatewayClient.from_env(env={**env, "LLM__QWEN__1__KEEPALIVE_S": "soon"})
+
+
+ENGINE_FIELDS_BAD = {
+    # A misplaced key as the value: the problem says what is wrong, never shows it.
+    "KEEPALIVE_S": ("sk-misplaced-0123456789abcdef", "must be a number of seconds"),
+    "READ_TIMEOUT_S": ("-1", "or off (0) for no read timeout"),
+    "MAX_CONNECTIONS": ("8.5", "must be an integer >= 0"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(ENGINE_FIELDS_BAD))
+def test_a_bad_engine_source_field_is_a_problem_at_load_naming_its_key(field: str) -> None:
+    value, problem = ENGINE_FIELDS_BAD[field]
+    # The other engine fields set well: each option is named by its own key, not the first's.
+    good = {"KEEPALIVE_S": "15s", "READ_TIMEOUT_S": "off", "MAX_CONNECTIONS": "8"}
+    env = source_env("LLM", "QWEN", 1, **{**good, field: value})
+    loads = (load_settings, lambda e: load_scope("LLM", e), lambda e: GatewayClient.from_env(env=e))
+    for load in loads:
+        with pytest.raises(ConfigError) as excinfo:
+            load(env)
+        [line] = problems_of(excinfo)
+        assert line.startswith(f"LLM__QWEN__1__{field}: ") and problem in line
+        assert value not in str(excinfo.value)
+
+
+def test_engine_source_fields_take_durations_and_off() -> None:
+    env = source_env(
+        "LLM", "QWEN", 1, KEEPALIVE_S="1m", READ_TIMEOUT_S="500ms", MAX_CONNECTIONS="0"
+    )
+    env.update(source_env("LLM", "QWEN", 2, KEEPALIVE_S="0", READ_TIMEOUT_S="off"))
+    env.update(source_env("LLM", "QWEN", 3, READ_TIMEOUT_S="0"))
+    scope = load_scope("LLM", env)
+    first, second, third = (
+        engine_options(scope.source(name).options, name) for name in ("qwen-1", "qwen-2", "qwen-3")
+    )
+    assert first == EngineOptions(read_timeout_s=0.5, max_connections=0, keepalive_s=60.0)
+    assert second == EngineOptions(read_timeout_s=None, keepalive_s=0.0)
+    assert third == EngineOptions(read_timeout_s=None)  # 0 is off, as "off"
+
+
+def test_engine_options_of_the_pipeline_file_are_checked_at_load_naming_the_file_key(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "pgw.toml"
+    path.write_text(
+        "[[scopes.LLM.sources]]\n"
+        'provider = "qwen"\nbase_url = "http://127.0.0.1:8400/v1"\nmodel = "m"\n'
+        'options = { keepalive_s = "15s", read_timeout_s = "soon" }\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings({}, pipeline_path=path)
+    line = one_problem_with(problems_of(excinfo), "read_timeout_s", "must be a number of seconds")
+    assert "keepalive_s" not in line and "scopes.LLM.sources" in line

@@ -33,6 +33,7 @@ from polygateway.settings import Limits, ScopeSettings
 from polygateway.telemetry.sqlite import SQLiteRecorder
 from polygateway.testing import FakeClock, FakeUpstream, Reply
 from polygateway.testing.fake_upstream.embeddings import embedding_vector
+from polygateway.transports.engine_options import EngineOptions, engine_options
 
 TEXTS = [f"sentence number {i}" for i in range(13)]  # 5 batches of 3 (the last has 1)
 
@@ -463,3 +464,33 @@ def test_the_readme_pipeline_file_example(tmp_path: Path) -> None:
     assert source.options["dimensions"] == 512
     assert client.transports[source.name].request_body(["x"], source)["dimensions"] == 512  # type: ignore[attr-defined]
     asyncio.run(client.aclose())
+
+
+def test_the_engine_source_fields_are_read_and_checked_as_for_chat(
+    fake_upstream: FakeUpstream,
+) -> None:
+    # The embedding transport posts through the core's HTTP engines: same pool fields.
+    env = {
+        "EMBED__OPENAI__1__BASE_URL": fake_upstream.base_url("a"),
+        "EMBED__OPENAI__1__MODEL": "text-embedding-3-small",
+        "EMBED__OPENAI__1__KEEPALIVE_S": "30s",
+        "EMBED__OPENAI__1__MAX_CONNECTIONS": "4",
+        "EMBED__OPENAI__1__READ_TIMEOUT_S": "off",
+        "EMBED__BATCH_SIZE": "64",
+        "PGW_TELEMETRY_BACKEND": "none",
+    }
+
+    async def run() -> None:
+        async with EmbeddingClient.from_env(env=env, registry=registry()) as client:
+            [source] = client.settings.sources
+            assert engine_options(source.options, source.name) == EngineOptions(
+                read_timeout_s=None, max_connections=4, keepalive_s=30.0
+            )
+            assert (await client.embed(["hello"])).source_name == "openai-1"
+
+    asyncio.run(run())
+    bad = {**env, "EMBED__OPENAI__1__MAX_CONNECTIONS": "many"}
+    with pytest.raises(ConfigError) as excinfo:
+        EmbeddingClient.from_env(env=bad, registry=registry())
+    [line] = excinfo.value.problems
+    assert line.startswith("EMBED__OPENAI__1__MAX_CONNECTIONS: must be an integer >= 0")

@@ -219,6 +219,11 @@ class ClientClosedError(PolyGatewayError):
     """A call on a client after ``aclose()`` (a programming error, never retried)."""
 
 
+class ResponseClosedError(PolyGatewayError):
+    """A read of an HTTP engine's response after its ``aclose()``, before the end of its body
+    (a programming error of the transport reading it, never retried)."""
+
+
 __all__ = [
     "SCOPE_REASONS",
     "SOURCE_REASONS",
@@ -233,6 +238,7 @@ __all__ = [
     "PluginError",
     "PolyGatewayError",
     "RequestRejectedError",
+    "ResponseClosedError",
     "ResultInvalidError",
     "ScopeReason",
     "ScopeUnavailableError",

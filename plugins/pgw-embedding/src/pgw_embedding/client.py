@@ -60,8 +60,10 @@ __all__ = ["EmbeddingClient", "texts_summary"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_SCOPE = "EMBED"
-EMBEDDING_CALLS = CallKind(transport_kind="embedding_transport")
-"""How the loader reads an embedding scope: its sources name embedding transports."""
+EMBEDDING_CALLS = CallKind(transport_kind="embedding_transport", http_engine=True)
+"""How the loader reads an embedding scope: its sources name embedding transports, which post
+through the core's HTTP engines (so ``EMBED__OPENAI__1__KEEPALIVE_S`` and the other engine
+fields are source fields, as for chat)."""
 SUMMARY_TEXTS = 3
 """How many texts the ``messages`` summary of a row shows the start of."""
 SUMMARY_CHARS = 80

@@ -44,6 +44,7 @@ from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessMonitor
+from polygateway.transports.engine_options import engine_options
 from polygateway.transports.errors import (
     error_for_status,
     error_for_stream_event,
@@ -61,7 +62,6 @@ from polygateway.transports.openai_compat import (
     build_request_body,
     monitor_for_loop,
     option_bool,
-    option_float,
     option_headers,
     source_secrets,
     transport_result,
@@ -159,18 +159,19 @@ class OpenAISDKTransport:
         self._headers = option_headers(source)
         self._key = source.api_key_value()
         self._secret = source_secrets(source)
-        read_timeout = option_float(options, "read_timeout_s", None, source.name)
+        pool = engine_options(options, source.name)
+        read_timeout = pool.read_timeout_s
         self._timeout = httpx2.Timeout(
             connect=source.connect_timeout_s,
             read=read_timeout,
             write=read_timeout,
             pool=source.connect_timeout_s,
         )
-        connections = int(option_float(options, "max_connections", 1024, source.name) or 0)
+        connections = pool.max_connections
         self._limits = httpx2.Limits(
             max_connections=connections or None,
             max_keepalive_connections=connections or None,
-            keepalive_expiry=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+            keepalive_expiry=pool.keepalive_s,
         )
         self._trust_env = option_bool(options, "trust_env", False, source.name)
         self._source_name = source.name

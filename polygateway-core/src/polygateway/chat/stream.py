@@ -20,6 +20,7 @@ consumer iterates them. Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable, Coroutine
 from types import TracebackType
@@ -71,9 +72,9 @@ class ChatStream(Generic[DataT]):
         self._shown_content: list[str] = []
         self._cut: TransientError | None = None
         self._ended = False
-        self.context = CallContext(stream=self)
-        """The call's context (deltas and attempts come back here); ``start`` gets it."""
-        self.context.add_observer(self)
+        self.context = CallContext()
+        """The call's context (deltas and attempts come back here once entered); ``start``
+        gets it."""
 
     # ------------------------------------------------------------------ the call's side
 
@@ -150,7 +151,12 @@ class ChatStream(Generic[DataT]):
         start, self._start = self._start, None
         if start is None:
             raise TypeError("a stream is entered once: call client.stream(...) again")
-        self._task = asyncio.get_running_loop().create_task(self._run(start, self.context))
+        # Linked to the context only now: a stream never entered (its closure holds the
+        # context through the request) is then freed by reference counting, not in a cycle.
+        context = self.context
+        context.stream = self
+        context.add_observer(self)
+        self._task = asyncio.get_running_loop().create_task(self._run(start, context))
         # A call that ends by cancellation never reaches _run's own wake-up.
         self._task.add_done_callback(self._wake)
         return self
@@ -180,7 +186,12 @@ class ChatStream(Generic[DataT]):
         # The call is over: its context stops pointing back at this stream, so the two are
         # freed by reference counting, not left in a cycle for the garbage collector.
         self.context.detach(self)
-        if not task.cancelled():
+        if task.cancelled():
+            # The task keeps its CancelledError, whose traceback holds _run's frame and so
+            # this stream, until someone takes it: taken (and dropped) here.
+            with contextlib.suppress(asyncio.CancelledError):
+                task.result()
+        else:
             task.exception()  # retrieved: never "exception was never retrieved"
 
     def __aiter__(self) -> ChatStream[DataT]:

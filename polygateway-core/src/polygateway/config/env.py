@@ -231,9 +231,14 @@ class EnvSource:
     """Source field -> its raw string (``options``: option name -> raw string)."""
     keys: dict[str, str] = field(default_factory=dict)
     """Source field -> env key."""
+    option_keys: dict[str, str] = field(default_factory=dict)
+    """Transport option (``mode``) -> the env key that set it (``OCR__MONKEY__1__MODE``)."""
 
     def key_for(self, source_field: str) -> str:
         return self.keys.get(source_field) or f"{self.prefix}__{source_field.upper()}"
+
+    def option_key(self, option: str) -> str:
+        return self.option_keys.get(option) or self.key_for("options")
 
 
 @dataclass
@@ -318,7 +323,7 @@ def parse_env(
             continue  # not ours: some other tool's double-underscore key
         scope = config.scopes.setdefault(scope_name, EnvScope(scope_name))
         # A scope no call kind names serves chat (as the loader builds it).
-        options = (source_options or {}).get(scope_name, CHAT_CALLS.source_options)
+        options = (source_options or {}).get(scope_name, CHAT_CALLS.source_fields)
         before = len(scope.problems)
         _parse_scope_key(scope, key, parts, value, options)
         if is_ignored(key, ignore):
@@ -465,6 +470,7 @@ def _parse_source_key(
     if source_field is None:  # a transport option of the scope's call kind
         source.values.setdefault("options", {})[options[field_name]] = value
         source.keys.setdefault("options", key)
+        source.option_keys[options[field_name]] = key
         return
     if source_field in source.values:
         scope.problems.append(

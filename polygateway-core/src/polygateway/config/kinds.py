@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from polygateway.transports.engine_options import ENGINE_SOURCE_FIELDS
+
 if TYPE_CHECKING:
     from polygateway.settings import ScopeSettings
 
@@ -26,12 +28,24 @@ class CallKind:
     """The model of a source that names none (``None``: ``MODEL`` is required)."""
     source_options: Mapping[str, str] = field(default_factory=dict)
     """Source fields (env spelling, ``MODE``) that set a transport option (``mode``)."""
+    http_engine: bool = False
+    """Whether the call kind's transports post through the core's HTTP engines: then the
+    engine's pool and read timeout are source fields too (``READ_TIMEOUT_S``, see
+    ``polygateway.transports.engine_options``), checked when the configuration loads."""
     provider_profiles: bool = True
     """Whether a source's provider must name a registered provider profile (the profiles
     describe chat and embedding APIs; another call kind's provider may only name a family)."""
     no_health_probe: str | None = None
     """Why the call kind has no cheap request to probe an open source with (``None``: it has
     one); ``{SCOPE}__BREAKER__HEALTH_PROBE`` on is then refused with this reason."""
+
+    @property
+    def source_fields(self) -> Mapping[str, str]:
+        """Every source field that sets a transport option: ``source_options``, and the
+        engine's when ``http_engine``."""
+        if not self.http_engine:
+            return self.source_options
+        return {**ENGINE_SOURCE_FIELDS, **self.source_options}
 
 
 def health_probe_problems(
@@ -51,14 +65,8 @@ def health_probe_problems(
     ]
 
 
-CHAT_CALLS: Final = CallKind(
-    source_options={
-        "READ_TIMEOUT_S": "read_timeout_s",
-        "MAX_CONNECTIONS": "max_connections",
-        "KEEPALIVE_S": "keepalive_s",
-    }
-)
+CHAT_CALLS: Final = CallKind(http_engine=True)
 """Chat scopes: chat transports, ``MODEL`` required; the HTTP engine's pool and read timeout may
-be written as source fields (``LLM__OPENAI__1__KEEPALIVE_S=30``)."""
+be written as source fields (``LLM__OPENAI__1__KEEPALIVE_S=30s``)."""
 
 __all__ = ["CHAT_CALLS", "CallKind", "health_probe_problems"]

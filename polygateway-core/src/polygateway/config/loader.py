@@ -69,7 +69,7 @@ def load_settings(
     :raises ConfigError: with one line per problem, naming the key; secrets never shown.
     """
     kinds = {k.upper(): v for k, v in (call_kinds or {}).items()}
-    options = {name: kind.source_options for name, kind in kinds.items()}
+    options = {name: kind.source_fields for name, kind in kinds.items()}
     inputs = read_inputs(env, pipeline_path, dotenv_path, registry, options)
     problems = list(inputs.problems)
     scopes: dict[str, ScopeSettings] = {}
@@ -100,9 +100,7 @@ def load_scope(
     that would define one.
     """
     name = scope.upper()
-    inputs = read_inputs(
-        env, pipeline_path, dotenv_path, registry, {name: call_kind.source_options}
-    )
+    inputs = read_inputs(env, pipeline_path, dotenv_path, registry, {name: call_kind.source_fields})
     problems = list(inputs.problems)
     built: ScopeSettings | None = None
     if name in _scope_names(inputs):

@@ -21,6 +21,7 @@ from polygateway.config.merge import Label, Resolved, merge, with_env_refs
 from polygateway.config.models import Loc, MaskedOptions, validate_layer
 from polygateway.params import ChatParams
 from polygateway.settings import Limits, Secret, SourceConfig
+from polygateway.transports.engine_options import engine_option_problems
 
 _SOURCE_ARGS = (
     "timeout_s",
@@ -153,6 +154,8 @@ def source_drafts(
 
 def _env_source_label(source: envkeys.EnvSource) -> Label:
     def label(loc: Loc) -> str:
+        if len(loc) > 1 and loc[0] == "options":
+            return source.option_key(str(loc[1]))  # each option has a key of its own
         return source.key_for(str(loc[0]))
 
     return label
@@ -184,7 +187,14 @@ def build_source(
         return None, problems
     if problems:
         return None, problems
-    options = MaskedOptions(values.get("options") or {})
+    given = values.get("options") or {}
+    if call_kind.http_engine:
+        problems = engine_option_problems(
+            given, lambda name: draft.keys.get(("options", name)) or draft.key("options")
+        )
+        if problems:
+            return None, problems
+    options = MaskedOptions(given)
     for option in ("engine", "trust_env"):
         if option in values:
             options[option] = values[option]

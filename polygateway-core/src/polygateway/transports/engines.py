@@ -17,7 +17,8 @@ chain. Cancellation is never caught. No engine follows a redirect. Bodies are re
 decoded by ``BodyReader`` (gzip, deflate), which counts the bytes on the wire and decoded against
 ``max_response_bytes`` and hands them out in slices of at most 64 KiB. A response must be closed
 with ``aclose()`` (in ``finally``): a fully read response goes back to the pool, a partly read
-one closes its connection.
+one closes its connection; reading it after that is a ``ResponseClosedError`` unless its body
+was read to the end (then it reads ``b""``).
 
 Timeouts: ``connect_timeout_s`` bounds connecting (and waiting for a pooled connection);
 ``read_timeout_s`` bounds each socket read and is off by default because the transport always
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from polygateway.errors import ConfigError, SourceDeadError, TransientError
+from polygateway.errors import ConfigError, ResponseClosedError, SourceDeadError, TransientError
 from polygateway.transports.errors import sanitize_message, wire_error
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ class EngineResponse(Protocol):
         ...
 
     async def read_chunk(self) -> bytes:
-        """The next body bytes as they arrive; ``b""`` at the end of the body."""
+        """The next body bytes as they arrive; ``b""`` at the end of the body. After
+        ``aclose()``: ``b""`` if the body was read to its end, else ``ResponseClosedError``."""
         ...
 
     async def read(self, limit: int | None = None) -> bytes:
@@ -205,6 +207,19 @@ async def _end_of_body() -> bytes:
     return b""
 
 
+def _closed_body(source_name: str) -> Callable[[], Awaitable[bytes]]:
+    """The raw reader of a response closed before the end of its body: every read fails.
+    It holds the source's name only, never the reader (no cycle back to it)."""
+
+    async def closed() -> bytes:
+        raise ResponseClosedError(
+            f"source {source_name!r}: the response was read after aclose(), before the end of "
+            "its body (the rest of it is gone with the connection)"
+        )
+
+    return closed
+
+
 class BodyReader:
     """A response body as the transport reads it, through the engine's raw (undecoded) reads.
 
@@ -239,12 +254,20 @@ class BodyReader:
             self._inflater = None
 
     def detach(self) -> None:
-        """The response is closed: later reads see the end of the body. Drops the raw reader,
-        which is the response wrapper's own method: the wrapper holds this reader too, and
-        the cycle would keep both (with the engine's response and its headers) alive until a
-        garbage collection, one per call."""
-        self._raw = _end_of_body
+        """The response is closed: once the body was read to its end, later reads see the end
+        of the body (``b""``); before that, every later read raises ``ResponseClosedError``
+        (what was not read is gone with the connection) and the body is never ``exhausted``.
+
+        Drops the raw reader, which is the response wrapper's own method: the wrapper holds
+        this reader too, and the cycle would keep both (with the engine's response and its
+        headers) alive until a garbage collection, one per call. The decoder goes too."""
+        if self.exhausted:
+            self._raw = _end_of_body
+        else:
+            self._raw = _closed_body(self._config.source_name)
+            self._eof = False  # bytes held back or still encoded were not handed out
         self._held = b""
+        self._inflater = None
 
     @property
     def exhausted(self) -> bool:

@@ -104,7 +104,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -136,12 +136,13 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        if not self._active:
+        parser = self._parser
+        if not self._active or parser is None:
             # Bytes nobody asked for (on an idle connection): it cannot be trusted any more.
             self.abort()
             return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(ConnectionError("unexpected protocol upgrade"))
         except httptools.HttpParserError as exc:
@@ -153,6 +154,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        # The parser holds this protocol's callbacks: a reference cycle that would keep a
+        # closed connection (and its buffered body) for the garbage collector.
+        self._parser = None
         if self._active and not self.complete and self.error is None:
             if self._until_eof and exc is None:
                 self.complete = True  # a body without length ends with the connection
@@ -197,6 +201,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         parser = self._parser
+        if parser is None:  # pragma: no cover - only called from feed_data, before the loss
+            return
         status = parser.get_status_code()
         if 100 <= status < 200:
             # An interim answer (103 Early Hints): the real one follows on the same connection.

@@ -8,8 +8,9 @@ translation of every failure into the error classes of ARCHITECTURE §6.2. No re
 cache here.
 
 Source options (``SourceConfig.options``; strings from the environment are accepted):
-``engine``, ``trust_env`` (default false), ``read_timeout_s`` (default off: the watchdog owns
-liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s`` (default 15),
+``engine``, ``trust_env`` (default false), ``read_timeout_s`` (default off, also ``off`` or 0:
+the watchdog owns liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s``
+(default 15; durations as ``15``, ``"15s"``, ``"500ms"``, see ``transports.engine_options``),
 ``headers`` (extra request headers, a mapping; values of 8+ characters are masked out of error
 messages like the key). ``SourceConfig.max_response_bytes`` caps each response body, on the
 wire and decoded: the engines never decode on their own, ``BodyReader`` does, step by step.
@@ -52,6 +53,7 @@ from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
 from polygateway.streaming import LivenessKind, LivenessMonitor, StreamLiveness
+from polygateway.transports.engine_options import engine_options
 from polygateway.transports.engines import (
     ACCEPT_ENCODING,
     DEFAULT_ENGINE,
@@ -264,17 +266,16 @@ def engine_for_source(
             f"source {source.name!r}: engine 'httpx-aiohttp' cannot send credentials given "
             "in base_url (user:password@); put them in options.headers or use another engine"
         )
-    max_connections = option_float(options, "max_connections", 1024, source.name)
+    pool = engine_options(options, source.name)
     return make_engine(
         engine_name,
         EngineConfig(
             source_name=source.name,
             headers={"Accept-Encoding": ACCEPT_ENCODING, **headers},
             connect_timeout_s=source.connect_timeout_s,
-            # 0 is off, as for the other engines' idle reads (httpx would time out every read).
-            read_timeout_s=option_float(options, "read_timeout_s", None, source.name) or None,
-            max_connections=int(max_connections or 0),
-            keepalive_s=option_float(options, "keepalive_s", 15.0, source.name) or 0.0,
+            read_timeout_s=pool.read_timeout_s,
+            max_connections=pool.max_connections,
+            keepalive_s=pool.keepalive_s,
             trust_env=option_bool(options, "trust_env", False, source.name),
             secret=secret,
             plain_http=source.base_url.strip().lower().startswith("http://"),
