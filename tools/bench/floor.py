@@ -332,8 +332,10 @@ def make_client(
         env["LLM__OPENAI__1__TIMEOUT_S"] = f"{timeout_s:g}"
         env["LLM__OPENAI__1__CONNECT_TIMEOUT_S"] = f"{timeout_s:g}"
         env["LLM__OPENAI__1__KEEPALIVE_S"] = f"{timeout_s:g}"
-        env["LLM__OPENAI__1__TTFT_TIMEOUT_S"] = f"{timeout_s:g}"
-        env["LLM__OPENAI__1__INTER_TOKEN_TIMEOUT_S"] = f"{timeout_s:g}"
+        # The configuration's rule: 0 < inter-token < TTFT < attempt <= stall window.
+        env["LLM__OPENAI__1__TTFT_TIMEOUT_S"] = f"{timeout_s / 2:g}"
+        env["LLM__OPENAI__1__INTER_TOKEN_TIMEOUT_S"] = f"{timeout_s / 4:g}"
+        env["LLM__BACKPRESSURE__STALL_WINDOW_S"] = f"{timeout_s:g}"
         if redis_url is not None:
             # At valgrind's speed a script call can outlast the default socket timeout, and
             # the backends would fail closed.
