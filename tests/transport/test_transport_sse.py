@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -283,6 +284,129 @@ def test_feed_events_is_feed_event_in_a_loop(frames: list[bytes]) -> None:
         return token
 
     assert _outcome(lambda parser: parser.feed_events(events)) == _outcome(one_by_one)
+
+
+# A stream's frames written compactly, as most servers do: the same bytes around each content
+# literal, which the parser learns (its layout) and then decodes only the literal of.
+_HEAD = b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"m",'
+_CONTENT_AT = _HEAD + b'"choices":[{"index":0,"delta":{"content":'
+_CONTENT_END = b'},"logprobs":null,"finish_reason":null}]}'
+_ROLE = _HEAD + b'"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
+
+
+def compact(content: Any, *, head: bytes = _HEAD, **choice: Any) -> bytes:
+    fields = {"index": 0, "delta": {"content": content}, "logprobs": None, "finish_reason": None}
+    fields.update(choice)
+    return head + b'"choices":' + orjson.dumps([fields]) + b"}"
+
+
+laid_out_frames = st.one_of(
+    # Content of every kind: quotes, backslashes, controls, non-ASCII, lone braces.
+    st.builds(compact, st.text(max_size=8)),
+    st.builds(compact, st.sampled_from(['"', "\\", '"}', '\\"', "\x00", "é☃", "}]}", "\n"])),
+    # The layout's bytes around a literal that is not (only) a string: the general path must
+    # decide, and decide as it does alone.
+    st.builds(
+        lambda middle: _CONTENT_AT + middle + _CONTENT_END,
+        st.sampled_from(
+            [
+                b'""',
+                b"1",
+                b"null",
+                b'"a","x":1',
+                b'"a"},"finish_reason":"stop","delta":{"content":"b"',
+                b'"\\"',
+                b'"\\u12"',
+                b'"\xff"',
+                b'"a\x01"',
+                b' "spaced" ',
+                b'{"text":"a"}',
+            ]
+        ),
+    ),
+    st.builds(lambda middle: _CONTENT_AT + middle + _CONTENT_END, st.binary(max_size=8)),
+    # The same content with another layout: a new ``created``, a finish, extra fields.
+    st.builds(
+        lambda c: compact(c, head=_HEAD.replace(b"1700000000", b"1700000001")), st.text(max_size=3)
+    ),
+    st.builds(lambda c: compact(c, finish_reason="stop"), st.text(max_size=3)),
+    # Bytes of the layout's length around the literal, other bytes: "st" is as long as null.
+    st.builds(lambda c: compact(c, finish_reason="st"), st.text(max_size=3)),
+    # A repeated key: the last one counts, so the bytes after the first literal are no layout.
+    st.builds(
+        lambda c: _CONTENT_AT + orjson.dumps(c) + b',"content":"dup"' + _CONTENT_END,
+        st.text(max_size=3),
+    ),
+    st.builds(lambda c: compact(c, index=1), st.text(max_size=3)),
+    st.builds(
+        lambda c: compact(c)[:-1] + b',"usage":{"prompt_tokens":1,"completion_tokens":2}}',
+        st.text(max_size=3),
+    ),
+    st.builds(lambda c: compact(c)[:-1] + b',"error":{"message":"boom"}}', st.text(max_size=3)),
+    st.just(_ROLE),
+    st.sampled_from([b"[DONE]", b"", b"not json"]),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(frames=st.lists(laid_out_frames, max_size=10), reads=st.integers(1, 3))
+def test_the_learned_layout_decides_as_the_general_path(frames: list[bytes], reads: int) -> None:
+    # Fed as a transport feeds them (in a few reads) against one event at a time; the opening
+    # lets the parser learn the layout (its first plain content delta after the first token).
+    opening = [_ROLE, compact("Hi"), compact(" there")]
+    events: list[SSEEvent] = [(frame, None) for frame in [*opening, *frames]]
+    cut = len(events) // reads or 1
+
+    def in_reads(parser: ChatStreamParser) -> bool:
+        token = False
+        for at in range(0, len(events), cut):
+            if parser.feed_events(events[at : at + cut]):
+                token = True
+            if parser.done:
+                break
+        return token
+
+    def one_by_one(parser: ChatStreamParser) -> bool:
+        token = False
+        for data, name in events:
+            if parser.feed_event(data, name):
+                token = True
+            if parser.done:
+                break
+        return token
+
+    assert _outcome(in_reads) == _outcome(one_by_one)
+
+
+def test_a_compact_stream_is_read_by_its_layout() -> None:
+    parser = ChatStreamParser()
+    parser.feed_events([(_ROLE, None), (compact("Hel"), None), (compact("lo"), None)])
+    assert parser._layout is not None  # learned on the first plain content delta
+    frames = [compact(text) for text in ('"', "\\", "é☃", " wor", "ld")]
+    assert parser.feed_events([(frame, None) for frame in frames]) is True
+    # A frame of the layout whose literal is no string: the general path's error, unchanged.
+    with pytest.raises(TransientError, match="malformed stream frame"):
+        parser.feed_events([(_CONTENT_AT + b'"a","b' + _CONTENT_END, None)])
+    assert parser.result().content == 'Hello"\\é☃ world'
+
+
+def test_no_layout_is_learned_where_the_bytes_after_the_literal_change_its_meaning() -> None:
+    duplicate = _CONTENT_AT + b'"%b","content":"last"' + _CONTENT_END
+    parser = ChatStreamParser()
+    parser.feed_events([(compact("a"), None), (duplicate % b"b", None), (duplicate % b"c", None)])
+    assert parser._layout is None
+    assert parser.result().content == "alastlast"
+
+
+def test_a_layout_that_keeps_changing_is_given_up() -> None:
+    parser = ChatStreamParser()
+    parser.feed_events([(compact("a"), None), (compact("b"), None)])
+    for tick in range(3):  # every frame another layout (a per-frame field, say)
+        head = _HEAD.replace(b"1700000000", b"17000000%02d" % tick)
+        parser.feed_events([(compact("c", head=head), None)])
+    assert parser._layout is None and parser._learn_left == 0
+    assert parser.feed_events([(compact("d"), None)]) is True
+    assert parser.result().content == "abcccd"
 
 
 def test_reasoning_field_order_prefers_reasoning_content() -> None:

@@ -268,6 +268,36 @@ def cache_usage(usage: Any) -> tuple[int, int]:
     return _as_tokens(details.get("cached_tokens")), _as_tokens(details.get("cache_write_tokens"))
 
 
+_Layout = tuple[bytes, bytes, int, int]
+"""A stream's learned frame layout: ``(prefix, suffix, len(prefix), len(suffix))``, the bytes
+around the content's string literal of a plain content delta."""
+
+_LAYOUT_LEARNS = 2
+"""Layouts learned per stream: the first plain content delta's, and once more (a provider
+whose ``created`` ticks over mid-stream)."""
+
+_CONTENT_MARKER = b'"delta":{"content":'
+_PROBE_TEXT = "\x00probe\u2603"
+_PROBE_LITERAL = b'"\\u0000probe\\u2603"'
+
+
+def _string_end(data: bytes, start: int) -> int:
+    """The index just past the JSON string literal that starts at ``data[start]``, or -1."""
+    if data[start : start + 1] != b'"':
+        return -1
+    at = start + 1
+    while True:
+        quote = data.find(b'"', at)
+        if quote < 0:
+            return -1
+        backslashes = 0
+        while data[quote - 1 - backslashes] == 0x5C:  # a backslash before the quote
+            backslashes += 1
+        if not backslashes % 2:
+            return quote + 1
+        at = quote + 1
+
+
 class ChatStreamParser:
     """Interprets the SSE events of one chat completion stream.
 
@@ -277,6 +307,8 @@ class ChatStreamParser:
 
     __slots__ = (
         "_cache",
+        "_layout",
+        "_learn_left",
         "_reasoning_fields",
         "_rules",
         "_splitter",
@@ -310,6 +342,8 @@ class ChatStreamParser:
         self.model = ""
         self.source_name = source_name
         self.tools = ToolCallAssembler()
+        self._layout: _Layout | None = None
+        self._learn_left = _LAYOUT_LEARNS
 
     @property
     def has_content(self) -> bool:
@@ -349,7 +383,21 @@ class ChatStreamParser:
         # choice, once the model is known and past any think block. Anything else (and any
         # doubt) takes the general path, which is the definition.
         straight = splitter.mode == BODY and bool(self.model)
+        layout = self._layout
         for data, event in events:
+            if layout is not None and event is None:
+                # The learned layout: only the content's string literal differs from the
+                # frame it was learned on (see ``_learn_layout``).
+                prefix, suffix, start, end = layout
+                if len(data) > start + end and data.startswith(prefix) and data.endswith(suffix):
+                    try:
+                        content = json_loads(data[start:-end])
+                    except ValueError:
+                        content = None  # not one JSON value: the general path decides
+                    if type(content) is str and content:
+                        append(content)
+                        token = True
+                        continue
             if straight and event is None and data[:1] == b"{":
                 try:
                     chunk = json_loads(data)
@@ -373,6 +421,10 @@ class ChatStreamParser:
                             if type(content) is str and content:
                                 append(content)
                                 token = True
+                                if self._learn_left:
+                                    layout = self._learn_layout(data, chunk, choices)
+                                elif layout is not None:
+                                    layout = self._layout = None  # it stopped fitting
                                 continue
                 if self._chunk(chunk):
                     token = True
@@ -382,6 +434,40 @@ class ChatStreamParser:
                 break
             straight = splitter.mode == BODY and bool(self.model)
         return token
+
+    def _learn_layout(
+        self, data: bytes, chunk: dict[str, Any], choices: list[Any]
+    ) -> _Layout | None:
+        """The layout of ``data``, a plain content delta (as the straight path found it):
+        the bytes before and after the content's string literal, when the frame is written
+        compactly. Proven on a probe: the same bytes around another literal must parse as
+        ``chunk`` with only that content changed. Then, JSON being context-free, the same
+        bytes around any string literal are that chunk with that literal's text, and a frame
+        of the layout needs only its literal decoded. Learned at most ``_LAYOUT_LEARNS``
+        times per stream (a provider that varies every frame stops paying for it)."""
+        self._learn_left -= 1
+        self._layout = None
+        marker = data.find(_CONTENT_MARKER)
+        if marker < 0 or data.find(_CONTENT_MARKER, marker + 1) >= 0:
+            return None
+        start = marker + len(_CONTENT_MARKER)
+        end = _string_end(data, start)
+        if end < 0:
+            return None
+        prefix, suffix = data[:start], data[end:]
+        try:
+            probe = json_loads(prefix + _PROBE_LITERAL + suffix)
+        except ValueError:
+            return None
+        first = choices[0]
+        expected = {
+            **chunk,
+            "choices": [{**first, "delta": {"content": _PROBE_TEXT}}, *choices[1:]],
+        }
+        if probe != expected:
+            return None
+        layout = self._layout = (prefix, suffix, len(prefix), len(suffix))
+        return layout
 
     def _chunk(self, chunk: dict[str, Any]) -> bool:
         """One parsed chunk (a JSON object): the general path."""

@@ -65,9 +65,10 @@ class SSEDecoder:
         self._scan_from = max(0, len(rest) - 1)
         if buf.startswith(b"data: "):
             # The usual stream: nothing but single-line "data: ..." events. Then every line
-            # end before ``cut`` belongs to an event separator, which one count proves.
+            # end before ``cut`` belongs to an event separator: no data holds one (one join
+            # and a memchr cost a third of counting the line ends).
             datas = buf[6:cut].split(b"\n\ndata: ")
-            if buf.count(b"\n", 0, cut) == 2 * (len(datas) - 1):
+            if b"\n" not in b"".join(datas):
                 return [(data, None) for data in datas]
         return self._events(buf[:cut].split(b"\n\n"))
 
