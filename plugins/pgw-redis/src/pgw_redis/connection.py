@@ -337,8 +337,9 @@ def _pack(call: ScriptCall, memo: dict[str | int, bytes]) -> bytes:
     """``EVALSHA sha numkeys keys... args...`` in the Redis protocol (RESP).
 
     Keys and integer arguments repeat from call to call (a batch carries the same few keys
-    and limits for every admission): their encoded form is taken from ``memo``. String
-    arguments (lease and probe ids) are new each time: encoded directly, not kept.
+    and limits for every admission): their encoded form is taken from ``memo``, all of them
+    in one ``map`` (a batch has a hundred arguments). String arguments (lease and probe ids)
+    are new each time: encoded directly, not kept.
     """
     keys, args = call.keys, call.args
     if len(memo) > _MEMO_MAX:
@@ -349,23 +350,35 @@ def _pack(call: ScriptCall, memo: dict[str | int, bytes]) -> bytes:
         call.script.sha_resp,
         _bulk(len(keys), memo),
     ]
-    append = out.append
-    for key in keys:
-        encoded = get(key)
-        if encoded is None:
-            raw = key.encode()
-            encoded = memo[key] = b"$%d\r\n%s\r\n" % (len(raw), raw)
-        append(encoded)
-    for arg in args:
-        encoded = get(arg)
-        if encoded is None:
-            if isinstance(arg, str):
-                raw = arg.encode()
-                append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-                continue
-            encoded = _bulk(arg, memo)
-        append(encoded)
+    found = list(map(get, keys))
+    if None in found:
+        out += [_key(key, memo) for key in keys]
+    else:
+        out += found  # type: ignore[arg-type]  # no None in it: checked above
+    found = list(map(get, args))
+    if None in found:
+        out += [
+            done if done is not None else _arg(arg, memo)
+            for done, arg in zip(found, args, strict=True)
+        ]
+    else:
+        out += found  # type: ignore[arg-type]  # no None in it: checked above
     return b"".join(out)
+
+
+def _key(key: str, memo: dict[str | int, bytes]) -> bytes:
+    encoded = memo.get(key)
+    if encoded is None:
+        raw = key.encode()
+        encoded = memo[key] = b"$%d\r\n%s\r\n" % (len(raw), raw)
+    return encoded
+
+
+def _arg(arg: str | int, memo: dict[str | int, bytes]) -> bytes:
+    if isinstance(arg, str):
+        raw = arg.encode()
+        return b"$%d\r\n%s\r\n" % (len(raw), raw)
+    return _bulk(arg, memo)
 
 
 def _bulk(value: int, memo: dict[str | int, bytes]) -> bytes:

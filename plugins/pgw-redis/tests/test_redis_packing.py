@@ -1,0 +1,32 @@
+"""The script client's own RESP packing against redis-py's, on any keys and arguments."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pgw_redis.connection import ScriptCall, _pack
+from pgw_redis.scripts import LuaScript
+from redis.connection import Connection
+
+SCRIPT = LuaScript("probe", "return 1")
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(["pgw:a", "pgw:{LLM}:b", "é"]) | texts, max_size=6),
+            st.lists(st.integers(-(2**63), 2**63 - 1) | texts, max_size=12),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_pack_is_redis_pys_command(calls: list[tuple[list[str], list[str | int]]]) -> None:
+    memo: dict[str | int, bytes] = {}  # shared across calls, as a client's is
+    for keys, args in calls:
+        expected = b"".join(
+            Connection().pack_command("EVALSHA", SCRIPT.sha, len(keys), *keys, *args)
+        )
+        assert _pack(ScriptCall(SCRIPT, keys, args), memo) == expected
