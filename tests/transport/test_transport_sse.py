@@ -398,6 +398,17 @@ def test_no_layout_is_learned_where_the_bytes_after_the_literal_change_its_meani
     assert parser.result().content == "alastlast"
 
 
+def test_a_stream_padded_per_frame_learns_no_layout() -> None:
+    parser = ChatStreamParser()
+    frames = [
+        compact(text)[:-1] + b',"obfuscation":"%s"}' % pad
+        for text, pad in (("a", b"x"), ("b", b"yy"), ("c", b"z"))
+    ]
+    parser.feed_events([(frame, None) for frame in frames])
+    assert parser._layout is None and parser._learn_left == 0
+    assert parser.result().content == "abc"
+
+
 def test_a_layout_that_keeps_changing_is_given_up() -> None:
     parser = ChatStreamParser()
     parser.feed_events([(compact("a"), None), (compact("b"), None)])

@@ -447,6 +447,10 @@ class ChatStreamParser:
         times per stream (a provider that varies every frame stops paying for it)."""
         self._learn_left -= 1
         self._layout = None
+        if "obfuscation" in chunk:
+            # OpenAI pads every frame with a random field: no two frames share a layout.
+            self._learn_left = 0
+            return None
         marker = data.find(_CONTENT_MARKER)
         if marker < 0 or data.find(_CONTENT_MARKER, marker + 1) >= 0:
             return None
