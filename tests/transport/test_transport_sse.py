@@ -269,12 +269,10 @@ def _outcome(feed: Any) -> tuple[Any, ...]:
     return ("ok", tokens, parser.done, parser.result())
 
 
-@settings(max_examples=300, deadline=None)
-@given(frames=st.lists(chunk_bodies, max_size=8))
-def test_feed_events_is_feed_event_in_a_loop(frames: list[bytes]) -> None:
-    events: list[SSEEvent] = [(frame, None) for frame in frames]
+def one_event_at_a_time(events: list[SSEEvent]) -> Any:
+    """The definition ``feed_events`` is held to: ``feed_event`` on each event up to ``[DONE]``."""
 
-    def one_by_one(parser: ChatStreamParser) -> bool:
+    def feed(parser: ChatStreamParser) -> bool:
         token = False
         for data, name in events:
             if parser.feed_event(data, name):
@@ -283,7 +281,17 @@ def test_feed_events_is_feed_event_in_a_loop(frames: list[bytes]) -> None:
                 break
         return token
 
-    assert _outcome(lambda parser: parser.feed_events(events)) == _outcome(one_by_one)
+    return feed
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(chunk_bodies, max_size=8))
+def test_feed_events_is_feed_event_in_a_loop(frames: list[bytes]) -> None:
+    events: list[SSEEvent] = [(frame, None) for frame in frames]
+
+    assert _outcome(lambda parser: parser.feed_events(events)) == _outcome(
+        one_event_at_a_time(events)
+    )
 
 
 # A stream's frames written compactly, as most servers do: the same bytes around each content
@@ -366,16 +374,7 @@ def test_the_learned_layout_decides_as_the_general_path(frames: list[bytes], rea
                 break
         return token
 
-    def one_by_one(parser: ChatStreamParser) -> bool:
-        token = False
-        for data, name in events:
-            if parser.feed_event(data, name):
-                token = True
-            if parser.done:
-                break
-        return token
-
-    assert _outcome(in_reads) == _outcome(one_by_one)
+    assert _outcome(in_reads) == _outcome(one_event_at_a_time(events))
 
 
 def test_a_compact_stream_is_read_by_its_layout() -> None:
