@@ -519,3 +519,25 @@ def test_unset_params_make_no_params(fake: FakeUpstream) -> None:
     for name, value in _ONE_VALUE_EACH.items():
         made = client._request(MESSAGES, **{name: value}).params
         assert made is not None and made == call_params(**{name: value}), name
+
+
+def test_chat_hands_each_keyword_to_its_own_request_parameter() -> None:
+    # ``chat`` passes its keywords to ``_request`` by position (cheaper than by name): the
+    # two signatures must line up, and the call must name each in ``_request``'s order.
+    import ast
+    import inspect
+    import textwrap
+
+    chat = list(inspect.signature(GatewayClient.chat).parameters)[1:]
+    request = list(inspect.signature(GatewayClient._request).parameters)[1:]
+    assert request[: len(chat)] == chat and request[len(chat) :] == ["context"]
+    tree = ast.parse(textwrap.dedent(inspect.getsource(GatewayClient.chat)))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "_request"
+    ]
+    assert len(calls) == 1 and not calls[0].keywords
+    assert [arg.id for arg in calls[0].args if isinstance(arg, ast.Name)] == chat

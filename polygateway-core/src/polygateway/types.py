@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias
 
 from typing_extensions import TypeVar
 
+from polygateway.frozen import fast_frozen_init
 from polygateway.params import ChatParams
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ def assistant_message(response: LLMResponse) -> dict[str, Any]:
 
 # Not slotted: ``LLMResponse[Invoice](...)`` sets ``__orig_class__`` on the instance, which a
 # slotted frozen dataclass rejects with a TypeError on Python 3.11.
+@fast_frozen_init
 @dataclass(frozen=True)
 class LLMResponse(Generic[DataT]):
     """The result of one governed chat call (ARCHITECTURE §5.1).
@@ -144,7 +146,8 @@ class LLMResponse(Generic[DataT]):
     """The tools the model called (``finish_reason="tool_calls"``); ``content`` may be empty."""
 
 
-@dataclass(frozen=True, slots=True)
+@fast_frozen_init
+@dataclass(frozen=True)
 class TransportResult:
     """What a transport returns for one attempt, before middleware adds provenance."""
 
@@ -169,7 +172,8 @@ class TransportResult:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@fast_frozen_init
+@dataclass(frozen=True)
 class ChatRequest:
     """One chat call as it travels through the middleware onion.
 
@@ -197,12 +201,13 @@ class ChatRequest:
     ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""
 
 
+@fast_frozen_init
 @dataclass(frozen=True)
 class TelemetryRecord:
     """One telemetry row: the 18 fields of ARCHITECTURE §7.8. One row per attempt or cache hit.
 
-    No ``__slots__``: ``telemetry_record`` (the per-attempt builder's) fills a row's
-    ``__dict__`` at once instead of one ``object.__setattr__`` per field."""
+    No ``__slots__``: its ``__init__`` writes the row's ``__dict__`` at once
+    (``polygateway.frozen.fast_frozen_init``)."""
 
     call_id: str
     parent_call_id: str | None
@@ -238,10 +243,6 @@ class TelemetryRecord:
     row. ``""`` from a recorder that predates it (read as a call of its own)."""
 
 
-_new_object = object.__new__
-_set_attribute = object.__setattr__
-
-
 def telemetry_record(
     call_id: str,
     parent_call_id: str | None,
@@ -267,49 +268,42 @@ def telemetry_record(
     params: str,
     root_call_id: str,
 ) -> TelemetryRecord:
-    """``TelemetryRecord(...)`` of every field, in field order: the same row (equal, same
-    fields), made with one write of its ``__dict__`` instead of the frozen ``__init__``'s
-    23 ``object.__setattr__`` calls (most of a row's cost on the per-attempt path)."""
-    record: TelemetryRecord = _new_object(TelemetryRecord)
-    _set_attribute(
-        record,
-        "__dict__",
-        {
-            "call_id": call_id,
-            "parent_call_id": parent_call_id,
-            "session_id": session_id,
-            "model": model,
-            "provider": provider,
-            "source_name": source_name,
-            "messages": messages,
-            "response": response,
-            "thinking": thinking,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "usage_source": usage_source,
-            "latency_ms": latency_ms,
-            "ttft_ms": ttft_ms,
-            "max_inter_token_ms": max_inter_token_ms,
-            "cache_hit": cache_hit,
-            "error": error,
-            "cost": cost,
-            "created_at": created_at,
-            "scope": scope,
-            "cache_namespace": cache_namespace,
-            "params": params,
-            "root_call_id": root_call_id,
-        },
+    """``TelemetryRecord(...)`` of every field, in field order (kept for its callers: the
+    class's own ``__init__`` is as cheap, ``fast_frozen_init``)."""
+    return TelemetryRecord(
+        call_id,
+        parent_call_id,
+        session_id,
+        model,
+        provider,
+        source_name,
+        messages,
+        response,
+        thinking,
+        prompt_tokens,
+        completion_tokens,
+        usage_source,
+        latency_ms,
+        ttft_ms,
+        max_inter_token_ms,
+        cache_hit,
+        error,
+        cost,
+        created_at,
+        scope,
+        cache_namespace,
+        params,
+        root_call_id,
     )
-    return record
 
 
 GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]
 
 
+@fast_frozen_init
 @dataclass(frozen=True)
 class GovernanceEvent:
-    """A decision the governor made during one call, besides an attempt's outcome (no
-    ``__slots__``: ``admitted_event`` fills its ``__dict__`` at once).
+    """A decision the governor made during one call, besides an attempt's outcome.
 
     ``admitted``: the breaker (in ``breaker_state``; ``probe`` when this attempt is the
     half-open probe) and the limiter let an attempt go to ``source``. ``breaker_refused`` /
@@ -326,10 +320,10 @@ class GovernanceEvent:
     wait_s: float = 0.0
 
 
+@fast_frozen_init
 @dataclass(frozen=True)
 class CallStart:
-    """What a recorder learns when one governed call starts (``SupportsCallTraces``; no
-    ``__slots__``: ``call_start`` fills its ``__dict__`` at once).
+    """What a recorder learns when one governed call starts (``SupportsCallTraces``).
 
     ``operation`` is the call kind (``chat``, ``embeddings``, ``ocr``); ``started_at`` is
     wall-clock epoch seconds from the client's clock, like ``TelemetryRecord.created_at``.
@@ -346,23 +340,9 @@ class CallStart:
 
 
 def admitted_event(source: str, breaker_state: str, probe: bool) -> GovernanceEvent:
-    """``GovernanceEvent("admitted", source, breaker_state, probe)`` (equal, same fields),
-    made with one write of its ``__dict__`` instead of one ``object.__setattr__`` per field:
-    the event of every admitted attempt a recorder listens to."""
-    event: GovernanceEvent = _new_object(GovernanceEvent)
-    _set_attribute(
-        event,
-        "__dict__",
-        {
-            "kind": "admitted",
-            "source": source,
-            "breaker_state": breaker_state,
-            "probe": probe,
-            "gate": "",
-            "wait_s": 0.0,
-        },
-    )
-    return event
+    """``GovernanceEvent("admitted", source, breaker_state, probe)``: the event of every
+    admitted attempt a recorder listens to."""
+    return GovernanceEvent("admitted", source, breaker_state, probe)
 
 
 def call_start(
@@ -374,23 +354,10 @@ def call_start(
     cache_namespace: str,
     stream: bool,
 ) -> CallStart:
-    """``CallStart(...)`` of every field, in field order (equal, same fields), made with one
-    write of its ``__dict__`` instead of one ``object.__setattr__`` per field."""
-    start: CallStart = _new_object(CallStart)
-    _set_attribute(
-        start,
-        "__dict__",
-        {
-            "operation": operation,
-            "started_at": started_at,
-            "scope": scope,
-            "session_id": session_id,
-            "parent_call_id": parent_call_id,
-            "cache_namespace": cache_namespace,
-            "stream": stream,
-        },
+    """``CallStart(...)`` of every field, in field order."""
+    return CallStart(
+        operation, started_at, scope, session_id, parent_call_id, cache_namespace, stream
     )
-    return start
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
+from polygateway.frozen import fast_frozen_init
 from polygateway.settings import SourceConfig
 from polygateway.types import GovernanceEvent
 
@@ -43,7 +44,8 @@ the call is decided by the governor. It must let ``asyncio.CancelledError`` thro
 """
 
 
-@dataclass(frozen=True, slots=True)
+@fast_frozen_init
+@dataclass(frozen=True)
 class Outcome(Generic[T]):
     """What one governed call produced: the value of its successful attempt and where from."""
 
