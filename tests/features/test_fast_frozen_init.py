@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from polygateway.frozen import fast_frozen_init
 from polygateway.governance.attempts import Outcome
+from polygateway.ports import Denial, GateDecision, GateUpdate
 from polygateway.settings import SourceConfig
 from polygateway.types import (
     CallStart,
@@ -60,6 +61,9 @@ CASES: list[tuple[type, tuple[Any, ...], dict[str, Any]]] = [
     (GovernanceEvent, ("limiter_refused",), {"source": "main", "gate": "rpm", "wait_s": 0.5}),
     (CallStart, ("chat", 1.0), {"stream": True}),
     (Outcome, ("value", SOURCE, "c1", 2), {}),
+    (Denial, ("global_rpm", 1.5), {}),
+    (GateDecision, ("main", True, "half_open", 3), {"probe_owner": "p1"}),
+    (GateUpdate, ("main", True, "closed", 3, 0), {}),
 ]
 
 

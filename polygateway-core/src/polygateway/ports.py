@@ -19,6 +19,7 @@ from typing import (
     runtime_checkable,
 )
 
+from polygateway.frozen import fast_frozen_init
 from polygateway.settings import Limits, ScopeSettings, SourceConfig
 from polygateway.types import (
     CallStart,
@@ -260,7 +261,8 @@ class ProviderProfile:
 # --------------------------------------------------------------------------- limiter
 
 
-@dataclass(frozen=True, slots=True)
+@fast_frozen_init
+@dataclass(frozen=True)
 class Denial:
     """A refused admission: which gate said no and how long until it may say yes."""
 
@@ -340,7 +342,8 @@ class RateLimiter(Protocol):
 GateState: TypeAlias = Literal["closed", "open", "half_open"]
 
 
-@dataclass(frozen=True, slots=True)
+@fast_frozen_init
+@dataclass(frozen=True)
 class GateDecision:
     """The answer of ``try_enter``. Write-backs quote it so stale epochs can be fenced."""
 
@@ -356,7 +359,8 @@ class GateDecision:
         return self.probe_owner is not None
 
 
-@dataclass(frozen=True, slots=True)
+@fast_frozen_init
+@dataclass(frozen=True)
 class GateUpdate:
     """The result of a write-back. ``applied=False`` means the decision was stale (fenced)."""
 
