@@ -48,7 +48,7 @@ def read_timeout(value: object) -> float | None:
 
 
 def keepalive(value: object) -> float:
-    """Seconds an idle pooled connection is kept (a duration >= 0)."""
+    """Seconds an idle pooled connection is kept (a duration >= 0; 0 keeps none)."""
     return _duration(value)
 
 

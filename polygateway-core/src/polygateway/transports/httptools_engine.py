@@ -9,19 +9,18 @@ refused), no redirects, no HTTP/2.
 
 Connections are pooled per (scheme, host, port) with keep-alive: a response read to its end goes
 back to the pool unless the server said ``Connection: close``; an idle connection older than
-``keepalive_s`` or closed by the server is dropped when next taken. ``max_connections`` bounds the
-connections in use (0: unlimited); waiting for one and connecting share one
-``connect_timeout_s``. Sending the request is bounded by ``read_timeout_s`` (the httpx engine's
-write timeout), as is each read. Reading pauses while more than ``_HIGH_WATER`` body bytes wait
-for the consumer and resumes once it has taken them all. Header names and the values of
-``Transfer-Encoding``, ``Connection`` and ``Content-Encoding`` are compared case-insensitively
-(RFC 9110 sec. 5.1, 7.6.1, 8.4; RFC 9112 sec. 6.1): a chunked body the server ends by closing
-the connection before its last chunk is a ``TransientError``, whatever its spelling.
-Errors are the other engines' classes: connection, TLS, parse and read failures
+``keepalive_s`` or closed by the server is dropped when next taken (``keepalive_s`` 0: none is
+kept). ``max_connections`` bounds the connections in use (0: unlimited); waiting for one and
+connecting share one ``connect_timeout_s``. Sending the request is bounded by ``read_timeout_s``
+(the httpx engine's write timeout), as is each read. Reading pauses while more than ``_HIGH_WATER``
+body bytes wait for the consumer and resumes once it has taken them all. Header names and the
+values of ``Transfer-Encoding``, ``Connection`` and ``Content-Encoding`` are compared
+case-insensitively (RFC 9110 sec. 5.1, 7.6.1, 8.4; RFC 9112 sec. 6.1): a chunked body the server
+ends by closing the connection before its last chunk is a ``TransientError``, whatever its
+spelling. Errors are the other engines' classes: connection, TLS, parse and read failures
 ``TransientError(reason="network_error")``, timeouts ``reason="timeout"``, an unusable URL
 ``SourceDeadError``; a response closed before its end, or a call cancelled anywhere, aborts its
-connection, which never returns to the pool.
-"""
+connection, which never returns to the pool."""
 
 from __future__ import annotations
 
@@ -547,7 +546,7 @@ class HttptoolsEngine:
         keepalive = self._config.keepalive_s
         while idle:
             connection = idle.pop()
-            if not connection.closed and (not keepalive or now - connection.idle_since < keepalive):
+            if not connection.closed and now - connection.idle_since < keepalive:
                 return connection
             connection.abort()
         return None
@@ -593,7 +592,7 @@ class HttptoolsEngine:
             return  # from a pool of an earlier loop, already discarded
         self._busy.discard(connection)
         connection.finish()
-        if connection.reusable:
+        if connection.reusable and self._config.keepalive_s:  # keepalive_s 0: none kept
             connection.idle_since = time.monotonic()
             self._idle.setdefault(connection.pool_key, []).append(connection)
         else:

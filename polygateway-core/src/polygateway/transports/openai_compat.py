@@ -7,13 +7,14 @@ exchange on a pluggable engine (``options["engine"]``: ``aiohttp`` (default), ``
 translation of every failure into the error classes of ARCHITECTURE §6.2. No retries, limits or
 cache here.
 
-Source options (``SourceConfig.options``; strings from the environment are accepted):
-``engine``, ``trust_env`` (default false), ``read_timeout_s`` (default off, also ``off`` or 0:
-the watchdog owns liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s``
-(default 15; durations as ``15``, ``"15s"``, ``"500ms"``, see ``transports.engine_options``),
-``headers`` (extra request headers, a mapping; values of 8+ characters are masked out of error
-messages like the key). ``SourceConfig.max_response_bytes`` caps each response body, on the
-wire and decoded: the engines never decode on their own, ``BodyReader`` does, step by step.
+Source options (``SourceConfig.options``; strings from the environment are accepted): ``engine``,
+``trust_env`` (default false), ``read_timeout_s`` (default off, also ``off`` or 0: the watchdog
+owns liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s`` (default 15, 0
+keeps no idle connection; durations as ``15``, ``"15s"``, ``"500ms"``, see
+``transports.engine_options``), ``headers`` (extra request headers, a mapping; values of 8+
+characters are masked out of error messages like the key). ``SourceConfig.max_response_bytes`` caps
+each response body, on the wire and decoded: the engines never decode on their own, ``BodyReader``
+does, step by step.
 
 Stream outcome rules:
 - ``[DONE]`` seen, content empty and no tool calls -> ``TransientError`` (empty completion:

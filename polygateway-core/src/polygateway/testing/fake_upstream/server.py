@@ -167,6 +167,7 @@ class FakeUpstream:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._connections: set[Connection] = set()
+        self._accepted = 0
         self._port: int | None = None
         # The answers of each route's protocol.
         self._openai = openai.OpenAIAnswers(self._clock)
@@ -199,12 +200,22 @@ class FakeUpstream:
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self._server = await loop.create_server(
-            lambda: Connection(self._handle, self._clock, self._connections),
+            self._new_connection,
             self.host,
             self._requested_port,
             backlog=1024,
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
+
+    def _new_connection(self) -> Connection:
+        self._accepted += 1
+        return Connection(self._handle, self._clock, self._connections)
+
+    @property
+    def accepted_connections(self) -> int:
+        """TCP connections accepted since the start (or the last ``reset()``): how many a
+        client opened, e.g. to check that it reuses them (keep-alive)."""
+        return self._accepted
 
     async def stop(self) -> None:
         """Stop listening and close every connection, black-holed or delayed ones included."""
@@ -333,6 +344,7 @@ class FakeUpstream:
             self._inflight.clear()
             self._max_inflight.clear()
             self._received.clear()
+            self._accepted = 0
             self._generation += 1
             self._anthropic.reset()
         self.embedding_dim = self._initial_embedding_dim
