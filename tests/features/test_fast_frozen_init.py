@@ -155,9 +155,20 @@ def test_the_signature_and_argument_errors_are_the_dataclass_ones() -> None:
         "@dataclasses.dataclass(frozen=True)\nclass C:\n    a: int\n"
         "    b: dataclasses.InitVar[int]\n",
         "@dataclasses.dataclass(frozen=True)\nclass C:\n    self: int\n",
+        "@dataclasses.dataclass(frozen=True)\nclass C:\n    __set__: int\n",
         "class C:\n    a: int\n",
     ],
-    ids=["not-frozen", "slots", "post-init", "init-false", "kw-only", "initvar", "self", "plain"],
+    ids=[
+        "not-frozen",
+        "slots",
+        "post-init",
+        "init-false",
+        "kw-only",
+        "initvar",
+        "self",
+        "dunder",
+        "plain",
+    ],
 )
 def test_a_class_whose_init_does_more_than_assign_is_refused(source: str) -> None:
     namespace: dict[str, Any] = {"dataclasses": dataclasses}

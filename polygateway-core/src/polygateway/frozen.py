@@ -64,10 +64,11 @@ def fast_frozen_init(cls: type[T]) -> type[T]:
             f"{cls.__qualname__}: fast_frozen_init needs every field, and only the fields, as "
             "positional-or-keyword __init__ parameters (no InitVar, kw_only or init=False)"
         )
-    if "self" in names:
-        raise TypeError(f"{cls.__qualname__}: fast_frozen_init takes no field named 'self'")
-    # Dunder names for the function's own names: no field can shadow them (a field's name would
-    # be mangled in its class body).
+    if "self" in names or any(name.startswith("__") and name.endswith("__") for name in names):
+        raise TypeError(
+            f"{cls.__qualname__}: fast_frozen_init takes no field named 'self' or '__...__'"
+        )
+    # The generated function's own names are dunders: no field (refused above) can shadow them.
     namespace: dict[str, Any] = {"__factory__": _FACTORY, "__set__": object.__setattr__}
     parameters: list[str] = []
     factories: list[str] = []
