@@ -25,7 +25,7 @@ from polygateway.types import (
 )
 
 
-def _definition(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def definition(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """What the dataclass's own frozen ``__init__`` does: each field by ``object.__setattr__``,
     from the arguments, else its default, else its default factory."""
     made = object.__new__(cls)
@@ -71,7 +71,7 @@ CASES: list[tuple[type, tuple[Any, ...], dict[str, Any]]] = [
 def test_the_fast_frozen_init_makes_what_the_dataclass_init_makes(
     cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
-    made, expected = cls(*args, **kwargs), _definition(cls, args, kwargs)
+    made, expected = cls(*args, **kwargs), definition(cls, args, kwargs)
     assert type(made) is cls
     assert vars(made) == vars(expected) and list(vars(made)) == list(vars(expected))
     assert made == expected and repr(made) == repr(expected)

@@ -45,9 +45,8 @@ from polygateway.types import (
     TelemetryRecord,
     ToolCall,
     admitted_event,
-    call_start,
-    telemetry_record,
 )
+from test_fast_frozen_init import definition
 
 # --------------------------------------------------------------------------- the references
 
@@ -608,17 +607,22 @@ _ROW_VALUES = (
 @pytest.mark.parametrize(
     ("plain", "fast"),
     [
-        (lambda: TelemetryRecord(*_ROW_VALUES), lambda: telemetry_record(*_ROW_VALUES)),
+        # The classes' own (fast) __init__ against the definition: each field set by
+        # object.__setattr__, as the dataclass's frozen __init__ does.
         (
+            lambda: definition(TelemetryRecord, _ROW_VALUES, {}),
+            lambda: TelemetryRecord(*_ROW_VALUES),
+        ),
+        (
+            lambda: definition(CallStart, ("chat", 1.0, "LLM", "s", "p", "ns", True), {}),
             lambda: CallStart("chat", 1.0, "LLM", "s", "p", "ns", True),
-            lambda: call_start("chat", 1.0, "LLM", "s", "p", "ns", True),
         ),
         (
             lambda: GovernanceEvent("admitted", "main", "half_open", True),
             lambda: admitted_event("main", "half_open", True),
         ),
     ],
-    ids=["telemetry_record", "call_start", "admitted_event"],
+    ids=["TelemetryRecord", "CallStart", "admitted_event"],
 )
 def test_the_per_call_constructors_make_what_the_dataclass_makes(
     plain: Callable[[], Any], fast: Callable[[], Any]

@@ -304,7 +304,7 @@ def test_an_attempt_keeps_what_the_outcome_tuple_makes() -> None:
 
     from opentelemetry.context import Context
     from pgw_otel.recorder import _Call, _Outcome
-    from polygateway.types import call_start
+    from polygateway.types import CallStart
 
     ended: list[Any] = []
 
@@ -312,7 +312,7 @@ def test_an_attempt_keeps_what_the_outcome_tuple_makes() -> None:
         def ended(self, *args: Any) -> None:
             ended.append(args)
 
-    start = call_start("chat", 1.0, "LLM", None, None, "", False)
+    start = CallStart("chat", 1.0, "LLM", None, None, "", False)
     call = _Call(cast(Any, Kept()), start, Context())
     outcome = SimpleNamespace(finish_reason="stop", cached_prompt_tokens=64, cache_write_tokens=3)
     call.attempt(cast(Any, "row"), outcome)

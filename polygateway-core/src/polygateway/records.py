@@ -47,8 +47,6 @@ from polygateway.types import (
     GovernanceEvent,
     TelemetryRecord,
     UsageSource,
-    call_start,
-    telemetry_record,
 )
 
 __all__ = [
@@ -230,9 +228,8 @@ def build_record(
         completion_tokens = outcome.completion_tokens
         cache_hit = outcome.cache_hit
         cost = outcome_cost(outcome, source_model or model, pricing)
-        # Positional, in field order (keywords cost a third more on this per-attempt path);
-        # telemetry_record: the same row as TelemetryRecord(...), a fraction of the cost.
-        return telemetry_record(
+        # Positional, in field order (keywords cost a third more on this per-attempt path).
+        return TelemetryRecord(
             call_id,
             parent_call_id,
             session_id,
@@ -500,7 +497,7 @@ class RowWriter:
         stream: bool = False,
     ) -> CallStart:
         """A ``CallStart`` stamped with this writer's clock."""
-        return call_start(
+        return CallStart(
             operation,
             self._clock.time(),
             scope,

@@ -243,60 +243,6 @@ class TelemetryRecord:
     row. ``""`` from a recorder that predates it (read as a call of its own)."""
 
 
-def telemetry_record(
-    call_id: str,
-    parent_call_id: str | None,
-    session_id: str | None,
-    model: str,
-    provider: str,
-    source_name: str,
-    messages: str,
-    response: str,
-    thinking: str,
-    prompt_tokens: int,
-    completion_tokens: int,
-    usage_source: UsageSource,
-    latency_ms: int,
-    ttft_ms: float | None,
-    max_inter_token_ms: float | None,
-    cache_hit: bool,
-    error: str | None,
-    cost: float | None,
-    created_at: float,
-    scope: str,
-    cache_namespace: str,
-    params: str,
-    root_call_id: str,
-) -> TelemetryRecord:
-    """``TelemetryRecord(...)`` of every field, in field order (kept for its callers: the
-    class's own ``__init__`` is as cheap, ``fast_frozen_init``)."""
-    return TelemetryRecord(
-        call_id,
-        parent_call_id,
-        session_id,
-        model,
-        provider,
-        source_name,
-        messages,
-        response,
-        thinking,
-        prompt_tokens,
-        completion_tokens,
-        usage_source,
-        latency_ms,
-        ttft_ms,
-        max_inter_token_ms,
-        cache_hit,
-        error,
-        cost,
-        created_at,
-        scope,
-        cache_namespace,
-        params,
-        root_call_id,
-    )
-
-
 GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]
 
 
@@ -343,21 +289,6 @@ def admitted_event(source: str, breaker_state: str, probe: bool) -> GovernanceEv
     """``GovernanceEvent("admitted", source, breaker_state, probe)``: the event of every
     admitted attempt a recorder listens to."""
     return GovernanceEvent("admitted", source, breaker_state, probe)
-
-
-def call_start(
-    operation: str,
-    started_at: float,
-    scope: str,
-    session_id: str | None,
-    parent_call_id: str | None,
-    cache_namespace: str,
-    stream: bool,
-) -> CallStart:
-    """``CallStart(...)`` of every field, in field order."""
-    return CallStart(
-        operation, started_at, scope, session_id, parent_call_id, cache_namespace, stream
-    )
 
 
 @dataclass(frozen=True, slots=True)
