@@ -1,17 +1,19 @@
-"""Call ids: UUID4 form, unique, and never shared between a process and its forked child."""
+"""Call ids: UUIDv7 form (time first), unique, ordered by time, and never shared between a
+process and its forked child."""
 
 from __future__ import annotations
 
 import os
 import random
 import sys
+import time
 import uuid
 
 import pytest
 from polygateway.ids import new_call_id
 
 
-def test_call_ids_are_uuid4_hex_and_unique() -> None:
+def test_call_ids_are_uuid7_hex_and_unique() -> None:
     ids = []
     for _ in range(1_000):
         random.seed(42)  # a seeded ``random`` module must not repeat ids
@@ -20,8 +22,19 @@ def test_call_ids_are_uuid4_hex_and_unique() -> None:
     for call_id in ids[:500]:
         parsed = uuid.UUID(call_id)
         assert parsed.hex == call_id
-        assert parsed.version == 4
+        assert parsed.version == 7
         assert parsed.variant == uuid.RFC_4122
+
+
+def test_call_ids_carry_their_time_and_sort_by_it() -> None:
+    before_ms = time.time_ns() // 1_000_000
+    first = new_call_id()
+    after_ms = time.time_ns() // 1_000_000
+    assert before_ms <= int(first[:12], 16) <= after_ms
+    # Made in a later millisecond, an id sorts after: the telemetry key grows at its end.
+    while time.time_ns() // 1_000_000 <= after_ms:
+        pass
+    assert new_call_id() > first
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs fork")

@@ -171,7 +171,10 @@ async def _demo(args: argparse.Namespace, pricing: str) -> int:
             "LLM__DEEPSEEK__1__MODEL": "demo-dead",
             "LLM__DEEPSEEK__1__API_KEY": "sk-demo-revoked",
             "LLM__GLOBAL__MAX_CONCURRENCY": "24",
-            "LLM__RETRY__MAX_ATTEMPTS": "4",
+            # Room for the worst order the concurrent calls can meet the faults in (the dead
+            # source, a 429 waited on, 503s on the flaky one with its same-source retry, then
+            # the healthy one), so the demo's outcome does not depend on timing.
+            "LLM__RETRY__MAX_ATTEMPTS": "8",
             "LLM__RETRY__BASE_DELAY_S": "0.05",
             "LLM__RETRY__MAX_DELAY_S": "0.5",
             "LLM__BREAKER__FAIL_THRESHOLD": "4",
