@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import pytest
@@ -58,3 +59,38 @@ async def test_non_string_values_are_refused() -> None:
     cache = MemoryCache(clock=FakeClock())
     with pytest.raises(TypeError, match="str"):
         await cache.set("k", b"bytes", 1.0)  # type: ignore[arg-type]
+
+
+def test_entries_hold_no_object_the_garbage_collector_tracks() -> None:
+    # Every miss of a busy client stores an entry: an object per entry that the collector
+    # tracks would set off a young collection every few hundred calls.
+    cache = MemoryCache(clock=FakeClock(), max_entries=100)
+    keys = [f"key-{i}" for i in range(1000)]
+    values = [f"value-{i}" for i in range(1000)]
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for key, value in zip(keys, values, strict=True):
+            cache.set_nowait(key, value, 60.0)  # evicting past 100 entries, too
+            assert cache.get_nowait(key) == value
+        grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert grown < 10, f"{grown} tracked objects allocated and kept by 1000 stores"
+    assert len(cache) == 100
+    assert cache.get_nowait("key-899") is None and cache.get_nowait("key-999") == "value-999"
+
+
+async def test_an_expired_entry_is_gone_from_both_maps_and_can_be_stored_again() -> None:
+    clock = FakeClock()
+    cache = MemoryCache(clock=clock, max_entries=2)
+    await cache.set("a", "old", 5.0)
+    clock.advance(5.0)
+    assert cache.remaining_ttl_s("a") is None
+    assert await cache.get("a") is None and len(cache) == 0
+    await cache.set("a", "new", 5.0)
+    await cache.set("b", "b", 5.0)
+    await cache.set("c", "c", 5.0)  # evicts "a", its deadline with it
+    assert len(cache) == 2 and cache.remaining_ttl_s("a") is None
+    assert await cache.get("a") is None

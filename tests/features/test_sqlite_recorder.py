@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sqlite3
@@ -187,6 +188,76 @@ async def test_a_row_sqlite_cannot_bind_is_dropped_alone(
     assert {r["call_id"] for r in read_db(path)} == {r.call_id for r in good}
     assert recorder.dropped == 1
     assert any("dropped" in r.getMessage() for r in caplog.records)
+
+
+async def test_nulls_and_their_look_alikes_are_stored_as_given(tmp_path: Path) -> None:
+    # NULLs are bound as stand-ins (an integer for text, a text for numbers) that the INSERT
+    # turns back into NULL: no real value of a column may be taken for one.
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path))
+    nulls = sample_record(
+        parent_call_id=None,
+        session_id=None,
+        ttft_ms=None,
+        max_inter_token_ms=None,
+        error=None,
+        cost=None,
+    )
+    look_alikes = sample_record(
+        parent_call_id="0", session_id="", ttft_ms=0.0, max_inter_token_ms=0.0, error="", cost=0.0
+    )
+    nullable = ("parent_call_id", "session_id", "ttft_ms", "max_inter_token_ms", "error", "cost")
+    for record in (nulls, look_alikes):
+        await recorder.record(record)
+    await recorder.aclose()
+    with closing(sqlite3.connect(path)) as conn:
+        kinds = {
+            call_id: kinds
+            for call_id, *kinds in conn.execute(
+                "SELECT call_id, " + ", ".join(f"typeof({c})" for c in nullable) + " FROM pgw_calls"
+            )
+        }
+    assert kinds[nulls.call_id] == ["null"] * 6
+    assert kinds[look_alikes.call_id] == ["text", "text", "real", "real", "text", "real"]
+    rows = {row["call_id"]: row for row in read_db(path)}
+    assert_row_matches(rows[nulls.call_id], nulls)
+    assert_row_matches(rows[look_alikes.call_id], look_alikes)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 63, 64, 65, 100, 127, 128, 200])
+async def test_a_batch_of_any_size_writes_every_row(tmp_path: Path, size: int) -> None:
+    # Full statements of 64 rows, then the rest by powers of two: every row, none twice.
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path), batch_size=4096, flush_interval_s=60)
+    records = [sample_record() for _ in range(size)]
+    for record in records:
+        recorder.record_nowait(record)
+    await recorder.flush()  # one batch: the writer drains what the flush found queued
+    by_id = {row["call_id"]: row for row in read_db(path)}
+    await recorder.aclose()
+    assert len(by_id) == size and recorder.dropped == 0
+    for record in records:
+        assert_row_matches(by_id[record.call_id], record)
+
+
+async def test_waiting_rows_hold_no_object_the_garbage_collector_tracks(tmp_path: Path) -> None:
+    # A busy client queues a few hundred rows between two batches: an object per waiting row
+    # would set off young collections, each walking every call in flight.
+    recorder = SQLiteRecorder(str(tmp_path / "t.db"), batch_size=4096, flush_interval_s=60)
+    records = [sample_record() for _ in range(1000)]
+    recorder.record_nowait(records[0])  # starts the writer thread
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for record in records[1:]:
+            recorder.record_nowait(record)
+        grown = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    await recorder.aclose()
+    assert grown < 10, f"{grown} tracked objects kept by 999 waiting rows"
+    assert count_rows(tmp_path / "t.db") == 1000 and recorder.dropped == 0
 
 
 async def test_busy_timeout_waits_for_a_concurrent_writer(tmp_path: Path) -> None:

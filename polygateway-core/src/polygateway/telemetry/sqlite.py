@@ -1,6 +1,7 @@
 """SQLite telemetry recorder: one row per attempt in ``pgw_calls`` (ARCHITECTURE §7.8).
 
-The event loop only turns a record into its row tuple and appends it to an in-memory queue;
+The event loop only turns a record into its row and appends the row's values to an in-memory
+queue;
 a dedicated writer thread owns the connection and writes batches, each in one transaction
 of multi-row INSERTs. That keeps every byte of SQLite I/O (open, WAL checkpoints, fsync, lock
 waits) off the loop, and costs the loop no wake-ups per batch. Measured against an aiosqlite
@@ -31,7 +32,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from itertools import chain
+from itertools import repeat, starmap
 from typing import Any
 
 from polygateway.types import TelemetryRecord
@@ -108,28 +109,63 @@ CREATE INDEX IF NOT EXISTS {TABLE}_root_call_id ON {TABLE} (root_call_id);
 """
 """Indexes on ``ADDED_COLUMNS``: made once ``migrate`` has added the columns to an old table."""
 
-_ROW_PARAMS = f"({', '.join('?' for _ in COLUMNS)})"
+NULL_TEXT = 0
+"""What a row binds for NULL in a nullable TEXT column: an integer, which no text equals; the
+INSERT turns it back into NULL (``NULLIF(?, 0)``). Binding ``None`` itself costs the sqlite3
+module an adapter lookup per value (a key tuple, a dict miss, two failed attribute lookups:
+about 2.8k instructions), and a row has up to six of them; ``int`` and ``str`` bind directly."""
+NULL_REAL = ""
+"""What a row binds for NULL in a nullable REAL column: a text, which no number equals
+(``NULLIF(?, '')``)."""
+_NULL_STAND_INS: dict[str, object] = {
+    "parent_call_id": NULL_TEXT,
+    "session_id": NULL_TEXT,
+    "ttft_ms": NULL_REAL,
+    "max_inter_token_ms": NULL_REAL,
+    "error": NULL_TEXT,
+    "cost": NULL_REAL,
+}
+"""The nullable columns (every other one is ``NOT NULL``) and the stand-in each binds for NULL."""
+
+
+def _placeholder(column: str) -> str:
+    if column not in _NULL_STAND_INS:
+        return "?"
+    return "NULLIF(?, 0)" if _NULL_STAND_INS[column] == NULL_TEXT else "NULLIF(?, '')"
+
+
+_ROW_PARAMS = f"({', '.join(_placeholder(c) for c in COLUMNS)})"
 INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PARAMS}"
+"""One row; its parameters are a ``Row`` (NULLs bound as their stand-ins)."""
 
 ROWS_PER_STATEMENT = 64
-"""Rows one INSERT carries. SQLite runs a statement without the GIL, but binding its
+"""Rows one INSERT carries at most. SQLite runs a statement without the GIL, but binding its
 parameters needs it: with a statement per row (``executemany``) the writer took the GIL back
 from the event loop once per row, each time a context switch for the loop (measured: 0.15 per
-call at 8k calls/s, 0.06 with 64 rows a statement; 256 rows cost SQLite more than it saved)."""
+call at 8k calls/s, 0.06 with 64 rows a statement; 256 rows cost SQLite more than it saved).
+A batch's rows past the last full statement go in statements of 32, 16, ... 1 rows (at most
+six), not one by one: a quiet process writes batches of a few rows."""
 
 BUSY_TIMEOUT_MS = 5000
 
 
 Row = tuple[Any, ...]
-"""One record as the INSERT's parameters, in ``COLUMNS`` order."""
+"""One record as the INSERT's parameters, in ``COLUMNS`` order, a NULL as its column's
+stand-in (``NULL_TEXT``, ``NULL_REAL``)."""
+
+ROW_WIDTH = len(COLUMNS)
+"""Values a row takes in the recorder's queue."""
 
 
 def _row(record: TelemetryRecord) -> Row:
     created_at = record.created_at or time.time()
+    parent_call_id, session_id = record.parent_call_id, record.session_id
+    ttft_ms, max_inter_token_ms = record.ttft_ms, record.max_inter_token_ms
+    error, cost = record.error, record.cost
     return (
         record.call_id,
-        record.parent_call_id,
-        record.session_id,
+        NULL_TEXT if parent_call_id is None else parent_call_id,
+        NULL_TEXT if session_id is None else session_id,
         record.model,
         record.provider,
         record.source_name,
@@ -140,11 +176,11 @@ def _row(record: TelemetryRecord) -> Row:
         record.completion_tokens,
         record.usage_source,
         record.latency_ms,
-        record.ttft_ms,
-        record.max_inter_token_ms,
+        NULL_REAL if ttft_ms is None else ttft_ms,
+        NULL_REAL if max_inter_token_ms is None else max_inter_token_ms,
         1 if record.cache_hit else 0,
-        record.error,
-        record.cost,
+        NULL_TEXT if error is None else error,
+        NULL_REAL if cost is None else cost,
         created_at,
         record.scope,
         record.cache_namespace,
@@ -200,11 +236,14 @@ class SQLiteRecorder:
         self.batch_size = batch_size
         self.flush_interval_s = float(flush_interval_s)
         self.queue_max = queue_max
-        # deque append/popleft are atomic under the GIL: the loop thread produces, the writer
+        # deque extend/popleft are atomic under the GIL: the loop thread produces, the writer
         # thread consumes, no lock on the hot path. Each counter has a single writing thread.
-        # It holds rows, not records: a tuple of plain values leaves the garbage collector's
-        # lists at its first pass, a waiting record would be traversed again and again.
-        self._queue: deque[Row] = deque()
+        # It holds each row's values one after the other (ROW_WIDTH a row; a row's values are
+        # added in one extend, so the queue always holds whole rows): plain values, which the
+        # garbage collector does not track. A tuple per waiting row would be one more object
+        # it counts, a young collection every few hundred calls at a few thousand calls/s,
+        # each walking every call in flight.
+        self._queue: deque[Any] = deque()
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._accepted = 0  # loop thread
@@ -218,10 +257,11 @@ class SQLiteRecorder:
         self._closed = False
         self._broken = False  # the database is unusable: every further row is dropped
         self._warned: set[str] = set()
-        # Writer thread only: the multi-row INSERT, sized when the database is opened, the
-        # connection, and the identity (device, inode) of the file it has open.
+        # Writer thread only: the multi-row INSERTs by their row counts, sized when the
+        # database is opened, the connection, and the identity (device, inode) of the file it
+        # has open.
         self._rows_per_statement = 1
-        self._insert_rows = INSERT
+        self._inserts: dict[int, str] = {1: INSERT}
         self._conn: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None
 
@@ -247,7 +287,7 @@ class SQLiteRecorder:
                 )
             return
         queue = self._queue
-        if len(queue) >= self.queue_max:
+        if len(queue) >= self.queue_max * ROW_WIDTH:
             self._dropped_on_loop += 1
             self._warn_once(
                 "full",
@@ -256,11 +296,11 @@ class SQLiteRecorder:
                 self.queue_max,
             )
             return
-        queue.append(_row(record))
+        queue.extend(_row(record))
         self._accepted += 1
         if self._thread is None:
             self._start()
-        elif len(queue) >= self.batch_size and not self._wake.is_set():
+        elif len(queue) >= self.batch_size * ROW_WIDTH and not self._wake.is_set():
             self._wake.set()
 
     async def flush(self) -> None:
@@ -303,7 +343,7 @@ class SQLiteRecorder:
             thread.start()
         except RuntimeError as exc:  # interpreter shutting down or the thread limit reached
             self._broken = True
-            self._dropped_on_loop += len(self._queue)
+            self._dropped_on_loop += len(self._queue) // ROW_WIDTH
             self._queue.clear()
             self._warn_once("thread", "telemetry disabled: cannot start the writer thread: %s", exc)
 
@@ -357,7 +397,8 @@ class SQLiteRecorder:
             # SQLite builds before 3.32 bind at most 999 parameters to one statement.
             fit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)
             self._rows_per_statement = per = max(1, min(ROWS_PER_STATEMENT, fit))
-            self._insert_rows = INSERT + f",{_ROW_PARAMS}" * (per - 1)
+            sizes = {per, *(1 << bit for bit in range(per.bit_length()) if 1 << bit < per)}
+            self._inserts = {n: INSERT + f",{_ROW_PARAMS}" * (n - 1) for n in sizes}
         except Exception:
             conn.close()
             raise
@@ -414,32 +455,37 @@ class SQLiteRecorder:
     def _drain(self) -> None:
         queue = self._queue
         while queue:
-            batch: list[Row] = []
-            while queue and len(batch) < self.batch_size:
-                batch.append(queue.popleft())
+            # Whole rows: the loop thread adds a row's values in one extend.
+            take = min(len(queue), self.batch_size * ROW_WIDTH)
+            batch = list(starmap(queue.popleft, repeat((), take)))
             if self._conn is not None and self._file_is_gone():
                 self._reconnect()
             conn = self._conn
             if conn is None:
-                self._dropped_by_writer += len(batch)
+                self._dropped_by_writer += take // ROW_WIDTH
             else:
                 self._write(conn, batch)
                 # Deleted while the batch was written: it went to the unlinked file. Write it
                 # again to the new one (INSERT OR IGNORE: a row never lands twice).
                 if self._file_is_gone() and self._reconnect() and self._conn is not None:
                     self._write(self._conn, batch)
-            self._processed += len(batch)
+            self._processed += take // ROW_WIDTH
 
-    def _write(self, conn: sqlite3.Connection, batch: list[Row]) -> None:
+    def _write(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
+        """Write ``batch`` (rows' values one after the other) in one transaction."""
         per = self._rows_per_statement
-        whole = len(batch) - len(batch) % per
+        inserts = self._inserts
         try:
-            with conn:  # one transaction for the batch
-                for start in range(0, whole, per):
-                    rows = batch[start : start + per]
-                    conn.execute(self._insert_rows, [*chain.from_iterable(rows)])
-                if whole < len(batch):
-                    conn.executemany(INSERT, batch[whole:])
+            with conn:
+                start, end = 0, len(batch) // ROW_WIDTH
+                while start < end:
+                    # Full statements, then the rest by powers of two (43 rows: 32 + 8 + 2 + 1).
+                    left = end - start
+                    size = per if left >= per else 1 << (left.bit_length() - 1)
+                    conn.execute(
+                        inserts[size], batch[start * ROW_WIDTH : (start + size) * ROW_WIDTH]
+                    )
+                    start += size
             return
         except _WRITE_ERRORS as exc:
             self._warn_once(
@@ -450,10 +496,10 @@ class SQLiteRecorder:
                 exc,
             )
         # One bad row (or a lock that outlasted busy_timeout) must not sink its neighbours.
-        for row in batch:
+        for start in range(0, len(batch), ROW_WIDTH):
             try:
                 with conn:
-                    conn.execute(INSERT, row)
+                    conn.execute(INSERT, batch[start : start + ROW_WIDTH])
             except _WRITE_ERRORS as exc:
                 self._dropped_by_writer += 1
                 self._warn_once(
@@ -477,7 +523,8 @@ class SQLiteRecorder:
                 loop.call_soon_threadsafe(_set_done, future)
 
     def __repr__(self) -> str:
-        return f"SQLiteRecorder({self.path!r}, queued={len(self._queue)}, dropped={self.dropped})"
+        queued = len(self._queue) // ROW_WIDTH
+        return f"SQLiteRecorder({self.path!r}, queued={queued}, dropped={self.dropped})"
 
 
 _WRITE_ERRORS = (sqlite3.Error, ValueError, TypeError, OverflowError)

@@ -22,15 +22,27 @@ class MemoryCache:
     prefers the second pair, so a subclass that changes one pair must change both.
     """
 
-    __slots__ = ("_checked_ttl", "_checked_ttl_s", "_clock", "_entries", "max_entries")
+    __slots__ = (
+        "_checked_ttl",
+        "_checked_ttl_s",
+        "_clock",
+        "_deadlines",
+        "_values",
+        "max_entries",
+    )
 
     def __init__(self, *, clock: Clock, max_entries: int = 10000) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"MemoryCache max_entries must be an int >= 1, got {max_entries!r}")
         self._clock = clock
         self.max_entries = max_entries
-        # key -> (monotonic deadline, value); order = recency of use, oldest first.
-        self._entries: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        # key -> value, in order of use (oldest first), and key -> monotonic deadline: two maps
+        # of plain values, not one of (deadline, value) tuples. A tuple per entry is an object
+        # the garbage collector counts until its next pass, and with every call a miss, one
+        # more per call held: a young collection every few hundred calls, each walking every
+        # call in flight.
+        self._values: OrderedDict[str, str] = OrderedDict()
+        self._deadlines: dict[str, float] = {}
         # The last TTL that passed ``check_ttl``: the cache layer stores with the same float
         # object every time, so it is checked once (a number's value cannot change).
         self._checked_ttl: object = _UNCHECKED
@@ -47,14 +59,14 @@ class MemoryCache:
 
     def get_nowait(self, key: str) -> str | None:
         """``get`` without a coroutine."""
-        entry = self._entries.get(key)
-        if entry is None:
+        value = self._values.get(key)
+        if value is None:
             return None
-        if entry[0] <= self._clock.monotonic():
-            del self._entries[key]
+        if self._deadlines[key] <= self._clock.monotonic():
+            del self._values[key], self._deadlines[key]
             return None
-        self._entries.move_to_end(key)
-        return entry[1]
+        self._values.move_to_end(key)
+        return value
 
     def set_nowait(self, key: str, value: str, ttl_s: float) -> None:
         """``set`` without a coroutine."""
@@ -67,30 +79,33 @@ class MemoryCache:
                 f"MemoryCache stores str keys and values, got {type(key).__name__} -> "
                 f"{type(value).__name__}"
             )
-        entries = self._entries
-        if key in entries:
-            entries.move_to_end(key)  # a new key is inserted last already
-        entries[key] = (deadline, value)
-        while len(entries) > self.max_entries:
-            entries.popitem(last=False)
+        values = self._values
+        if key in values:
+            values.move_to_end(key)  # a new key is inserted last already
+        values[key] = value
+        deadlines = self._deadlines
+        deadlines[key] = deadline
+        while len(values) > self.max_entries:
+            del deadlines[values.popitem(last=False)[0]]
 
     def remaining_ttl_s(self, key: str) -> float | None:
         """Seconds until ``key`` expires; ``None`` when absent or already expired."""
-        entry = self._entries.get(key)
-        if entry is None:
+        deadline = self._deadlines.get(key)
+        if deadline is None:
             return None
-        remaining = entry[0] - self._clock.monotonic()
+        remaining = deadline - self._clock.monotonic()
         return remaining if remaining > 0 else None
 
     def __len__(self) -> int:
         """Entries held, including expired ones not yet dropped."""
-        return len(self._entries)
+        return len(self._values)
 
     async def aclose(self) -> None:
-        self._entries.clear()
+        self._values.clear()
+        self._deadlines.clear()
 
     def __repr__(self) -> str:
-        return f"MemoryCache(entries={len(self._entries)}, max_entries={self.max_entries})"
+        return f"MemoryCache(entries={len(self._values)}, max_entries={self.max_entries})"
 
 
 __all__ = ["MemoryCache", "check_ttl"]
