@@ -34,7 +34,7 @@ def counting_client(url: str) -> tuple[Any, RoundTrips]:
     """A standalone-Redis client set up like ``connect`` makes it, counting its round trips."""
     from redis.asyncio import BlockingConnectionPool, Connection, Redis
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    from redis.asyncio.retry import Retry
 
     trips = RoundTrips()
 
