@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 from pgw_redis.breaker import RedisGate
 from pgw_redis.connection import connect
-from pgw_redis.limiter import RedisLimiter, same_server
+from pgw_redis.limiter import (
+    DEEP_QUEUE_ADMISSIONS,
+    SMALL_BATCH_ADMISSIONS,
+    RedisLimiter,
+    same_server,
+)
 from pgw_redis_test_helpers import RedisServer, gateway_settings, wait_until
 from polygateway.backends.memory import InMemoryGate
 from polygateway.clock import SystemClock
@@ -78,6 +83,34 @@ async def test_admissions_of_one_turn_go_in_one_script_call(
         assert await limiter.inflight() == 0
         # + two inflight reads and the 30 releases in one call
         assert await _script_calls(admin) == 1 + 2 + 1
+    finally:
+        await limiter.aclose()
+
+
+async def test_a_few_waiting_admissions_go_in_small_batches(
+    spare_redis: RedisServer, admin: Any
+) -> None:
+    # Up to DEEP_QUEUE_ADMISSIONS waiting: SMALL_BATCH_ADMISSIONS a script call (the callers
+    # of one batch resume together), two batches in flight, the rest when one lands.
+    limiter = _limiter(spare_redis.url, Limits(max_concurrency=15))
+    waiting = SMALL_BATCH_ADMISSIONS * 2 + 4
+    assert waiting <= DEEP_QUEUE_ADMISSIONS
+    try:
+        await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
+        await limiter.flush()
+        await admin.config_resetstat()
+        results = await asyncio.gather(
+            *(limiter.try_acquire("a", 1, NO_LIMITS) for _ in range(waiting))
+        )
+        assert await _script_calls(admin) == 3  # 8 + 8 + 4
+        permits = [r for r in results if not isinstance(r, Denial)]
+        denials = [r for r in results if isinstance(r, Denial)]
+        # Exact across batches as in one (which batch runs first is the server's choice).
+        assert len(permits) == 15
+        assert {d.gate for d in denials} == {"global_concurrency"}
+        assert await limiter.inflight() == 15
+        for permit in permits:
+            await permit.release()
     finally:
         await limiter.aclose()
 

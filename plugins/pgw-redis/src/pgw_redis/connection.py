@@ -32,10 +32,10 @@ from polygateway.validation import check_ttl
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
-from redis.asyncio.retry import Retry
 
 from pgw_redis.options import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_SOCKET_TIMEOUT_S, RedisOptions
 from pgw_redis.scripts import ALL_SCRIPTS, LuaScript

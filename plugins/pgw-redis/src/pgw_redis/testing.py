@@ -33,8 +33,8 @@ class RoundTrips:
 def counting_client(url: str) -> tuple[Any, RoundTrips]:
     """A standalone-Redis client set up like ``connect`` makes it, counting its round trips."""
     from redis.asyncio import BlockingConnectionPool, Connection, Redis
-    from redis.backoff import NoBackoff
     from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
     trips = RoundTrips()
 
