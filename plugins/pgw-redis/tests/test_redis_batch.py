@@ -15,7 +15,6 @@ import pytest
 from pgw_redis.breaker import RedisGate
 from pgw_redis.connection import connect
 from pgw_redis.limiter import (
-    DEEP_QUEUE_ADMISSIONS,
     SMALL_BATCH_ADMISSIONS,
     RedisLimiter,
     same_server,
@@ -61,7 +60,7 @@ def _gate(url: str, scope: str = "S", cooldown_s: float = 30.0) -> RedisGate:
     )  # fmt: skip
 
 
-async def test_admissions_of_one_turn_go_in_one_script_call(
+async def test_admissions_of_one_turn_go_in_few_script_calls(
     spare_redis: RedisServer, admin: Any
 ) -> None:
     limiter = _limiter(spare_redis.url, Limits(max_concurrency=30))
@@ -70,7 +69,7 @@ async def test_admissions_of_one_turn_go_in_one_script_call(
         await limiter.flush()
         await admin.config_resetstat()
         results = await asyncio.gather(*(limiter.try_acquire("a", 1, NO_LIMITS) for _ in range(40)))
-        assert await _script_calls(admin) == 1
+        assert await _script_calls(admin) == 40 // SMALL_BATCH_ADMISSIONS
         permits = [r for r in results if not isinstance(r, Denial)]
         denials = [r for r in results if isinstance(r, Denial)]
         # Exact in one script as across scripts: 30 admitted, the rest refused by the gate.
@@ -82,7 +81,7 @@ async def test_admissions_of_one_turn_go_in_one_script_call(
         await limiter.flush()
         assert await limiter.inflight() == 0
         # + two inflight reads and the 30 releases in one call
-        assert await _script_calls(admin) == 1 + 2 + 1
+        assert await _script_calls(admin) == 40 // SMALL_BATCH_ADMISSIONS + 2 + 1
     finally:
         await limiter.aclose()
 
@@ -90,11 +89,10 @@ async def test_admissions_of_one_turn_go_in_one_script_call(
 async def test_a_few_waiting_admissions_go_in_small_batches(
     spare_redis: RedisServer, admin: Any
 ) -> None:
-    # Up to DEEP_QUEUE_ADMISSIONS waiting: SMALL_BATCH_ADMISSIONS a script call (the callers
-    # of one batch resume together), two batches in flight, the rest when one lands.
+    # SMALL_BATCH_ADMISSIONS a script call (the callers of one batch resume together), two
+    # batches in flight, the rest when one lands.
     limiter = _limiter(spare_redis.url, Limits(max_concurrency=15))
     waiting = SMALL_BATCH_ADMISSIONS * 2 + 4
-    assert waiting <= DEEP_QUEUE_ADMISSIONS
     try:
         await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
         await limiter.flush()
@@ -111,6 +109,27 @@ async def test_a_few_waiting_admissions_go_in_small_batches(
         assert await limiter.inflight() == 15
         for permit in permits:
             await permit.release()
+    finally:
+        await limiter.aclose()
+
+
+async def test_a_burst_goes_in_batches_of_an_eighth_of_the_queue(
+    spare_redis: RedisServer, admin: Any
+) -> None:
+    limiter = _limiter(spare_redis.url, Limits(max_concurrency=1000))
+    burst = 1024
+    try:
+        await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
+        await limiter.flush()
+        await admin.config_resetstat()
+        results = await asyncio.gather(
+            *(limiter.try_acquire("a", 1, NO_LIMITS) for _ in range(burst))
+        )
+        # An eighth of what waits a call (128, 112, 98, ...), then SMALL_BATCH_ADMISSIONS: 30
+        # calls, about 15 round trips with two in flight (one a call: 128).
+        assert await _script_calls(admin) == 30
+        assert sum(not isinstance(r, Denial) for r in results) == 1000
+        assert await limiter.inflight() == 1000
     finally:
         await limiter.aclose()
 

@@ -14,8 +14,8 @@ is learned from every reply, so the repeat happens only around minute boundaries
 
 Round trips: admissions (``try_acquire``, and ``enter_and_acquire``, which runs a
 ``RedisGate``'s ``try_enter`` of the same scope and server in the same script) are queued and
-sent at the next turn of the event loop, all of that turn in one call of the ``BATCH`` script
-when more than ``DEEP_QUEUE_ADMISSIONS`` wait (a burst), else ``SMALL_BATCH_ADMISSIONS`` a call.
+sent at the next turn of the event loop in calls of the ``BATCH`` script: ``SMALL_BATCH_ADMISSIONS``
+a call, or an eighth of those waiting when that is more (a burst goes in a few round trips).
 Up to ``MAX_BATCHES_IN_FLIGHT`` batches of admissions are on the wire at once (each on its own
 connection), so an admission does not wait for the reply of a batch it missed; what arrives
 while that many are in flight goes in the next. Each admission in a batch is decided as it
@@ -146,7 +146,7 @@ MAX_BATCH_ADMISSIONS: Final = 256
 """Admissions sent in one script call at most; more wait for the next one."""
 
 SMALL_BATCH_ADMISSIONS: Final = 8
-"""Admissions sent in one script call while at most ``DEEP_QUEUE_ADMISSIONS`` wait.
+"""Admissions sent in one script call, unless an eighth of those waiting is more.
 
 The callers of a batch all resume in one turn of the event loop, and each allocates its
 request (about 60 objects the garbage collector tracks, most of them the HTTP client's) before
@@ -154,11 +154,12 @@ it waits again. Past 700 of them the collector runs a young collection, which wa
 in flight; the calls that finish meanwhile do not offset it (the collector's count stops at
 zero). Batches of 8 keep a wave under that, as calls admitted one by one are (measured at
 concurrency 64: 37 young collections per 1000 calls with batches of about 16, 9 with batches
-of 8; ``tools/bench/RESULTS.md``). Two of them in flight still admit 16 callers a round trip."""
+of 8; ``tools/bench/RESULTS.md``). Two of them in flight still admit 16 callers a round trip.
+A burst takes an eighth of the queue a call (at most ``MAX_BATCH_ADMISSIONS``): a thousand
+callers wait about fifteen round trips, not sixty-four."""
 
-DEEP_QUEUE_ADMISSIONS: Final = 4 * SMALL_BATCH_ADMISSIONS
-"""More admissions waiting than this are a burst: they go in batches of up to
-``MAX_BATCH_ADMISSIONS``, so that a thousand callers wait a few round trips, not a hundred."""
+BURST_SHARE: Final = 8
+"""A script call takes at least ``1/BURST_SHARE`` of the admissions waiting."""
 
 MAX_BATCH_ACCOUNTING: Final = 256
 """Accounting operations sent in one script call at most: a backlog (after an outage) goes
@@ -835,10 +836,8 @@ class RedisLimiter:
 
     def _take_admissions(self) -> list[_Admission]:
         admissions = self._admissions
-        limit = (
-            MAX_BATCH_ADMISSIONS
-            if len(admissions) > DEEP_QUEUE_ADMISSIONS
-            else SMALL_BATCH_ADMISSIONS
+        limit = min(
+            MAX_BATCH_ADMISSIONS, max(SMALL_BATCH_ADMISSIONS, len(admissions) // BURST_SHARE)
         )
         if len(admissions) > limit:
             taken = admissions[:limit]
