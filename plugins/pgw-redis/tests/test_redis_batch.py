@@ -15,6 +15,7 @@ import pytest
 from pgw_redis.breaker import RedisGate
 from pgw_redis.connection import connect
 from pgw_redis.limiter import (
+    MAX_BATCH_ACCOUNTING,
     SMALL_BATCH_ADMISSIONS,
     RedisLimiter,
     same_server,
@@ -60,76 +61,49 @@ def _gate(url: str, scope: str = "S", cooldown_s: float = 30.0) -> RedisGate:
     )  # fmt: skip
 
 
-async def test_admissions_of_one_turn_go_in_few_script_calls(
-    spare_redis: RedisServer, admin: Any
+async def _admit_together(limiter: RedisLimiter, admin: Any, count: int) -> list[Any]:
+    """``count`` admissions queued in one turn, once the scripts are loaded and the server's
+    command counts reset."""
+    await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
+    await limiter.flush()
+    await admin.config_resetstat()
+    return list(
+        await asyncio.gather(*(limiter.try_acquire("a", 1, NO_LIMITS) for _ in range(count)))
+    )
+
+
+@pytest.mark.parametrize(
+    ("waiting", "limit", "script_calls"),
+    [
+        # SMALL_BATCH_ADMISSIONS a call (the callers of one batch resume together), two
+        # batches in flight, the rest when one lands: 8 + 8 + 4.
+        (SMALL_BATCH_ADMISSIONS * 2 + 4, 15, 3),
+        (SMALL_BATCH_ADMISSIONS * 5, 30, 5),
+        # A burst: an eighth of what waits a call (128, 112, 98, ...), then
+        # SMALL_BATCH_ADMISSIONS; about 15 round trips with two in flight.
+        (1024, 1000, 30),
+    ],
+)
+async def test_admissions_of_one_turn_go_in_batches(
+    spare_redis: RedisServer, admin: Any, waiting: int, limit: int, script_calls: int
 ) -> None:
-    limiter = _limiter(spare_redis.url, Limits(max_concurrency=30))
+    limiter = _limiter(spare_redis.url, Limits(max_concurrency=limit))
     try:
-        await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
-        await limiter.flush()
-        await admin.config_resetstat()
-        results = await asyncio.gather(*(limiter.try_acquire("a", 1, NO_LIMITS) for _ in range(40)))
-        assert await _script_calls(admin) == 40 // SMALL_BATCH_ADMISSIONS
+        results = await _admit_together(limiter, admin, waiting)
+        assert await _script_calls(admin) == script_calls
         permits = [r for r in results if not isinstance(r, Denial)]
         denials = [r for r in results if isinstance(r, Denial)]
-        # Exact in one script as across scripts: 30 admitted, the rest refused by the gate.
-        assert len(permits) == 30
+        # Exact across script calls as in one (of two in flight, the server runs either first).
+        assert len(permits) == limit
         assert {d.gate for d in denials} == {"global_concurrency"}
-        assert await limiter.inflight() == 30
+        assert await limiter.inflight() == limit
         for permit in permits:
             await permit.release()
         await limiter.flush()
         assert await limiter.inflight() == 0
-        # + two inflight reads and the 30 releases in one call
-        assert await _script_calls(admin) == 40 // SMALL_BATCH_ADMISSIONS + 2 + 1
-    finally:
-        await limiter.aclose()
-
-
-async def test_a_few_waiting_admissions_go_in_small_batches(
-    spare_redis: RedisServer, admin: Any
-) -> None:
-    # SMALL_BATCH_ADMISSIONS a script call (the callers of one batch resume together), two
-    # batches in flight, the rest when one lands.
-    limiter = _limiter(spare_redis.url, Limits(max_concurrency=15))
-    waiting = SMALL_BATCH_ADMISSIONS * 2 + 4
-    try:
-        await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
-        await limiter.flush()
-        await admin.config_resetstat()
-        results = await asyncio.gather(
-            *(limiter.try_acquire("a", 1, NO_LIMITS) for _ in range(waiting))
-        )
-        assert await _script_calls(admin) == 3  # 8 + 8 + 4
-        permits = [r for r in results if not isinstance(r, Denial)]
-        denials = [r for r in results if isinstance(r, Denial)]
-        # Exact across batches as in one (which batch runs first is the server's choice).
-        assert len(permits) == 15
-        assert {d.gate for d in denials} == {"global_concurrency"}
-        assert await limiter.inflight() == 15
-        for permit in permits:
-            await permit.release()
-    finally:
-        await limiter.aclose()
-
-
-async def test_a_burst_goes_in_batches_of_an_eighth_of_the_queue(
-    spare_redis: RedisServer, admin: Any
-) -> None:
-    limiter = _limiter(spare_redis.url, Limits(max_concurrency=1000))
-    burst = 1024
-    try:
-        await (await limiter.try_acquire("a", 1, NO_LIMITS)).release()  # type: ignore[union-attr]
-        await limiter.flush()
-        await admin.config_resetstat()
-        results = await asyncio.gather(
-            *(limiter.try_acquire("a", 1, NO_LIMITS) for _ in range(burst))
-        )
-        # An eighth of what waits a call (128, 112, 98, ...), then SMALL_BATCH_ADMISSIONS: 30
-        # calls, about 15 round trips with two in flight (one a call: 128).
-        assert await _script_calls(admin) == 30
-        assert sum(not isinstance(r, Denial) for r in results) == 1000
-        assert await limiter.inflight() == 1000
+        # + two inflight reads and the releases, MAX_BATCH_ACCOUNTING a call
+        releases = -(-limit // MAX_BATCH_ACCOUNTING)
+        assert await _script_calls(admin) == script_calls + 2 + releases
     finally:
         await limiter.aclose()
 
