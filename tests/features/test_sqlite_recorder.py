@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from polygateway.telemetry.sqlite import COLUMNS, SQLiteRecorder
+from polygateway.telemetry.sqlite import (
+    COLUMNS,
+    NULLABLE,
+    SQLiteRecorder,
+    split_rows,
+    statement_sizes,
+)
 from polygateway.testing.contracts.telemetry import (
     TelemetryRecorderContract,
     assert_row_matches,
@@ -191,40 +197,72 @@ async def test_a_row_sqlite_cannot_bind_is_dropped_alone(
 
 
 async def test_nulls_and_their_look_alikes_are_stored_as_given(tmp_path: Path) -> None:
-    # NULLs are bound as stand-ins (an integer for text, a text for numbers) that the INSERT
-    # turns back into NULL: no real value of a column may be taken for one.
+    # NULL is bound as a blob stand-in that the INSERT turns back into NULL: no other value
+    # of a nullable column may be taken for it, or change its type.
     path = tmp_path / "t.db"
     recorder = SQLiteRecorder(str(path))
-    nulls = sample_record(
-        parent_call_id=None,
-        session_id=None,
-        ttft_ms=None,
-        max_inter_token_ms=None,
-        error=None,
-        cost=None,
-    )
+    nulls = sample_record(**dict.fromkeys(NULLABLE))
     look_alikes = sample_record(
         parent_call_id="0", session_id="", ttft_ms=0.0, max_inter_token_ms=0.0, error="", cost=0.0
     )
-    nullable = ("parent_call_id", "session_id", "ttft_ms", "max_inter_token_ms", "error", "cost")
-    for record in (nulls, look_alikes):
+    # Outside the declared types, stored as SQLite stores them, as before the stand-in.
+    odd = sample_record(parent_call_id=0, session_id=False, ttft_ms="", error=0.0, cost=0)
+    for record in (nulls, look_alikes, odd):
         await recorder.record(record)
     await recorder.aclose()
+    columns = sorted(NULLABLE)
     with closing(sqlite3.connect(path)) as conn:
-        kinds = {
-            call_id: kinds
-            for call_id, *kinds in conn.execute(
-                "SELECT call_id, " + ", ".join(f"typeof({c})" for c in nullable) + " FROM pgw_calls"
+        stored = {
+            call_id: dict(zip(columns, zip(values[::2], values[1::2], strict=True), strict=True))
+            for call_id, *values in conn.execute(
+                "SELECT call_id, "
+                + ", ".join(f"typeof({c}), {c}" for c in columns)
+                + " FROM pgw_calls"
             )
         }
-    assert kinds[nulls.call_id] == ["null"] * 6
-    assert kinds[look_alikes.call_id] == ["text", "text", "real", "real", "text", "real"]
-    rows = {row["call_id"]: row for row in read_db(path)}
-    assert_row_matches(rows[nulls.call_id], nulls)
-    assert_row_matches(rows[look_alikes.call_id], look_alikes)
+    assert stored[nulls.call_id] == dict.fromkeys(columns, ("null", None))
+    assert stored[look_alikes.call_id] == {
+        "parent_call_id": ("text", "0"),
+        "session_id": ("text", ""),
+        "ttft_ms": ("real", 0.0),
+        "max_inter_token_ms": ("real", 0.0),
+        "error": ("text", ""),
+        "cost": ("real", 0.0),
+    }
+    assert stored[odd.call_id] == {
+        "parent_call_id": ("text", "0"),
+        "session_id": ("text", "0"),
+        "ttft_ms": ("text", ""),
+        "max_inter_token_ms": ("real", odd.max_inter_token_ms),
+        "error": ("text", "0.0"),
+        "cost": ("real", 0.0),
+    }
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 7, 63, 64, 65, 100, 127, 128, 200])
+async def test_the_nullable_columns_are_those_the_schema_leaves_nullable(tmp_path: Path) -> None:
+    recorder = SQLiteRecorder(str(tmp_path / "t.db"))
+    await recorder.record(sample_record())
+    await recorder.aclose()
+    with closing(sqlite3.connect(tmp_path / "t.db")) as conn:
+        info = list(conn.execute("PRAGMA table_info(pgw_calls)"))
+    # (cid, name, type, notnull, default, pk): a column without NOT NULL that is not the key
+    assert {row[1] for row in info if not row[3] and not row[5]} == NULLABLE
+
+
+@pytest.mark.parametrize("per", [*range(1, 66), 999 // len(COLUMNS)])
+def test_a_batch_is_split_into_prepared_statements_writing_every_row_once(per: int) -> None:
+    # per: the rows one statement may carry (fewer than 64 where SQLite binds fewer
+    # parameters, 43 on builds before 3.32).
+    sizes = statement_sizes(per)
+    for rows in range(300):
+        split = list(split_rows(rows, per))
+        assert sum(split) == rows
+        assert set(split) <= sizes
+        assert split == sorted(split, reverse=True)
+        assert len(split) <= rows // per + per.bit_length()
+
+
+@pytest.mark.parametrize("size", [1, 3, 63, 64, 65, 200])
 async def test_a_batch_of_any_size_writes_every_row(tmp_path: Path, size: int) -> None:
     # Full statements of 64 rows, then the rest by powers of two: every row, none twice.
     path = tmp_path / "t.db"
@@ -245,7 +283,8 @@ async def test_waiting_rows_hold_no_object_the_garbage_collector_tracks(tmp_path
     # would set off young collections, each walking every call in flight.
     recorder = SQLiteRecorder(str(tmp_path / "t.db"), batch_size=4096, flush_interval_s=60)
     records = [sample_record() for _ in range(1000)]
-    recorder.record_nowait(records[0])  # starts the writer thread
+    recorder.record_nowait(records[0])
+    await recorder.flush()  # the writer thread has started and opened the database: idle now
     gc.collect()
     gc.disable()
     try:

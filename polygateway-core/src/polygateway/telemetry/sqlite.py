@@ -32,6 +32,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from itertools import repeat, starmap
 from typing import Any
 
@@ -109,34 +110,27 @@ CREATE INDEX IF NOT EXISTS {TABLE}_root_call_id ON {TABLE} (root_call_id);
 """
 """Indexes on ``ADDED_COLUMNS``: made once ``migrate`` has added the columns to an old table."""
 
-NULL_TEXT = 0
-"""What a row binds for NULL in a nullable TEXT column: an integer, which no text equals; the
-INSERT turns it back into NULL (``NULLIF(?, 0)``). Binding ``None`` itself costs the sqlite3
-module an adapter lookup per value (a key tuple, a dict miss, two failed attribute lookups:
-about 2.8k instructions), and a row has up to six of them; ``int`` and ``str`` bind directly."""
-NULL_REAL = ""
-"""What a row binds for NULL in a nullable REAL column: a text, which no number equals
-(``NULLIF(?, '')``)."""
-_NULL_STAND_INS: dict[str, object] = {
-    "parent_call_id": NULL_TEXT,
-    "session_id": NULL_TEXT,
-    "ttft_ms": NULL_REAL,
-    "max_inter_token_ms": NULL_REAL,
-    "error": NULL_TEXT,
-    "cost": NULL_REAL,
-}
-"""The nullable columns (every other one is ``NOT NULL``) and the stand-in each binds for NULL."""
+NULLABLE: frozenset[str] = frozenset(
+    ("parent_call_id", "session_id", "ttft_ms", "max_inter_token_ms", "error", "cost")
+)
+"""The columns that may hold NULL (every other one is ``NOT NULL``)."""
+
+_NULL = bytearray(b"\x00")
+"""What a row binds for NULL (never mutated): a one-byte blob, which the INSERT turns back into
+NULL (``NULLIF(?, x'00')``). No value of these columns equals it (SQLite never finds a blob
+equal to a number or a text), so every other value is stored as it was. Binding ``None``
+itself costs the sqlite3 module an adapter lookup per value (a key tuple, a dict miss, two
+failed attribute lookups: about 2.8k instructions), and a row has up to six; ``bytearray``,
+like ``int``, ``float`` and ``str``, binds directly."""
 
 
 def _placeholder(column: str) -> str:
-    if column not in _NULL_STAND_INS:
-        return "?"
-    return "NULLIF(?, 0)" if _NULL_STAND_INS[column] == NULL_TEXT else "NULLIF(?, '')"
+    return "NULLIF(?, x'00')" if column in NULLABLE else "?"
 
 
-_ROW_PARAMS = f"({', '.join(_placeholder(c) for c in COLUMNS)})"
+_ROW_PARAMS = f"({', '.join(map(_placeholder, COLUMNS))})"
 INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PARAMS}"
-"""One row; its parameters are a ``Row`` (NULLs bound as their stand-ins)."""
+"""One row; its parameters are a ``Row`` (NULLs bound as the blob stand-in)."""
 
 ROWS_PER_STATEMENT = 64
 """Rows one INSERT carries at most. SQLite runs a statement without the GIL, but binding its
@@ -149,9 +143,26 @@ six), not one by one: a quiet process writes batches of a few rows."""
 BUSY_TIMEOUT_MS = 5000
 
 
+def split_rows(rows: int, per: int) -> Iterator[int]:
+    """The row counts of the statements that write ``rows`` rows, ``per`` at most a statement:
+    full statements, then the rest by powers of two (``per`` 64, 107 rows: 64, 32, 8, 2, 1)."""
+    while rows >= per:
+        yield per
+        rows -= per
+    while rows:
+        size = 1 << (rows.bit_length() - 1)
+        yield size
+        rows -= size
+
+
+def statement_sizes(per: int) -> frozenset[int]:
+    """Every row count ``split_rows`` yields with ``per`` rows at most a statement."""
+    return frozenset((per, *(1 << bit for bit in range(per.bit_length()) if 1 << bit < per)))
+
+
 Row = tuple[Any, ...]
-"""One record as the INSERT's parameters, in ``COLUMNS`` order, a NULL as its column's
-stand-in (``NULL_TEXT``, ``NULL_REAL``)."""
+"""One record as the INSERT's parameters, in ``COLUMNS`` order, NULL bound as the blob
+stand-in."""
 
 ROW_WIDTH = len(COLUMNS)
 """Values a row takes in the recorder's queue."""
@@ -164,8 +175,8 @@ def _row(record: TelemetryRecord) -> Row:
     error, cost = record.error, record.cost
     return (
         record.call_id,
-        NULL_TEXT if parent_call_id is None else parent_call_id,
-        NULL_TEXT if session_id is None else session_id,
+        _NULL if parent_call_id is None else parent_call_id,
+        _NULL if session_id is None else session_id,
         record.model,
         record.provider,
         record.source_name,
@@ -176,11 +187,11 @@ def _row(record: TelemetryRecord) -> Row:
         record.completion_tokens,
         record.usage_source,
         record.latency_ms,
-        NULL_REAL if ttft_ms is None else ttft_ms,
-        NULL_REAL if max_inter_token_ms is None else max_inter_token_ms,
+        _NULL if ttft_ms is None else ttft_ms,
+        _NULL if max_inter_token_ms is None else max_inter_token_ms,
         1 if record.cache_hit else 0,
-        NULL_TEXT if error is None else error,
-        NULL_REAL if cost is None else cost,
+        _NULL if error is None else error,
+        _NULL if cost is None else cost,
         created_at,
         record.scope,
         record.cache_namespace,
@@ -236,7 +247,8 @@ class SQLiteRecorder:
         self.batch_size = batch_size
         self.flush_interval_s = float(flush_interval_s)
         self.queue_max = queue_max
-        # deque extend/popleft are atomic under the GIL: the loop thread produces, the writer
+        # deque extend/popleft are atomic under the GIL (not on a free-threaded build, which
+        # this queue does not support): the loop thread produces, the writer
         # thread consumes, no lock on the hot path. Each counter has a single writing thread.
         # It holds each row's values one after the other (ROW_WIDTH a row; a row's values are
         # added in one extend, so the queue always holds whole rows): plain values, which the
@@ -397,8 +409,7 @@ class SQLiteRecorder:
             # SQLite builds before 3.32 bind at most 999 parameters to one statement.
             fit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)
             self._rows_per_statement = per = max(1, min(ROWS_PER_STATEMENT, fit))
-            sizes = {per, *(1 << bit for bit in range(per.bit_length()) if 1 << bit < per)}
-            self._inserts = {n: INSERT + f",{_ROW_PARAMS}" * (n - 1) for n in sizes}
+            self._inserts = {n: INSERT + f",{_ROW_PARAMS}" * (n - 1) for n in statement_sizes(per)}
         except Exception:
             conn.close()
             raise
@@ -473,19 +484,14 @@ class SQLiteRecorder:
 
     def _write(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         """Write ``batch`` (rows' values one after the other) in one transaction."""
-        per = self._rows_per_statement
         inserts = self._inserts
         try:
             with conn:
-                start, end = 0, len(batch) // ROW_WIDTH
-                while start < end:
-                    # Full statements, then the rest by powers of two (43 rows: 32 + 8 + 2 + 1).
-                    left = end - start
-                    size = per if left >= per else 1 << (left.bit_length() - 1)
-                    conn.execute(
-                        inserts[size], batch[start * ROW_WIDTH : (start + size) * ROW_WIDTH]
-                    )
-                    start += size
+                start = 0
+                for size in split_rows(len(batch) // ROW_WIDTH, self._rows_per_statement):
+                    end = start + size * ROW_WIDTH
+                    conn.execute(inserts[size], batch[start:end])
+                    start = end
             return
         except _WRITE_ERRORS as exc:
             self._warn_once(
