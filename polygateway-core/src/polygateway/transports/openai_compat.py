@@ -353,6 +353,17 @@ async def drain_response(response: EngineResponse) -> None:
         pass  # the answer is complete; a broken tail only costs this connection
 
 
+def _stream_parser(source: SourceConfig, profile: ProviderProfile | None) -> ChatStreamParser:
+    if profile is None:
+        return ChatStreamParser(source_name=source.name)
+    return ChatStreamParser(
+        reasoning_fields=profile.reasoning_fields,
+        think_tags=profile.think_tags,
+        source_name=source.name,
+        error_rules=profile.error_rules,
+    )
+
+
 def transport_result(
     completion: ParsedCompletion,
     *,
@@ -525,15 +536,6 @@ class OpenAICompatTransport:
     ) -> TransportResult:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        if profile is not None:
-            parser = ChatStreamParser(
-                reasoning_fields=profile.reasoning_fields,
-                think_tags=profile.think_tags,
-                source_name=source.name,
-                error_rules=profile.error_rules,
-            )
-        else:
-            parser = ChatStreamParser(source_name=source.name)
         # Every wait (headers, each body read) runs under the stream's deadlines; a received
         # chunk that carried a delta is a token.
         liveness = attempt_liveness(
@@ -561,6 +563,10 @@ class OpenAICompatTransport:
                 # Otherwise labelled JSON but not a JSON object: read it as the stream it
                 # probably is.
             if completion is None:
+                # Made once the headers are in, not before the request: calls admitted
+                # together (a Redis batch) then allocate less in the same turn of the loop,
+                # which the garbage collector counts as one wave.
+                parser = _stream_parser(source, profile)
                 tap = DeltaTap.for_request(
                     request,
                     call_id,
