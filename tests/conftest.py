@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -58,3 +59,15 @@ def postgres_dsn() -> Iterator[str]:
 def unique_scope() -> str:
     """A scope name no other test uses (isolates shared Redis state)."""
     return f"T{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def collector_paused() -> Iterator[None]:
+    """The collector off (so nothing is freed behind the test's back), on again after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -18,18 +18,6 @@ from polygateway.testing import FakeUpstream, Reply
 # Not httpx: httpcore's own response stream and pool request refer to each other (40 objects a
 # call, none of them this library's).
 ENGINES = ["aiohttp", "httptools"]
-
-
-@pytest.fixture
-def collector_paused() -> Iterator[None]:
-    """The collector off (so nothing is freed behind the test's back), on again after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def env_for(fake: FakeUpstream, engine: str, *, full: bool, db: Path) -> dict[str, str]:

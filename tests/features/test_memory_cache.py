@@ -61,22 +61,18 @@ async def test_non_string_values_are_refused() -> None:
         await cache.set("k", b"bytes", 1.0)  # type: ignore[arg-type]
 
 
-def test_entries_hold_no_object_the_garbage_collector_tracks() -> None:
+def test_entries_hold_no_object_the_garbage_collector_tracks(collector_paused: None) -> None:
     # Every miss of a busy client stores an entry: an object per entry that the collector
     # tracks would set off a young collection every few hundred calls.
     cache = MemoryCache(clock=FakeClock(), max_entries=100)
     keys = [f"key-{i}" for i in range(1000)]
     values = [f"value-{i}" for i in range(1000)]
     gc.collect()
-    gc.disable()
-    try:
-        before = gc.get_count()[0]
-        for key, value in zip(keys, values, strict=True):
-            cache.set_nowait(key, value, 60.0)  # evicting past 100 entries, too
-            assert cache.get_nowait(key) == value
-        grown = gc.get_count()[0] - before
-    finally:
-        gc.enable()
+    before = gc.get_count()[0]
+    for key, value in zip(keys, values, strict=True):
+        cache.set_nowait(key, value, 60.0)  # evicting past 100 entries, too
+        assert cache.get_nowait(key) == value
+    grown = gc.get_count()[0] - before
     assert grown < 10, f"{grown} tracked objects allocated and kept by 1000 stores"
     assert len(cache) == 100
     assert cache.get_nowait("key-899") is None and cache.get_nowait("key-999") == "value-999"

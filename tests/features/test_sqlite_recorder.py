@@ -278,7 +278,9 @@ async def test_a_batch_of_any_size_writes_every_row(tmp_path: Path, size: int) -
         assert_row_matches(by_id[record.call_id], record)
 
 
-async def test_waiting_rows_hold_no_object_the_garbage_collector_tracks(tmp_path: Path) -> None:
+async def test_waiting_rows_hold_no_object_the_garbage_collector_tracks(
+    tmp_path: Path, collector_paused: None
+) -> None:
     # A busy client queues a few hundred rows between two batches: an object per waiting row
     # would set off young collections, each walking every call in flight.
     recorder = SQLiteRecorder(str(tmp_path / "t.db"), batch_size=4096, flush_interval_s=60)
@@ -286,14 +288,10 @@ async def test_waiting_rows_hold_no_object_the_garbage_collector_tracks(tmp_path
     recorder.record_nowait(records[0])
     await recorder.flush()  # the writer thread has started and opened the database: idle now
     gc.collect()
-    gc.disable()
-    try:
-        before = gc.get_count()[0]
-        for record in records[1:]:
-            recorder.record_nowait(record)
-        grown = gc.get_count()[0] - before
-    finally:
-        gc.enable()
+    before = gc.get_count()[0]
+    for record in records[1:]:
+        recorder.record_nowait(record)
+    grown = gc.get_count()[0] - before
     await recorder.aclose()
     assert grown < 10, f"{grown} tracked objects kept by 999 waiting rows"
     assert count_rows(tmp_path / "t.db") == 1000 and recorder.dropped == 0
