@@ -1,18 +1,17 @@
 """SQLite telemetry recorder: one row per attempt in ``pgw_calls`` (ARCHITECTURE §7.8).
 
 The event loop only turns a record into its row and appends the row's values to an in-memory
-queue;
-a dedicated writer thread owns the connection and writes batches, each in one transaction
-of multi-row INSERTs. That keeps every byte of SQLite I/O (open, WAL checkpoints, fsync, lock
-waits) off the loop, and costs the loop no wake-ups per batch. Measured against an aiosqlite
-writer task with the same batching, the loop spends about a third of the CPU per row (0.4-0.6
-us against 1.3-1.8 us on the test machine) for the same total CPU: aiosqlite needs each batch
-awaited on the loop.
+queue; a dedicated writer thread owns the connection and writes batches, each in one
+transaction of multi-row INSERTs. That keeps every byte of SQLite I/O (open, WAL checkpoints,
+fsync, lock waits) off the loop, and costs the loop no wake-ups per batch. Measured against an
+aiosqlite writer task with the same batching, the loop spends about a third of the CPU per row
+(0.4-0.6 us against 1.3-1.8 us on the test machine) for the same total CPU: aiosqlite needs
+each batch awaited on the loop.
 
-Batches are large (``batch_size`` rows, or whatever ``flush_interval_s`` gathered): the random
-``call_id`` key spreads every transaction over most pages of its index, so a row costs less
-the more rows share a commit (about 6.9 us of writer CPU at 256 rows, 4.8 us at 2048 on the
-test machine).
+Batches are large (``batch_size`` rows, or whatever ``flush_interval_s`` gathered): a row
+costs less the more rows share a commit (about 6.9 us of writer CPU at 256 rows, 4.8 us at
+2048 on the test machine, measured when call ids were random; they are time-ordered now, so
+each commit's keys land together at the end of the key's index).
 
 Failures never reach the call: an unopenable database, a write error or a full queue each log
 one warning and count the lost rows in ``dropped``. A database file deleted or replaced while
@@ -248,8 +247,8 @@ class SQLiteRecorder:
         self.flush_interval_s = float(flush_interval_s)
         self.queue_max = queue_max
         # deque extend/popleft are atomic under the GIL (not on a free-threaded build, which
-        # this queue does not support): the loop thread produces, the writer
-        # thread consumes, no lock on the hot path. Each counter has a single writing thread.
+        # this queue does not support): the loop thread produces, the writer thread consumes,
+        # no lock on the hot path. Each counter has a single writing thread.
         # It holds each row's values one after the other (ROW_WIDTH a row; a row's values are
         # added in one extend, so the queue always holds whole rows): plain values, which the
         # garbage collector does not track. A tuple per waiting row would be one more object
@@ -467,20 +466,20 @@ class SQLiteRecorder:
         queue = self._queue
         while queue:
             # Whole rows: the loop thread adds a row's values in one extend.
-            take = min(len(queue), self.batch_size * ROW_WIDTH)
-            batch = list(starmap(queue.popleft, repeat((), take)))
+            rows = min(len(queue) // ROW_WIDTH, self.batch_size)
+            batch = list(starmap(queue.popleft, repeat((), rows * ROW_WIDTH)))
             if self._conn is not None and self._file_is_gone():
                 self._reconnect()
             conn = self._conn
             if conn is None:
-                self._dropped_by_writer += take // ROW_WIDTH
+                self._dropped_by_writer += rows
             else:
                 self._write(conn, batch)
                 # Deleted while the batch was written: it went to the unlinked file. Write it
                 # again to the new one (INSERT OR IGNORE: a row never lands twice).
                 if self._file_is_gone() and self._reconnect() and self._conn is not None:
                     self._write(self._conn, batch)
-            self._processed += take // ROW_WIDTH
+            self._processed += rows
 
     def _write(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         """Write ``batch`` (rows' values one after the other) in one transaction."""
