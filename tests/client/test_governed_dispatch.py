@@ -732,3 +732,54 @@ async def test_a_refusal_during_a_probe_does_not_shut_the_source_after_it_recove
     assert await breaker.state("a") == "closed"
     await rig.call()  # the recovered source takes calls at once: no stale local memo
     assert rig.transport.count("a") == 2
+
+
+async def test_every_field_of_the_transport_result_reaches_its_own_response_field() -> None:
+    # The dispatcher builds the response by position: every field gets a value of its own
+    # here, so a swap of two (even of one type) shows.
+    from polygateway.types import ToolCall, TransportResult
+
+    calls = (ToolCall("id-1", "lookup", "{}"),)
+    rig = make_rig(["a"])
+    rig.transport.script(
+        "a",
+        TransportResult(
+            content="the content",
+            thinking="the thinking",
+            model="the model",
+            prompt_tokens=3,
+            completion_tokens=5,
+            usage_source="estimated",
+            latency_ms=7,
+            ttft_ms=1.5,
+            max_inter_token_ms=2.5,
+            finish_reason="length",
+            salvaged=True,
+            cached_prompt_tokens=11,
+            cache_write_tokens=13,
+            tool_calls=calls,
+        ),
+    )
+    response = await rig.call()
+    assert vars(response) == {
+        "content": "the content",
+        "thinking": "the thinking",
+        "model": "the model",
+        "provider": "openai",
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "latency_ms": 7,
+        "ttft_ms": 1.5,
+        "max_inter_token_ms": 2.5,
+        "cache_hit": False,
+        "call_id": rig.transport.calls[0][1],
+        "source_name": "a",
+        "cost": None,
+        "usage_source": "estimated",
+        "structured_data": None,
+        "finish_reason": "length",
+        "salvaged": True,
+        "cached_prompt_tokens": 11,
+        "cache_write_tokens": 13,
+        "tool_calls": calls,
+    }

@@ -601,3 +601,44 @@ async def test_a_large_broken_json_answer_is_a_transient_error(
     transport, source = open_transport()
     with pytest.raises(TransientError, match="malformed completion body"):
         await transport.send(_chat(stream=False), source, call_id="c")
+
+
+def test_every_field_of_the_parsed_completion_reaches_its_own_result_field() -> None:
+    # ``transport_result`` builds the result by position: every field gets a value of its
+    # own here, so a swap of two (even of one type) shows.
+    from polygateway.transports.openai_chunks import ParsedCompletion
+    from polygateway.transports.openai_compat import transport_result
+    from polygateway.types import ToolCall
+
+    calls = (ToolCall("id-1", "lookup", "{}"),)
+    source = SourceConfig(
+        name="s", provider="openai", base_url="http://x.invalid/v1", model="m", timeout_s=10
+    )
+    completion = ParsedCompletion(
+        "the content", "the thinking", "length", 3, 5, "the model", True, 11, 13, calls
+    )
+    result = transport_result(
+        completion,
+        complete=True,
+        request=ChatRequest([{"role": "user", "content": "hi"}]),
+        source=source,
+        latency_s=0.0075,
+        ttft_ms=1.5,
+        max_inter_token_ms=2.5,
+    )
+    assert vars(result) == {
+        "content": "the content",
+        "thinking": "the thinking",
+        "model": "the model",
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "usage_source": "measured",
+        "latency_ms": 7,
+        "ttft_ms": 1.5,
+        "max_inter_token_ms": 2.5,
+        "finish_reason": "length",
+        "salvaged": False,
+        "cached_prompt_tokens": 11,
+        "cache_write_tokens": 13,
+        "tool_calls": calls,
+    }

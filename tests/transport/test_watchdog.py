@@ -7,7 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from polygateway.errors import StreamLivenessTimeout, TransientError
-from polygateway.streaming import LivenessMonitor, LivenessWatchdog, StreamLiveness
+from polygateway.streaming import (
+    CallDeadline,
+    LivenessMonitor,
+    LivenessWatchdog,
+    StreamLiveness,
+)
 
 watch = LivenessWatchdog
 
@@ -288,6 +293,89 @@ async def test_a_monitor_of_another_event_loop_is_refused() -> None:
     def other_loop() -> None:
         async def make() -> None:
             StreamLiveness(total_s=1.0, monitor=monitor)
+
+        asyncio.run(make())
+
+    with pytest.raises(RuntimeError, match="another event loop"):
+        await asyncio.to_thread(other_loop)
+    monitor.close()
+
+
+# --------------------------------------------------------------------------- CallDeadline
+
+
+def _total_only(kind: str, limit_s: float, *, source_name: str | None) -> Exception:
+    return TransientError(f"{kind} {limit_s:g} {source_name}", source_name=source_name)
+
+
+async def test_a_call_deadline_bounds_every_wait_of_the_call_by_its_total() -> None:
+    loop = asyncio.get_running_loop()
+    monitor = LivenessMonitor()
+    start = loop.time()
+    deadline = CallDeadline(0.1, start, monitor, "src", _total_only)
+    with deadline:
+        await asyncio.sleep(0.01)  # a first wait within the deadline ends normally
+    with pytest.raises(TransientError, match=r"total 0\.1 src") as caught, deadline:
+        await asyncio.sleep(5)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert 0.1 <= loop.time() - start < 1.0  # never early
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    # A passed deadline refuses the next wait at once.
+    with pytest.raises(TransientError, match="total"), deadline:
+        pass
+    deadline.close()
+    assert monitor.open_streams == 0
+    monitor.close()
+
+
+async def test_a_call_deadline_shares_the_monitor_with_streams() -> None:
+    monitor = LivenessMonitor()
+    loop = asyncio.get_running_loop()
+    stream = StreamLiveness(ttft_s=5.0, monitor=monitor)
+    call = CallDeadline(0.05, loop.time(), monitor)
+    with stream:  # the stream armed the timer late; the call's deadline pulls it earlier
+        pass
+    with pytest.raises(StreamLivenessTimeout) as caught, call:
+        await asyncio.sleep(5)
+    assert caught.value.kind == "total"
+    call.close()
+    stream.close()
+    assert monitor.open_streams == 0
+    monitor.close()
+
+
+async def test_an_outside_cancellation_passes_a_call_deadline_unchanged() -> None:
+    monitor = LivenessMonitor()
+    started = asyncio.Event()
+
+    async def wait() -> None:
+        with CallDeadline(5.0, asyncio.get_running_loop().time(), monitor):
+            started.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(wait())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    monitor.close()
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
+async def test_a_call_deadline_refuses_a_total_that_is_not_positive(bad: float) -> None:
+    monitor = LivenessMonitor()
+    with pytest.raises(ValueError, match="total_s must be a positive number"):
+        CallDeadline(bad, 0.0, monitor)
+    monitor.close()
+
+
+async def test_a_call_deadline_refuses_a_monitor_of_another_loop() -> None:
+    monitor = LivenessMonitor()
+
+    def other_loop() -> None:
+        async def make() -> None:
+            CallDeadline(1.0, 0.0, monitor)
 
         asyncio.run(make())
 

@@ -16,6 +16,9 @@ words). It is enforced like
 the cancellation becomes the timeout only when it was ours alone; an outside cancellation
 propagates and a ``TimeoutError`` raised by the awaited code passes through unchanged.
 
+``CallDeadline`` is the total deadline alone, for a call that does not stream: the same
+protocol and monitor, without the phases and the token bookkeeping (it runs on every call).
+
 ``LivenessWatchdog`` applies the same deadlines to any async iterator whose items are tokens,
 and closes the iterator whenever iteration ends other than by yielding an item.
 
@@ -209,6 +212,75 @@ class StreamLiveness:
             self._monitor.close()
 
 
+class CallDeadline(TaskDeadline):
+    """The one (total) deadline of every wait of a call that does not stream: ``started_at +
+    total_s``, enforced like ``StreamLiveness``'s by the transport's ``monitor`` (of the
+    running loop). ``with deadline: await ...`` around each wait; ``close()`` at the end.
+    A passed deadline raises what ``timeout_error`` builds (``kind`` ``"total"``)."""
+
+    __slots__ = ("_at", "_loop", "_monitor", "_timeout_error", "source_name", "total_s")
+
+    def __init__(
+        self,
+        total_s: float,
+        started_at: float,
+        monitor: LivenessMonitor,
+        source_name: str | None = None,
+        timeout_error: TimeoutFactory = StreamLivenessTimeout,
+    ) -> None:
+        super().__init__()
+        if not total_s > 0:  # also refuses NaN
+            raise ValueError(f"total_s must be a positive number of seconds, got {total_s!r}")
+        loop = monitor.loop
+        if loop is not asyncio.get_running_loop():
+            raise RuntimeError("the liveness monitor belongs to another event loop")
+        self.total_s = total_s
+        self.source_name = source_name
+        self._at = started_at + total_s
+        self._loop = loop
+        self._monitor = monitor
+        self._timeout_error = timeout_error
+
+    def _timeout(self) -> Exception:
+        return self._timeout_error("total", self.total_s, source_name=self.source_name)
+
+    def _expire_at(self, now: float) -> float:
+        """As ``StreamLiveness._expire_at``."""
+        if self._at <= now:
+            self.expire()
+            return _INF
+        return self._at
+
+    def __enter__(self) -> CallDeadline:
+        if self._loop.time() >= self._at:
+            raise self._timeout()
+        self._monitor.watch(self, self._at)
+        self.enter(self._loop)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            if self.exit(cancelled=True):
+                raise self._timeout() from None
+        else:
+            self.exit()
+
+    def close(self) -> None:
+        """The call is over: the deadline no longer applies (idempotent)."""
+        self._monitor.forget(self)
+
+
+class _Watched(Protocol):
+    """What a ``LivenessMonitor`` checks: ``StreamLiveness`` and ``CallDeadline``."""
+
+    def _expire_at(self, now: float) -> float: ...
+
+
 class LivenessMonitor:
     """Enforces the deadlines of the open streams of one event loop with one loop timer.
 
@@ -220,12 +292,12 @@ class LivenessMonitor:
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._open: set[StreamLiveness] = set()
+        self._open: set[_Watched] = set()
         self._timer: asyncio.TimerHandle | None = None
         self.armed_at = _INF
         """When the timer fires next (``inf``: not armed)."""
 
-    def watch(self, liveness: StreamLiveness, deadline: float) -> None:
+    def watch(self, liveness: _Watched, deadline: float) -> None:
         """Check ``liveness`` no later than ``deadline`` (its deadline in force now)."""
         self._open.add(liveness)
         if deadline < self.armed_at:
@@ -234,7 +306,7 @@ class LivenessMonitor:
             self.armed_at = deadline
             self._timer = self.loop.call_at(deadline, self._on_timer)
 
-    def forget(self, liveness: StreamLiveness) -> None:
+    def forget(self, liveness: _Watched) -> None:
         # The timer stays armed: when it fires with nothing open it simply stops. Cancelling
         # it here would cost a timer per call whenever calls run one at a time.
         self._open.discard(liveness)
@@ -334,6 +406,7 @@ class LivenessWatchdog(Generic[T]):
 
 
 __all__ = [
+    "CallDeadline",
     "LivenessKind",
     "LivenessMonitor",
     "LivenessWatchdog",

@@ -132,24 +132,29 @@ class ChatDispatcher:
         clock = self._clock
         started = clock.monotonic()
         result = await self._transports[source.name].send(request, source, call_id=call_id)
-        response = LLMResponse(
-            content=result.content,
-            thinking=result.thinking,
-            model=result.model or source.model,
-            provider=source.provider,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            latency_ms=result.latency_ms or elapsed_ms(started, clock.monotonic()),
-            ttft_ms=result.ttft_ms,
-            max_inter_token_ms=result.max_inter_token_ms,
-            call_id=call_id,
-            source_name=source.name,
-            usage_source=result.usage_source,
-            finish_reason=result.finish_reason,
-            salvaged=result.salvaged,
-            cached_prompt_tokens=result.cached_prompt_tokens,
-            cache_write_tokens=result.cache_write_tokens,
-            tool_calls=result.tool_calls,
+        # Positional, in the field order up to tool_calls (once per attempt; a test gives
+        # every field its own value): 17 keywords would be matched by name.
+        response: LLMResponse = LLMResponse(
+            result.content,
+            result.thinking,
+            result.model or source.model,
+            source.provider,
+            result.prompt_tokens,
+            result.completion_tokens,
+            result.latency_ms or elapsed_ms(started, clock.monotonic()),
+            result.ttft_ms,
+            result.max_inter_token_ms,
+            False,  # cache_hit
+            call_id,
+            source.name,
+            None,  # cost
+            result.usage_source,
+            None,  # structured_data
+            result.finish_reason,
+            result.salvaged,
+            result.cached_prompt_tokens,
+            result.cache_write_tokens,
+            result.tool_calls,
         )
         if result.usage_source == "estimated":
             # No (trustworthy) usage: TPM keeps the source's est_tokens pre-charge, the

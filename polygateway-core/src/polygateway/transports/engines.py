@@ -220,6 +220,17 @@ def _closed_body(source_name: str) -> Callable[[], Awaitable[bytes]]:
     return closed
 
 
+def _wire_failure(exc: Exception, config: EngineConfig) -> TransientError:
+    """A client or socket failure as the error class the transport raises (timeouts are
+    ``TimeoutError`` subclasses, aiohttp's own included)."""
+    return wire_error(
+        exc,
+        timeout=isinstance(exc, TimeoutError),
+        source_name=config.source_name,
+        secret=config.secret,
+    )
+
+
 class BodyReader:
     """A response body as the transport reads it, through the engine's raw (undecoded) reads.
 
@@ -227,16 +238,35 @@ class BodyReader:
     decoded bytes both count against ``max_response_bytes`` while they arrive, one bounded
     step at a time (a gzip bomb never expands beyond one step past the cap)."""
 
-    __slots__ = ("_cap", "_config", "_decoded", "_eof", "_held", "_inflater", "_raw", "_wire")
+    __slots__ = (
+        "_cap",
+        "_config",
+        "_decoded",
+        "_eof",
+        "_failures",
+        "_held",
+        "_inflater",
+        "_raw",
+        "_translate",
+        "_wire",
+    )
 
     def __init__(
         self,
         raw: Callable[[], Awaitable[bytes]],
         content_encoding: str | None,
         config: EngineConfig,
+        failures: tuple[type[Exception], ...] = (),
+        translate: Callable[[Exception, EngineConfig], Exception] = _wire_failure,
     ) -> None:
+        """``raw``: the engine's read of the next raw bytes (``b""`` at the end). The
+        engine's own ``failures`` it raises become ``translate(exc, config)``, raised outside
+        the handler: the engine can hand over its client's read as it is, without a
+        coroutine of its own around every read."""
         self._raw = raw
         self._config = config
+        self._failures = failures
+        self._translate = translate
         self._cap = config.max_response_bytes or None
         self._wire = 0
         self._decoded = 0
@@ -300,7 +330,13 @@ class BodyReader:
                 data, self._held = self._held[:_MAX_CHUNK], self._held[_MAX_CHUNK:]
                 await asyncio.sleep(0)  # the previous slice was handed out without a pause
                 return data
-            data = await self._raw()
+            failure = None
+            try:
+                data = await self._raw()
+            except self._failures as exc:
+                failure = self._translate(exc, self._config)
+            if failure is not None:
+                raise failure  # outside the handler: the engine's exception stays out
             if not data:
                 self._eof = True
                 return data
@@ -319,7 +355,13 @@ class BodyReader:
             elif self._eof:
                 return b""
             else:
-                data = await self._raw()
+                failure = None
+                try:
+                    data = await self._raw()
+                except self._failures as exc:
+                    failure = self._translate(exc, self._config)
+                if failure is not None:
+                    raise failure  # outside the handler, as above
                 if not data:
                     self._eof = True
                     out = self._inflate(lambda _: inflater.finish(), b"")
@@ -364,25 +406,20 @@ class BodyReader:
 # --------------------------------------------------------------------------- aiohttp
 
 
-def _aiohttp_error(exc: Exception, config: EngineConfig) -> TransientError:
-    """An aiohttp or socket failure as the error class the transport raises (timeouts are
-    ``TimeoutError`` subclasses, aiohttp's own included)."""
-    return wire_error(
-        exc,
-        timeout=isinstance(exc, TimeoutError),
-        source_name=config.source_name,
-        secret=config.secret,
-    )
-
-
 class _AiohttpResponse:
     __slots__ = ("_body", "_config", "_response", "read", "read_chunk")
 
     def __init__(self, response: aiohttp.ClientResponse, config: EngineConfig) -> None:
         self._response = response
         self._config = config
+        # aiohttp's own read, its failures translated by the reader (outside the handler:
+        # aiohttp's exception, whose request info holds the request headers and the API key
+        # among them, stays out of the chain).
         body = self._body = BodyReader(
-            self._raw_chunk, response.headers.get("Content-Encoding"), config
+            response.content.readany,
+            response.headers.get("Content-Encoding"),
+            config,
+            _AIOHTTP_FAILURES,
         )
         self.read_chunk = body.read_chunk
         self.read = body.read
@@ -394,15 +431,6 @@ class _AiohttpResponse:
     @property
     def headers(self) -> Mapping[str, str]:
         return self._response.headers
-
-    async def _raw_chunk(self) -> bytes:
-        try:
-            return await self._response.content.readany()
-        except _AIOHTTP_FAILURES as exc:
-            error = _aiohttp_error(exc, self._config)
-        # Raised outside the handler: aiohttp's exception (whose request info holds the
-        # request headers, the API key among them) stays out of the chain.
-        raise error
 
     def at_eof(self) -> bool:
         return self._response.content.at_eof() and self._body.exhausted
@@ -474,7 +502,7 @@ class AiohttpEngine:
                 source_name=config.source_name,
             )
         except _AIOHTTP_FAILURES as exc:
-            error = _aiohttp_error(exc, config)
+            error = _wire_failure(exc, config)
         else:
             return _AiohttpResponse(response, config)
         raise error  # outside the handler: no aiohttp exception (request headers) in the chain

@@ -117,7 +117,17 @@ class JsonBodyParser:
         self._size = 0
         self._head = b""
         self._scanning = False
+        self._broken = False
+        self._done = False
+        self._value: Any = None
+        self._error: ValueError | None = None
+        # The scanner's state is set by ``_start_scanning``, for a large body only: a usual
+        # body (every non-streaming call) is joined and parsed at the end, nothing more.
+
+    def _start_scanning(self) -> None:
+        self._scanning = True
         self._skeleton: list[bytes] = []
+        self._skeleton_size = 0
         self._in_string = False
         self._pending = b""
         """A backslash that ended the previous chunk (its escaped byte is in the next)."""
@@ -129,12 +139,7 @@ class JsonBodyParser:
         self._carry = b""
         """Bytes of the current long string not decoded yet (less than one piece)."""
         self._strings: list[str] = []
-        self._marker = b""
-        self._broken = False
-        self._skeleton_size = 0
-        self._done = False
-        self._value: Any = None
-        self._error: ValueError | None = None
+        self._marker = b"\\u0000pgw-" + secrets.token_hex(8).encode() + b":"
 
     @property
     def head(self) -> bytes:
@@ -179,8 +184,7 @@ class JsonBodyParser:
             if self._size > INLINE_BYTES:
                 # Large: scan what came so far (at most INLINE_BYTES plus one chunk), then each
                 # chunk as it arrives.
-                self._scanning = True
-                self._marker = b"\\u0000pgw-" + secrets.token_hex(8).encode() + b":"
+                self._start_scanning()
                 chunks, self._chunks = self._chunks, []
                 for piece in chunks:
                     self._scan(piece)

@@ -37,7 +37,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence, Set
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 from urllib.parse import urlsplit
 
 from polygateway.digest import canonical_messages_json, reject_lone_surrogates
@@ -53,7 +53,7 @@ from polygateway.params import body_fields
 from polygateway.ports import ProviderProfile
 from polygateway.providers import builtin_profiles_by_name
 from polygateway.settings import SourceConfig
-from polygateway.streaming import LivenessKind, LivenessMonitor, StreamLiveness
+from polygateway.streaming import CallDeadline, LivenessKind, LivenessMonitor, StreamLiveness
 from polygateway.transports.engine_options import engine_options
 from polygateway.transports.engines import (
     ACCEPT_ENCODING,
@@ -285,9 +285,21 @@ def engine_for_source(
     )
 
 
+@overload
+def attempt_liveness(
+    source: SourceConfig, *, stream: Literal[True], started: float, monitor: LivenessMonitor
+) -> StreamLiveness: ...
+
+
+@overload
+def attempt_liveness(
+    source: SourceConfig, *, stream: Literal[False], started: float, monitor: LivenessMonitor
+) -> CallDeadline: ...
+
+
 def attempt_liveness(
     source: SourceConfig, *, stream: bool, started: float, monitor: LivenessMonitor
-) -> StreamLiveness:
+) -> StreamLiveness | CallDeadline:
     """The deadlines of one attempt: TTFT, inter-token and total for a stream; only the total
     for a non-streaming call (it bounds the request and reading the answer, and reports
     itself as ``no_complete_answer``)."""
@@ -300,13 +312,7 @@ def attempt_liveness(
             source_name=source.name,
             monitor=monitor,
         )
-    return StreamLiveness(
-        total_s=source.timeout_s,
-        started_at=started,
-        source_name=source.name,
-        monitor=monitor,
-        timeout_error=no_complete_answer,
-    )
+    return CallDeadline(source.timeout_s, started, monitor, source.name, no_complete_answer)
 
 
 def monitor_for_loop(
@@ -419,21 +425,22 @@ def transport_result(
         estimated = True
         prompt_tokens = estimate_prompt_tokens(request.messages, request.context)
         completion_tokens = estimate_completion_tokens(content, completion.thinking)
+    # Positional, in the field order (once per attempt; a test gives every field its own value).
     return TransportResult(
-        content=content,
-        thinking=completion.thinking,
-        model=completion.model or source.model,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        usage_source="estimated" if estimated else "measured",
-        latency_ms=int(latency_s * 1000),
-        ttft_ms=ttft_ms,
-        max_inter_token_ms=max_inter_token_ms,
-        finish_reason=completion.finish_reason,
-        salvaged=salvaged,
-        cached_prompt_tokens=completion.cached_tokens,
-        cache_write_tokens=completion.cache_write_tokens,
-        tool_calls=completion.tool_calls,
+        content,
+        completion.thinking,
+        completion.model or source.model,
+        prompt_tokens,
+        completion_tokens,
+        "estimated" if estimated else "measured",
+        int(latency_s * 1000),
+        ttft_ms,
+        max_inter_token_ms,
+        completion.finish_reason,
+        salvaged,
+        completion.cached_tokens,
+        completion.cache_write_tokens,
+        completion.tool_calls,
     )
 
 
