@@ -99,3 +99,41 @@ async def test_input_the_decoder_still_holds_at_close_is_not_passed_off_as_the_e
     assert not reader.exhausted
     with pytest.raises(ResponseClosedError):
         await reader.read_chunk()
+
+
+@pytest.mark.parametrize("gzip", [False, True], ids=["plain", "gzip"])
+async def test_at_eof_never_passes_a_partly_handed_out_body_for_its_end(
+    engine: HttpEngine, fake_upstream: FakeUpstream, gzip: bool
+) -> None:
+    # ``read_json_body`` stops at the chunk after which ``at_eof()`` holds, without the read
+    # of b"" that would say so: at_eof must then hold only when everything was handed out.
+    fake_upstream.script("closed", Reply.flood(3000, gzip=gzip))
+    response = await engine.post(url(fake_upstream), REQUEST)
+    parts = []
+    while not response.at_eof():
+        chunk = await response.read_chunk()
+        if not chunk:
+            break
+        parts.append(chunk)
+    content = json.loads(b"".join(parts))["choices"][0]["message"]["content"]
+    assert set(content) == {"x"} and len(content) > 2000
+    assert await response.read_chunk() == b""
+    await response.aclose()
+    assert response.at_eof()
+    assert await response.read_chunk() == b""
+
+
+async def test_a_small_aiohttp_body_is_known_to_end_with_its_last_chunk(
+    fake_upstream: FakeUpstream,
+) -> None:
+    engine = make_engine("aiohttp", EngineConfig(source_name="closed", headers={}, plain_http=True))
+    try:
+        fake_upstream.script("closed", Reply.ok(content="short answer"))
+        response = await engine.post(url(fake_upstream), REQUEST)
+        chunk = await response.read_chunk()
+        assert json.loads(chunk)["choices"][0]["message"]["content"] == "short answer"
+        assert response.at_eof()  # no read of b"" needed to know
+        await response.aclose()
+        assert await response.read_chunk() == b""
+    finally:
+        await engine.aclose()

@@ -214,7 +214,10 @@ class Admission:
                 attempted = await attempt(source, call_id)
                 tokens = attempted.tokens
                 if tokens is not None and tokens != permit.est_tokens:
-                    await self._settle(permit, tokens)
+                    try:
+                        await permit.settle(tokens)
+                    except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
+                        self._warn("permit.settle", exc)
             except asyncio.CancelledError as exc:
                 self._observe(observer, source, call_id, exc, started)
                 raise
@@ -293,12 +296,6 @@ class Admission:
             events(admitted_event(name, decision.state, decision.is_probe))
         except Exception as exc:  # noqa: BLE001 - an observer must never break the call
             self._warn("governance events observer", exc)
-
-    async def _settle(self, permit: Permit, tokens: int) -> None:
-        try:
-            await permit.settle(tokens)
-        except Exception as exc:  # noqa: BLE001 - accounting side degrades (M2 §10)
-            self._warn("permit.settle", exc)
 
     async def _release(self, permit: Permit) -> None:
         try:

@@ -242,6 +242,7 @@ class BodyReader:
         "_cap",
         "_config",
         "_decoded",
+        "_detached",
         "_eof",
         "_failures",
         "_held",
@@ -273,6 +274,7 @@ class BodyReader:
         self._held = b""
         """Raw bytes read but not handed out yet (beyond ``_MAX_CHUNK``)."""
         self._eof = False
+        self._detached = False
         encoding = (content_encoding or "").strip().lower()
         if encoding in ("", "identity"):
             self._inflater: _Inflater | None = None
@@ -291,6 +293,7 @@ class BodyReader:
         Drops the raw reader, which is the response wrapper's own method: the wrapper holds
         this reader too, and the cycle would keep both (with the engine's response and its
         headers) alive until a garbage collection, one per call. The decoder goes too."""
+        self._detached = True
         if self.exhausted:
             self._raw = _end_of_body
         else:
@@ -298,6 +301,14 @@ class BodyReader:
             self._eof = False  # bytes held back or still encoded were not handed out
         self._held = b""
         self._inflater = None
+
+    def raw_ended(self) -> bool:
+        """The engine knows its raw body is over: ``exhausted`` from now on once nothing is
+        held back or left to decode, without the read of ``b""`` that would say so (a
+        decoder still gets its end from that read)."""
+        if self._inflater is None and not self._held and not self._detached:
+            self._eof = True
+        return self.exhausted
 
     @property
     def exhausted(self) -> bool:
@@ -433,7 +444,7 @@ class _AiohttpResponse:
         return self._response.headers
 
     def at_eof(self) -> bool:
-        return self._response.content.at_eof() and self._body.exhausted
+        return self._response.content.at_eof() and self._body.raw_ended()
 
     async def aclose(self) -> None:
         self._body.detach()

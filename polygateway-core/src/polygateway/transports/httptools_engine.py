@@ -427,7 +427,7 @@ class _HttptoolsResponse:
     def at_eof(self) -> bool:
         connection = self._connection
         complete = connection is None or (connection.complete and not connection.body)
-        return complete and self._body.exhausted
+        return complete and self._body.raw_ended()
 
     async def aclose(self) -> None:
         self._body.detach()

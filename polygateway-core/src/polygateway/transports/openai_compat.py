@@ -334,8 +334,11 @@ async def read_json_body(response: EngineResponse, first: bytes = b"") -> JsonBo
     parser = JsonBodyParser()
     parser.feed(first)
     read_chunk = response.read_chunk
+    at_eof = response.at_eof
     while chunk := await read_chunk():
         parser.feed(chunk)
+        if at_eof():  # known to be the end: no read just to be told so
+            break
     if parser.heavy:  # mostly structure: parsed in a thread that lets the loop run
         await asyncio.to_thread(parser.finish)
     return parser
