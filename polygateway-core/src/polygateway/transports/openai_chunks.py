@@ -262,8 +262,11 @@ def reasoning_details_text(details: list[Any]) -> str:
 def cache_usage(usage: Any) -> tuple[int, int]:
     """``(cached, cache_written)`` prompt tokens of a usage object
     (``prompt_tokens_details.cached_tokens`` / ``.cache_write_tokens``; 0 when absent)."""
-    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
-    if not isinstance(details, Mapping):
+    # ``None`` and ``type() is dict`` first: the usual values, without the ABC machinery.
+    if type(usage) is not dict and not isinstance(usage, Mapping):
+        return 0, 0
+    details = usage.get("prompt_tokens_details")
+    if details is None or (type(details) is not dict and not isinstance(details, Mapping)):
         return 0, 0
     return _as_tokens(details.get("cached_tokens")), _as_tokens(details.get("cache_write_tokens"))
 
@@ -639,6 +642,7 @@ def parse_completion(
     cached, written = cache_usage(raw_usage) if usage else (0, 0)
     finish = choice.get("finish_reason")
     model = get("model")
+    calls = message.get("tool_calls")
     # Positional: this runs once per non-streaming call.
     return ParsedCompletion(
         content,
@@ -647,10 +651,10 @@ def parse_completion(
         usage[0] if usage else None,
         usage[1] if usage else None,
         model if isinstance(model, str) else "",
-        bool(message.get("tool_calls")),
+        bool(calls),
         cached,
         written,
-        tool_calls_of(message),
+        tool_calls_of(message) if calls else (),
     )
 
 
