@@ -275,8 +275,8 @@ class BodyReader:
         """Raw bytes read but not handed out yet (beyond ``_MAX_CHUNK``)."""
         self._eof = False
         self._detached = False
-        encoding = (content_encoding or "").strip().lower()
-        if encoding in ("", "identity"):
+        encoding = "" if content_encoding is None else content_encoding.strip().lower()
+        if not encoding or encoding == "identity":
             self._inflater: _Inflater | None = None
         elif encoding in ("gzip", "x-gzip", "deflate"):
             self._inflater = _Inflater(gzip=encoding != "deflate")

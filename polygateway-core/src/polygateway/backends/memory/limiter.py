@@ -60,7 +60,8 @@ def slot_wait(oldest_expiry_in_s: float, hold_s: float | None) -> float:
 
 def next_hold(previous: float | None, held_s: float) -> float:
     """The hold-time estimate after one more release."""
-    held_s = max(0.0, held_s)
+    if not held_s > 0.0:  # also NaN; a comparison, not max(): this runs on every release
+        held_s = 0.0
     return held_s if previous is None else previous + HOLD_WEIGHT * (held_s - previous)
 
 
