@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pgw_redis.connection import ScriptCall, _pack
+from pgw_redis.connection import PackedCall, ScriptCall, _pack, bulk
 from pgw_redis.scripts import LuaScript
 from redis.connection import Connection
 
@@ -30,3 +30,25 @@ def test_pack_is_redis_pys_command(calls: list[tuple[list[str], list[str | int]]
             Connection().pack_command("EVALSHA", SCRIPT.sha, len(keys), *keys, *args)
         )
         assert _pack(ScriptCall(SCRIPT, keys, args), memo) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.sampled_from(["pgw:a", "pgw:{LLM}:b", "é"]) | texts, max_size=6),
+    args=st.lists(st.integers(-(2**63), 2**63 - 1) | texts, max_size=12),
+)
+def test_a_packed_call_is_redis_pys_command_and_decodes_back(
+    keys: list[str], args: list[str | int]
+) -> None:
+    call = PackedCall(
+        SCRIPT,
+        len(keys),
+        b"".join(bulk(key) for key in keys),
+        len(args),
+        b"".join(bulk(arg) for arg in args),
+    )
+    expected = b"".join(Connection().pack_command("EVALSHA", SCRIPT.sha, len(keys), *keys, *args))
+    assert _pack(call, {}) == expected
+    # What the Cluster pipeline is given instead.
+    assert call.keys == [key.encode() for key in keys]
+    assert call.args == [str(arg).encode() for arg in args]

@@ -49,7 +49,14 @@ from polygateway.validation import check_max_cooldown, check_threshold, check_tt
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from pgw_redis._warn import WarnOnce
-from pgw_redis.connection import BACKEND_ERRORS, RedisClient, ScriptCall, ScriptClient, as_text
+from pgw_redis.connection import (
+    BACKEND_ERRORS,
+    RedisClient,
+    ScriptCall,
+    ScriptClient,
+    as_text,
+    bulk,
+)
 from pgw_redis.keys import gate_key, new_id, scope_tag
 from pgw_redis.scripts import (
     GATE_FORCE_OPEN,
@@ -80,6 +87,7 @@ class RedisGate:
         "_cooldown_ms",
         "_cooldown_s",
         "_elide",
+        "_enter_tail",
         "_fail_threshold",
         "_key_ttl_ms",
         "_keys",
@@ -127,6 +135,8 @@ class RedisGate:
         self._key_ttl_ms = round(
             max(_MIN_KEY_TTL_S, 2.0 * (self._max_cooldown_s + probe_ttl_s)) * 1000.0
         )
+        # try_enter's arguments after the owner id, encoded for the limiter's joint admission.
+        self._enter_tail = bulk(self._probe_ttl_ms) + bulk(self._key_ttl_ms)
         self._elide = elide_clean_success
         self._owns_client = owns_client
         self._keys: dict[str, str] = {}
@@ -189,10 +199,11 @@ class RedisGate:
     def client(self) -> RedisClient:
         return self._client
 
-    def joint_enter_args(self, source: str) -> tuple[str, str, tuple[str | int, ...]]:
-        """The gate key, a new probe owner id and the try_enter arguments for ``source``."""
+    def joint_enter_args(self, source: str) -> tuple[str, str, bytes]:
+        """The gate key, a new probe owner id and the try_enter arguments for ``source``
+        (encoded, ``connection.bulk``)."""
         owner = new_id()
-        return self._key(source), owner, (owner, self._probe_ttl_ms, self._key_ttl_ms)
+        return self._key(source), owner, bulk(owner) + self._enter_tail
 
     def hand_back_later(self, key: str, owner: str) -> None:
         """Hand back, in the background, the probe a try_enter for ``owner`` may have got."""

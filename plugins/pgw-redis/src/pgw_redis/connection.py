@@ -77,6 +77,53 @@ class ScriptCall:
     args: Sequence[str | int]
 
 
+@dataclass(frozen=True, slots=True)
+class PackedCall:
+    """A script invocation whose keys and arguments are encoded already: each a RESP bulk
+    string (``bulk``), one after the other. The limiter's batches are made of operations
+    encoded once each (most of their keys and limits once a minute), so sending a batch joins
+    bytes instead of encoding a hundred values.
+
+    ``keys`` and ``args`` decode them again (as bytes), for the Cluster pipeline, which takes
+    values, and for whoever inspects a call."""
+
+    script: LuaScript
+    key_count: int
+    packed_keys: bytes
+    arg_count: int
+    packed_args: bytes
+
+    @property
+    def keys(self) -> list[bytes]:
+        return _unbulk(self.packed_keys)
+
+    @property
+    def args(self) -> list[bytes]:
+        return _unbulk(self.packed_args)
+
+
+AnyCall: TypeAlias = "ScriptCall | PackedCall"
+
+
+def bulk(value: str | int) -> bytes:
+    """``value`` as a RESP bulk string, as a command's argument goes on the wire."""
+    raw = value.encode() if isinstance(value, str) else b"%d" % value
+    return b"$%d\r\n%b\r\n" % (len(raw), raw)
+
+
+def _unbulk(data: bytes) -> list[bytes]:
+    """The values of consecutive RESP bulk strings (``bulk``'s output, joined)."""
+    values: list[bytes] = []
+    at = 0
+    while at < len(data):
+        end = data.index(b"\r\n", at)
+        start = end + 2
+        stop = start + int(data[at + 1 : end])
+        values.append(data[start:stop])
+        at = stop + 2
+    return values
+
+
 def as_text(value: object) -> str:
     """A reply field as ``str`` (clients made without ``decode_responses`` answer bytes)."""
     if isinstance(value, bytes):
@@ -219,7 +266,7 @@ class ScriptClient:
             raise result
         return result
 
-    async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    async def run_many(self, calls: Sequence[AnyCall]) -> list[Any]:
         """Run ``calls`` in order in one round trip (pipelined).
 
         Returns one entry per call: its reply, or the ``ResponseError`` it answered (the
@@ -268,7 +315,7 @@ class ScriptClient:
             if not self._loaded:
                 await self.load()
 
-    async def _send(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    async def _send(self, calls: Sequence[AnyCall]) -> list[Any]:
         client = self.client
         if isinstance(client, RedisCluster):
             pipe = client.pipeline(transaction=False)
@@ -276,9 +323,8 @@ class ScriptClient:
                 # execute_command: the Cluster pipeline blocks its ``evalsha`` method (a script
                 # may touch keys of several slots) but routes the command by its keys; ours
                 # all carry one hash tag.
-                pipe.execute_command(
-                    "EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args
-                )
+                keys = call.keys
+                pipe.execute_command("EVALSHA", call.script.sha, len(keys), *keys, *call.args)
             results: list[Any] = await pipe.execute(raise_on_error=False)
             return results
         # Plain Redis: the commands are written on one connection in one write and their
@@ -333,14 +379,22 @@ _MEMO_MAX = 4096
 """Encoded keys and integers kept per client at most (then the memo starts afresh)."""
 
 
-def _pack(call: ScriptCall, memo: dict[str | int, bytes]) -> bytes:
+def _pack(call: AnyCall, memo: dict[str | int, bytes]) -> bytes:
     """``EVALSHA sha numkeys keys... args...`` in the Redis protocol (RESP).
 
-    Keys and integer arguments repeat from call to call (a batch carries the same few keys
-    and limits for every admission): their encoded form is taken from ``memo``, all of them
-    in one ``map`` (a batch has a hundred arguments). String arguments (lease and probe ids)
-    are new each time: encoded directly, not kept.
+    A ``PackedCall`` is encoded already: its parts are joined.
+    Otherwise keys and integer arguments repeat from call to call (the same keys, TTLs and
+    limits): their encoded form is taken from ``memo``, all of them in one ``map``. String
+    arguments (lease and probe ids) are new each time: encoded directly, not kept.
     """
+    if isinstance(call, PackedCall):
+        return b"*%d\r\n$7\r\nEVALSHA\r\n%b%b%b%b" % (
+            call.key_count + call.arg_count + 3,
+            call.script.sha_resp,
+            _bulk(call.key_count, memo),
+            call.packed_keys,
+            call.packed_args,
+        )
     keys, args = call.keys, call.args
     if len(memo) > _MEMO_MAX:
         memo.clear()

@@ -75,7 +75,9 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import islice
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from polygateway.errors import GovernanceBackendError
@@ -97,10 +99,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import (
     BACKEND_ERRORS,
+    AnyCall,
     NotSentError,
+    PackedCall,
     RedisClient,
     ScriptCall,
     ScriptClient,
+    bulk,
 )
 from pgw_redis.keys import LimiterKeys, SourceKeys, new_id
 from pgw_redis.scripts import BATCH, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
@@ -169,28 +174,146 @@ admission never waits behind more than this many writes."""
 MAX_BATCHES_IN_FLIGHT: Final = 2
 """Batches of admissions on the wire at once (each on a connection of its own)."""
 
-# Operation codes of the BATCH script.
-_OP_ACQUIRE: Final = 1
-_OP_RELEASE: Final = 2
-_OP_SETTLE: Final = 3
-_OP_PROGRESS: Final = 4
-_OP_GATE_ACQUIRE: Final = 6
-
-_Op: TypeAlias = tuple[int, Sequence[str], Sequence[str | int]]
-"""One operation of a batch: its code, its keys, its arguments."""
+_Op: TypeAlias = tuple[int, bytes, int, bytes]
+"""One operation of a batch, encoded (``connection.bulk``): its key count, its keys, its
+argument count and its arguments, the BATCH script's three of each operation (code, key count,
+argument count) included."""
 
 
-def _batch_call(ops: Sequence[_Op]) -> ScriptCall:
+def _head(code: int, key_count: int, arg_count: int) -> bytes:
+    """The three arguments in front of an operation's own in the BATCH script."""
+    return bulk(code) + bulk(key_count) + bulk(arg_count)
+
+
+# Operations of the BATCH script: code, keys, arguments (see scripts.BATCH).
+_ACQUIRE_KEYS: Final = 9
+_ACQUIRE_ARGS: Final = 3 + 10
+_ACQUIRE_HEAD: Final = _head(1, _ACQUIRE_KEYS, 10)
+_GATE_ACQUIRE_KEYS: Final = 1 + _ACQUIRE_KEYS
+_GATE_ACQUIRE_ARGS: Final = 3 + 3 + 10
+_GATE_ACQUIRE_HEAD: Final = _head(6, _GATE_ACQUIRE_KEYS, 3 + 10)
+_RELEASE_KEYS: Final = 9
+_RELEASE_ARGS: Final = 3 + 6
+_RELEASE_HEAD: Final = _head(2, _RELEASE_KEYS, 6)
+_SETTLE_KEYS: Final = 3
+_SETTLE_ARGS: Final = 3 + 3
+_SETTLE_HEAD: Final = _head(3, _SETTLE_KEYS, 3)
+_PROGRESS_HEAD: Final = _head(4, 1, 0)
+_TRUE: Final = bulk(1)
+_FALSE: Final = bulk(0)
+
+_key_count = itemgetter(0)
+_keys = itemgetter(1)
+_arg_count = itemgetter(2)
+_args = itemgetter(3)
+_op_of = attrgetter("op")
+
+
+def _batch_call(ops: Sequence[_Op]) -> PackedCall:
     """Every operation of ``ops`` as one call of the BATCH script (they run in order)."""
-    keys: list[str] = []
-    args: list[str | int] = []
-    for code, op_keys, op_args in ops:
-        keys.extend(op_keys)
-        args.append(code)
-        args.append(len(op_keys))
-        args.append(len(op_args))
-        args.extend(op_args)
-    return ScriptCall(BATCH, keys, args)
+    return PackedCall(
+        BATCH,
+        sum(map(_key_count, ops)),
+        b"".join(map(_keys, ops)),
+        sum(map(_arg_count, ops)),
+        b"".join(map(_args, ops)),
+    )
+
+
+class _SourceWindow:
+    """The keys of one source's operations in one window, encoded once: every admission,
+    settle and release of the source in that minute sends the same ones. So are the window's
+    arguments, and the limits of the last ``source_limits`` seen."""
+
+    __slots__ = (
+        "_fixed",
+        "_gate_key",
+        "_joint_keys",
+        "_limits",
+        "_limits_args",
+        "acquire_keys",
+        "release_keys",
+        "settle_keys",
+        "window",
+        "window_arg",
+        "window_end_arg",
+    )
+
+    def __init__(
+        self, keys: LimiterKeys, source_keys: SourceKeys, window: int, fixed: tuple[int, Limits]
+    ) -> None:
+        w = str(window)
+        self.window = window
+        self.window_arg = bulk(window)
+        self.window_end_arg = bulk((window + 1) * (WINDOW_MS // 1000))
+        self.acquire_keys = b"".join(
+            map(
+                bulk,
+                (
+                    keys.lease,
+                    source_keys.lease,
+                    keys.rpm_base + w,
+                    source_keys.rpm_base + w,
+                    keys.tpm_base + w,
+                    source_keys.tpm_base + w,
+                    keys.abandoned,
+                    keys.hold,
+                    source_keys.hold,
+                ),
+            )
+        )
+        self.release_keys = b"".join(
+            map(
+                bulk,
+                (
+                    keys.lease,
+                    source_keys.lease,
+                    keys.tpm_base + w,
+                    source_keys.tpm_base + w,
+                    keys.progress,
+                    keys.abandoned,
+                    keys.settled_base + w,
+                    keys.hold,
+                    source_keys.hold,
+                ),
+            )
+        )
+        self.settle_keys = b"".join(
+            map(bulk, (keys.tpm_base + w, source_keys.tpm_base + w, keys.settled_base + w))
+        )
+        self._fixed = fixed
+        self._gate_key = ""
+        self._joint_keys = b""
+        self._limits: Limits | None = None
+        self._limits_args = b""
+
+    def joint_keys(self, gate_key: str) -> bytes:
+        """The gate's key, then the acquire's."""
+        if gate_key != self._gate_key:
+            self._joint_keys = bulk(gate_key) + self.acquire_keys
+            self._gate_key = gate_key
+        return self._joint_keys
+
+    def acquire_args(self, lease_arg: bytes, est_tokens: int, source_limits: Limits) -> bytes:
+        """The acquire's arguments (``lease_arg``: the lease id, encoded)."""
+        if source_limits is not self._limits:
+            lease_ttl_ms, glimits = self._fixed
+            self._limits_args = b"".join(
+                map(
+                    bulk,
+                    (
+                        lease_ttl_ms,
+                        glimits.max_concurrency,
+                        source_limits.max_concurrency,
+                        glimits.rpm,
+                        source_limits.rpm,
+                        glimits.tpm,
+                        source_limits.tpm,
+                    ),
+                )
+            )
+            self._limits = source_limits
+        return b"%b%b%b%b" % (self.window_arg, lease_arg, bulk(est_tokens), self._limits_args)
 
 
 class _Admission:
@@ -207,12 +330,12 @@ class _Admission:
 class _QueuedAccounting:
     """What is queued for one lease: a TPM correction, a release, or both (one script)."""
 
-    __slots__ = ("compensation", "delta", "lease_id", "release", "source_keys", "window")
+    __slots__ = ("compensation", "delta", "keys", "lease_arg", "lease_id", "release")
 
-    def __init__(self, lease_id: str, source_keys: SourceKeys, window: int) -> None:
+    def __init__(self, lease_id: str, lease_arg: bytes, keys: _SourceWindow) -> None:
         self.lease_id = lease_id
-        self.source_keys = source_keys
-        self.window = window
+        self.lease_arg = lease_arg
+        self.keys = keys
         self.delta = 0
         self.release = False
         self.compensation = False
@@ -247,22 +370,22 @@ class RedisPermit(OnceOnlyPermit):
     raises for backend trouble.
     """
 
-    __slots__ = ("_lease_id", "_limiter", "_source_keys", "_window")
+    __slots__ = ("_keys", "_lease_arg", "_lease_id", "_limiter")
 
     def __init__(
         self,
         limiter: RedisLimiter,
         lease_id: str,
+        lease_arg: bytes,
         source: str,
-        source_keys: SourceKeys,
+        keys: _SourceWindow,
         est_tokens: int,
-        window: int,
     ) -> None:
         super().__init__(source, est_tokens)
         self._limiter = limiter
         self._lease_id = lease_id
-        self._source_keys = source_keys
-        self._window = window
+        self._lease_arg = lease_arg
+        self._keys = keys
 
     @property
     def lease_id(self) -> str:
@@ -271,13 +394,13 @@ class RedisPermit(OnceOnlyPermit):
     @property
     def window(self) -> int:
         """The acquire-time window id (server minutes since the epoch) that ``settle`` moves."""
-        return self._window
+        return self._keys.window
 
     def _apply_settle(self, delta: int) -> None:
-        self._limiter._queue(self._lease_id, self._source_keys, self._window, delta=delta)
+        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, delta=delta)
 
     def _apply_release(self) -> None:
-        self._limiter._queue(self._lease_id, self._source_keys, self._window, release=True)
+        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, release=True)
 
 
 class RedisLimiter:
@@ -294,10 +417,12 @@ class RedisLimiter:
         "_client",
         "_closed",
         "_disconnected",
+        "_fixed_args",
         "_flush_tasks",
         "_forming",
         "_global_limits",
         "_keys",
+        "_lease_ttl_arg",
         "_lease_ttl_ms",
         "_lease_ttl_s",
         "_made_keys",
@@ -307,6 +432,7 @@ class RedisLimiter:
         "_offset_ms",
         "_owns_client",
         "_pending",
+        "_progress_op",
         "_progress_pending",
         "_retry_delay_s",
         "_retry_handle",
@@ -348,8 +474,11 @@ class RedisLimiter:
         self._source_keys: dict[str, SourceKeys] = {}
         self._pending: dict[str, _QueuedAccounting] = {}
         self._admissions: list[_Admission] = []
-        self._made_keys: dict[str, tuple[str, ...]] = {}
+        self._made_keys: dict[str, _SourceWindow] = {}
         self._made_keys_window = -1
+        self._fixed_args = (self._lease_ttl_ms, global_limits)
+        self._lease_ttl_arg = bulk(self._lease_ttl_ms)
+        self._progress_op: _Op = (1, bulk(self._keys.progress), 3, _PROGRESS_HEAD)
         self._progress_pending = False
         self._flush_tasks: set[asyncio.Task[None]] = set()
         self._forming: asyncio.Task[None] | None = None
@@ -379,20 +508,27 @@ class RedisLimiter:
     async def try_acquire(
         self, source: str, est_tokens: int, source_limits: Limits
     ) -> Permit | Denial:
-        source_keys, est_tokens = self._admission_inputs(source, est_tokens, source_limits)
+        est_tokens = _checked_inputs(est_tokens, source_limits)
         # Made before sending, so a script that ran for a caller who never saw the reply can
         # still be released by id.
         lease_id = new_id()
+        lease_arg = bulk(lease_id)
         window = self._guess_window()
         for _ in range(_WINDOW_ATTEMPTS):
+            keys = self._source_window(source, window)
             op = (
-                _OP_ACQUIRE,
-                self._acquire_keys(source_keys, window),
-                self._acquire_args(window, lease_id, est_tokens, source_limits),
+                _ACQUIRE_KEYS,
+                keys.acquire_keys,
+                _ACQUIRE_ARGS,
+                _ACQUIRE_HEAD + keys.acquire_args(lease_arg, est_tokens, source_limits),
             )
             admission = self._enqueue(op)
-            reply = await self._reply(admission, lease_id, source_keys, window, est_tokens)
-            admitted = self._admitted(reply, source, lease_id, source_keys, est_tokens, window)
+            try:
+                reply = await admission.future
+            except (asyncio.CancelledError, GovernanceBackendError):
+                self._abandon(admission, lease_id, lease_arg, keys, est_tokens)
+                raise
+            admitted = self._admitted(reply, source, lease_id, lease_arg, keys, est_tokens)
             if admitted is not None:
                 return admitted
             window = self._learn_server_time(int(reply[1]))
@@ -408,13 +544,7 @@ class RedisLimiter:
             return None
         if not same_server(self._client, gate.client):
             return None
-
-        async def joint(
-            source: str, est_tokens: int, source_limits: Limits
-        ) -> tuple[GateDecision, Permit | Denial | None]:
-            return await self.enter_and_acquire(gate, source, est_tokens, source_limits)
-
-        return joint
+        return partial(self.enter_and_acquire, gate)
 
     async def enter_and_acquire(
         self, gate: RedisGate, source: str, est_tokens: int, source_limits: Limits
@@ -426,22 +556,32 @@ class RedisLimiter:
         Cancelled or failed after sending: the probe it may have been given is handed back
         and the lease compensated, as each call alone would do.
         """
-        source_keys, est_tokens = self._admission_inputs(source, est_tokens, source_limits)
+        est_tokens = _checked_inputs(est_tokens, source_limits)
         gate_key, owner, gate_args = gate.joint_enter_args(source)
         lease_id = new_id()
+        lease_arg = bulk(lease_id)
         window = self._guess_window()
         answered = False  # a reply came: the gate may have made this caller the probe
         for _ in range(_WINDOW_ATTEMPTS):
+            keys = self._source_window(source, window)
             op = (
-                _OP_GATE_ACQUIRE,
-                (gate_key, *self._acquire_keys(source_keys, window)),
-                (*gate_args, *self._acquire_args(window, lease_id, est_tokens, source_limits)),
+                _GATE_ACQUIRE_KEYS,
+                keys.joint_keys(gate_key),
+                _GATE_ACQUIRE_ARGS,
+                b"%b%b%b"
+                % (
+                    _GATE_ACQUIRE_HEAD,
+                    gate_args,
+                    keys.acquire_args(lease_arg, est_tokens, source_limits),
+                ),
             )
             admission = None
             try:
                 admission = self._enqueue(op)
-                reply = await self._reply(admission, lease_id, source_keys, window, est_tokens)
+                reply = await admission.future
             except (asyncio.CancelledError, GovernanceBackendError):
+                if admission is not None:
+                    self._abandon(admission, lease_id, lease_arg, keys, est_tokens)
                 # The script may have run and made this caller the probe: hand it back
                 # (unless no script of this call ever reached Redis).
                 if answered or (admission is not None and admission.sent):
@@ -452,9 +592,7 @@ class RedisLimiter:
             if not decision.allowed:
                 return decision, None
             try:
-                admitted = self._admitted(
-                    reply[1], source, lease_id, source_keys, est_tokens, window
-                )
+                admitted = self._admitted(reply[1], source, lease_id, lease_arg, keys, est_tokens)
             except GovernanceBackendError:
                 gate.hand_back_later(gate_key, owner)
                 raise
@@ -464,56 +602,17 @@ class RedisLimiter:
         gate.hand_back_later(gate_key, owner)
         raise self._window_error()
 
-    def _admission_inputs(
-        self, source: str, est_tokens: int, source_limits: Limits
-    ) -> tuple[SourceKeys, int]:
-        if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
-            est_tokens = check_token_count(est_tokens, "est_tokens")
-        if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
-            check_limits(source_limits, "source_limits")
-        return self._keys_of(source), est_tokens
-
-    def _acquire_keys(self, source_keys: SourceKeys, window: int) -> tuple[str, ...]:
-        # The same nine keys for every admission of a source within a minute: made once.
+    def _source_window(self, source: str, window: int) -> _SourceWindow:
+        # The same keys for every admission of a source within a minute: made once.
         if window != self._made_keys_window:
             self._made_keys = {}
             self._made_keys_window = window
-        made = self._made_keys.get(source_keys.lease)
+        made = self._made_keys.get(source)
         if made is None:
-            made = self._made_keys[source_keys.lease] = self._new_acquire_keys(source_keys, window)
+            made = self._made_keys[source] = _SourceWindow(
+                self._keys, self._keys_of(source), window, self._fixed_args
+            )
         return made
-
-    def _new_acquire_keys(self, source_keys: SourceKeys, window: int) -> tuple[str, ...]:
-        keys = self._keys
-        w = str(window)
-        return (
-            keys.lease,
-            source_keys.lease,
-            keys.rpm_base + w,
-            source_keys.rpm_base + w,
-            keys.tpm_base + w,
-            source_keys.tpm_base + w,
-            keys.abandoned,
-            keys.hold,
-            source_keys.hold,
-        )
-
-    def _acquire_args(
-        self, window: int, lease_id: str, est_tokens: int, source_limits: Limits
-    ) -> tuple[str | int, ...]:
-        glimits = self._global_limits
-        return (
-            window,
-            lease_id,
-            est_tokens,
-            self._lease_ttl_ms,
-            glimits.max_concurrency,
-            source_limits.max_concurrency,
-            glimits.rpm,
-            source_limits.rpm,
-            glimits.tpm,
-            source_limits.tpm,
-        )
 
     def _enqueue(self, op: _Op) -> _Admission:
         """Queue an admission for the next batch (refused once ``aclose()`` has started)."""
@@ -524,45 +623,41 @@ class RedisLimiter:
         self._schedule_flush(admission=True)
         return admission
 
-    async def _reply(
+    def _abandon(
         self,
         admission: _Admission,
         lease_id: str,
-        source_keys: SourceKeys,
-        window: int,
+        lease_arg: bytes,
+        keys: _SourceWindow,
         est_tokens: int,
-    ) -> Any:
-        """Wait for the reply of a queued admission.
+    ) -> None:
+        """The caller of ``admission`` is cancelled, or its batch failed.
 
-        Cancelled or failed after it was sent, the script may have run: what it may have
-        taken is freed (a queued compensation, a no-op when the lease does not exist) before
-        the error goes on. Cancelled before it was sent, it is simply taken off the queue; a
-        batch that failed before reaching Redis leaves nothing to free either.
+        After it was sent, the script may have run: what it may have taken is freed (a queued
+        compensation, a no-op when the lease does not exist). Cancelled before it was sent, it
+        is simply taken off the queue; a batch that failed before reaching Redis leaves
+        nothing to free either.
         """
-        try:
-            return await admission.future
-        except (asyncio.CancelledError, GovernanceBackendError):
-            if not admission.sent:
-                if admission in self._admissions:  # else a batch took it already
-                    self._admissions.remove(admission)
-            else:
-                self._queue(lease_id, source_keys, window, delta=-est_tokens, compensate=True)
-            raise
+        if not admission.sent:
+            if admission in self._admissions:  # else a batch took it already
+                self._admissions.remove(admission)
+        else:
+            self._queue(lease_id, lease_arg, keys, delta=-est_tokens, compensate=True)
 
     def _admitted(
         self,
         reply: Any,
         source: str,
         lease_id: str,
-        source_keys: SourceKeys,
+        lease_arg: bytes,
+        keys: _SourceWindow,
         est_tokens: int,
-        window: int,
     ) -> Permit | Denial | None:
         """The acquire reply as a permit or a denial; ``None``: retry with the server's window."""
         status = int(reply[0])
         if status == 1:
             self._learn_server_time(int(reply[1]))
-            return RedisPermit(self, lease_id, source, source_keys, est_tokens, window)
+            return RedisPermit(self, lease_id, lease_arg, source, keys, est_tokens)
         if status == 0:
             return Denial(_GATES[int(reply[1]) - 1], max(0.0, int(reply[2]) / 1000.0))
         if status == -2:  # only a compensation writes this; its caller is gone
@@ -696,7 +791,7 @@ class RedisLimiter:
                 sent += 1
                 self._delivered()
                 self._check_accounting(result)
-            calls = (call,) if last is None else (_batch_call(last.ops), call)
+            calls: tuple[AnyCall, ...] = (call,) if last is None else (_batch_call(last.ops), call)
             results = await self._run(calls)
             delivered = True
         except BACKEND_ERRORS as exc:
@@ -727,7 +822,7 @@ class RedisLimiter:
             f"{type(exc).__name__}: {exc}"
         )
 
-    async def _run(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    async def _run(self, calls: Sequence[AnyCall]) -> list[Any]:
         try:
             return await self._scripts.run_many(calls)
         except RedisConnectionError as first:
@@ -744,8 +839,8 @@ class RedisLimiter:
     def _queue(
         self,
         lease_id: str,
-        source_keys: SourceKeys,
-        window: int,
+        lease_arg: bytes,
+        keys: _SourceWindow,
         *,
         delta: int = 0,
         release: bool = False,
@@ -760,7 +855,7 @@ class RedisLimiter:
             return
         entry = self._pending.get(lease_id)
         if entry is None:
-            entry = self._pending[lease_id] = _QueuedAccounting(lease_id, source_keys, window)
+            entry = self._pending[lease_id] = _QueuedAccounting(lease_id, lease_arg, keys)
         entry.delta += delta
         if release or compensate:
             entry.release = True
@@ -863,7 +958,7 @@ class RedisLimiter:
         """
         accounting = batch.ops if batch is not None else []
         try:
-            call = _batch_call([*accounting, *(admission.op for admission in admissions)])
+            call = _batch_call([*accounting, *map(_op_of, admissions)])
             (result,) = await self._run((call,))
         except asyncio.CancelledError:
             # The loop is shutting down: the callers learn their admission failed (and
@@ -916,50 +1011,28 @@ class RedisLimiter:
                 lease_id: pending.pop(lease_id)
                 for lease_id in list(islice(pending, MAX_BATCH_ACCOUNTING))
             }
-        keys = self._keys
         ops: list[_Op] = []
         mark = progress
         for entry in taken.values():
-            w = str(entry.window)
-            window_end_s = (entry.window + 1) * (WINDOW_MS // 1000)
-            source_keys = entry.source_keys
+            keys = entry.keys
             if entry.release:
-                ops.append(
-                    (
-                        _OP_RELEASE,
-                        (
-                            keys.lease,
-                            source_keys.lease,
-                            keys.tpm_base + w,
-                            source_keys.tpm_base + w,
-                            keys.progress,
-                            keys.abandoned,
-                            keys.settled_base + w,
-                            keys.hold,
-                            source_keys.hold,
-                        ),
-                        (
-                            entry.lease_id,
-                            entry.delta,
-                            1 if entry.compensation else 0,
-                            1 if mark else 0,
-                            self._lease_ttl_ms,
-                            window_end_s,
-                        ),
-                    )
+                args = (
+                    _RELEASE_HEAD,
+                    entry.lease_arg,
+                    bulk(entry.delta),
+                    _TRUE if entry.compensation else _FALSE,
+                    _TRUE if mark else _FALSE,
+                    self._lease_ttl_arg,
+                    keys.window_end_arg,
                 )
+                ops.append((_RELEASE_KEYS, keys.release_keys, _RELEASE_ARGS, b"".join(args)))
                 mark = False  # one mark per batch is enough
             elif entry.delta:
-                ops.append(
-                    (
-                        _OP_SETTLE,
-                        (keys.tpm_base + w, source_keys.tpm_base + w, keys.settled_base + w),
-                        (entry.delta, entry.lease_id, window_end_s),
-                    )
-                )
+                settle = (_SETTLE_HEAD, bulk(entry.delta), entry.lease_arg, keys.window_end_arg)
+                ops.append((_SETTLE_KEYS, keys.settle_keys, _SETTLE_ARGS, b"".join(settle)))
         if mark:
             if len(ops) < MAX_BATCH_ACCOUNTING:
-                ops.append((_OP_PROGRESS, (keys.progress,), ()))
+                ops.append(self._progress_op)
             else:
                 progress = False  # no room: the next batch carries it
         self._progress_pending = self._progress_pending and not progress
@@ -1065,6 +1138,15 @@ class RedisLimiter:
             f"RedisLimiter(scope={self._scope!r}, global_limits={self._global_limits!r}, "
             f"lease_ttl_s={self._lease_ttl_s!r})"
         )
+
+
+def _checked_inputs(est_tokens: int, source_limits: Limits) -> int:
+    """``est_tokens``, checked with ``source_limits`` (``ValueError`` for bad ones)."""
+    if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
+        est_tokens = check_token_count(est_tokens, "est_tokens")
+    if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
+        check_limits(source_limits, "source_limits")
+    return est_tokens
 
 
 def _fail(admissions: Sequence[_Admission], message: str, cause: BaseException | None) -> None:
