@@ -102,6 +102,29 @@ async def test_a_clean_success_is_answered_without_a_round_trip(
         await gate.aclose()
 
 
+async def test_an_elided_success_answers_with_the_decisions_epoch(
+    backend: RedisGovernanceBackend,
+) -> None:
+    gate = _gate(backend, cooldown_s=0.0)
+    first = await gate.try_enter("a")
+    update = await gate.record_success(first)
+    assert (update.source, update.epoch) == ("a", first.epoch)
+    await gate.force_open("a")
+    probe = await gate.try_enter("a")  # no cooldown: the probe at once
+    assert probe.probe_owner is not None
+    await gate.record_success(probe)  # closed again, in the epoch the opening began
+    again = await gate.try_enter("a")
+    assert again.epoch > first.epoch
+    update = await gate.record_success(again)
+    assert (update.applied, update.state, update.epoch, update.failures) == (
+        True,
+        "closed",
+        again.epoch,
+        0,
+    )
+    assert (await gate.record_success(again)) == update
+
+
 async def test_without_elision_a_stale_success_from_another_process_is_fenced(
     redis_url: str, unique_scope: str, backend: RedisGovernanceBackend
 ) -> None:

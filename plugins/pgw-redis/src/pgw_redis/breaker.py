@@ -82,6 +82,7 @@ class RedisGate:
 
     __slots__ = (
         "_background",
+        "_clean_updates",
         "_client",
         "_closed_decisions",
         "_cooldown_ms",
@@ -144,6 +145,8 @@ class RedisGate:
         self._views: dict[str, tuple[int, str, int]] = {}
         # Decisions are immutable: one closed-state decision per source and epoch is shared.
         self._closed_decisions: dict[str, GateDecision] = {}
+        # The same for the answer to an elided clean success.
+        self._clean_updates: dict[str, GateUpdate] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._warn = WarnOnce(logger, f"Redis breaker (scope {scope!r})")
         # scope -> its gate, shared by this gate and every gate ``for_scope`` made from it;
@@ -212,7 +215,8 @@ class RedisGate:
     def joint_decision(self, source: str, reply: Any) -> GateDecision:
         """The decision of a try_enter reply (this instance's view of the source updated)."""
         allowed, state, epoch, failures, probe_owner, wait_ms = reply
-        state = as_text(state)
+        if type(state) is not str:
+            state = as_text(state)
         epoch = int(epoch)
         self._views[source] = (epoch, state, int(failures))
         if state == "closed":
@@ -254,14 +258,19 @@ class RedisGate:
     # ------------------------------------------------------------------ write-backs
 
     async def record_success(self, decision: GateDecision) -> GateUpdate:
-        _check_allowed(decision, "record_success")
+        if not decision.allowed:
+            _check_allowed(decision, "record_success")
         source = decision.source
+        epoch = decision.epoch
         if (
             self._elide
             and decision.probe_owner is None
-            and self._views.get(source) == (decision.epoch, "closed", 0)
+            and self._views.get(source) == (epoch, "closed", 0)
         ):
-            return GateUpdate(source, True, "closed", decision.epoch, 0)
+            update = self._clean_updates.get(source)
+            if update is None or update.epoch != epoch:
+                update = self._clean_updates[source] = GateUpdate(source, True, "closed", epoch, 0)
+            return update
         call = ScriptCall(
             GATE_RECORD_SUCCESS,
             (self._key(source),),
