@@ -336,51 +336,40 @@ class BodyReader:
 
     async def read_chunk(self) -> bytes:
         inflater = self._inflater
-        if inflater is None:
-            if self._held:
-                data, self._held = self._held[:_MAX_CHUNK], self._held[_MAX_CHUNK:]
-                await asyncio.sleep(0)  # the previous slice was handed out without a pause
-                return data
-            failure = None
-            try:
-                data = await self._raw()
-            except self._failures as exc:
-                failure = self._translate(exc, self._config)
-            if failure is not None:
-                raise failure  # outside the handler: the engine's exception stays out
-            if not data:
-                self._eof = True
-                return data
-            cap = self._cap
-            if cap is not None:
-                self._wire += len(data)
-                if self._wire > cap:
-                    raise self._over("on the wire")
-            if len(data) > _MAX_CHUNK:
-                data, self._held = data[:_MAX_CHUNK], data[_MAX_CHUNK:]
+        if inflater is None and self._held:
+            data, self._held = self._held[:_MAX_CHUNK], self._held[_MAX_CHUNK:]
+            await asyncio.sleep(0)  # the previous slice was handed out without a pause
             return data
         while True:
-            if inflater.pending:
+            if inflater is not None and inflater.pending:
                 data = b""
                 await asyncio.sleep(0)  # the previous step's output was handed out, no pause
             elif self._eof:
                 return b""
             else:
+                # The engine's own read, its failures translated here, raised outside the
+                # handler (the engine's exception stays out of the chain).
                 failure = None
                 try:
                     data = await self._raw()
                 except self._failures as exc:
                     failure = self._translate(exc, self._config)
                 if failure is not None:
-                    raise failure  # outside the handler, as above
+                    raise failure
                 if not data:
                     self._eof = True
+                    if inflater is None:
+                        return data
                     out = self._inflate(lambda _: inflater.finish(), b"")
                     self._count(out)
                     return out
                 self._wire += len(data)
                 if self._cap is not None and self._wire > self._cap:
                     raise self._over("on the wire")
+                if inflater is None:
+                    if len(data) > _MAX_CHUNK:
+                        data, self._held = data[:_MAX_CHUNK], data[_MAX_CHUNK:]
+                    return data
             out = self._inflate(inflater.step, data)
             if out:
                 self._count(out)
