@@ -282,6 +282,25 @@ def test_breakers_fail_on_close_probes_big_bursts_and_never_opening() -> None:
     assert "never opened" in inv.check_breakers(steady, SOURCES, 10, 60, 100, restart).details[0]
 
 
+def test_a_probe_handed_back_without_a_verdict_lets_the_next_arrive_at_once() -> None:
+    # The probe of 20.0 was cut by its call's deadline 0.4 s later (before the earliest
+    # verdict, 1.5 s): the next caller became the probe at once.
+    burst, close, _ = inv.probe_spacing([0, 0.1, 20.0, 20.5, 31], 10, handbacks=[20.4])
+    assert (burst, close) == (2, [])
+    black_hole = [{**SOURCES[2], "fake": "hole", "fault": "black_hole"}]
+    arrivals = [arrival(t, "hole", f"w0-{i}") for i, t in enumerate((0, 0.1, 20.0, 20.5, 31))]
+    cut = {"w0-2": 20.4}
+    assert inv.check_breakers(arrivals, black_hole, 10, 60, 5, (), cut, 1.5).ok
+    # Ended after the earliest verdict: the probe failed, and the breaker reopened.
+    late = {"w0-2": 21.6}
+    assert not inv.check_breakers(arrivals, black_hole, 10, 60, 20, (), late, 1.5).ok
+    # Without the deadlines (an older run) nothing is excused.
+    assert not inv.check_breakers(arrivals, black_hole, 10, 60, 5, (), cut).ok
+    # A dead source answers with its verdict at once: a call ending soon after is no hand-back.
+    dead = [arrival(t, "dead", f"w0-{i}") for i, t in enumerate((0, 0.1, 20.0, 20.5, 31))]
+    assert not inv.check_breakers(dead, SOURCES, 10, 60, 5, (), cut, 1.5).ok
+
+
 # -- 5 outcomes -------------------------------------------------------------------------------
 
 

@@ -316,13 +316,18 @@ def check_redis(snapshot: Mapping[str, Any]) -> Verdict:
 
 
 def probe_spacing(
-    times: Sequence[float], cooldown_s: float, resets: Sequence[tuple[float, float]] = ()
+    times: Sequence[float],
+    cooldown_s: float,
+    resets: Sequence[tuple[float, float]] = (),
+    handbacks: Sequence[float] = (),
 ) -> tuple[int, list[tuple[float, float]], bool]:
     """(arrivals of the opening bursts, probes closer than the cooldown, opened).
 
     The breaker opens after a burst (the requests admitted before the first verdicts came
     back); from the first gap of a cooldown on, consecutive arrivals must be a cooldown
-    apart. A governance reset (Redis restart) starts a new burst."""
+    apart. A governance reset (Redis restart) starts a new burst. ``handbacks``: times at which
+    a probe went back without a verdict (its call ended while the probe was in flight): the
+    next caller is the probe at once, so the arrival after one may come early."""
     ordered = sorted(times)
     min_gap = cooldown_s * SPACING_TOLERANCE
     burst = 0
@@ -342,7 +347,7 @@ def probe_spacing(
             else:
                 burst += 1
                 continue
-        if gap < min_gap:
+        if gap < min_gap and not any(ordered[i - 1] < h <= t for h in handbacks):
             close.append((ordered[i - 1], t))
     return burst, close, opened
 
@@ -354,18 +359,34 @@ def check_breakers(
     run_end: float,
     burst_bound: int,
     resets: Sequence[tuple[float, float]] = (),
+    call_ends: Mapping[str, float] | None = None,
+    verdict_after_s: float = 0.0,
 ) -> Verdict:
     """4. Dead and black-holed sources are opened by the breaker and probed at most once per
-    cooldown (per scope, all workers together), as the upstream saw it."""
+    cooldown (per scope, all workers together), as the upstream saw it.
+
+    A black hole never answers: its attempt gets a verdict (a timeout) ``verdict_after_s``
+    after it arrived at the earliest (the shortest of the attempt deadlines). A call that
+    ended (``call_ends``: tag -> wall time) sooner than that after its arrival was cut by its
+    own deadline or cancelled with the attempt in flight, and its probe went back without a
+    verdict: the next arrival may follow at once."""
     v = Verdict("4 breaker probes", True, "")
     times: dict[str, list[float]] = defaultdict(list)
+    handbacks: dict[str, list[float]] = defaultdict(list)
+    ends = call_ends or {}
     for a in arrivals:
         times[a["source"]].append(a["t"])
+        end = ends.get(a["tag"]) if a.get("tag") else None
+        if end is not None and a["t"] < end < a["t"] + verdict_after_s:
+            handbacks[a["source"]].append(end)
     for s in sources:
         if s["fault"] not in ("dead", "black_hole"):
             continue
         ts = times.get(s["fake"], [])
-        burst, close, opened = probe_spacing(ts, cooldown_s, resets)
+        # A dead source answers at once, with its verdict: a call ending soon after is no
+        # hand-back.
+        back = handbacks.get(s["fake"], []) if s["fault"] == "black_hole" else []
+        burst, close, opened = probe_spacing(ts, cooldown_s, resets, back)
         v.numbers[s["fake"]] = (
             f"{len(ts)} arrivals, opening burst {burst}, probes {len(ts) - burst}"
         )

@@ -580,6 +580,7 @@ class Harness:
                 "fail_threshold": fleet.FAIL_THRESHOLD,
                 "call_deadline_s": fleet.CALL_DEADLINE_S,
                 "timeout_s": fleet.TIMEOUT_S,
+                "ttft_timeout_s": min(fleet.TTFT_TIMEOUT_S, fleet.TIMEOUT_S),
             },
             "prices": fleet.PRICES,
             "telemetry": {"kind": "postgres" if dsn else "sqlite", "dsn": bool(dsn)},

@@ -207,6 +207,8 @@ def score(run_dir: str) -> tuple[dict[str, Any], list[invariants.Verdict], dict[
             run["ended"],
             run["workers"] * run["concurrency"] + 2 * limits["fail_threshold"],
             resets,
+            {c["tag"]: c["t"] + c["dur"] for c in calls if "dur" in c},
+            limits.get("ttft_timeout_s", 0.0),
         ),
         invariants.check_outcomes(calls, limits["call_deadline_s"], excluded_workers=killed),
         invariants.check_cache(
