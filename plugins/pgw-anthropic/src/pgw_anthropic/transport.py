@@ -198,8 +198,17 @@ class AnthropicTransport:
         loop = asyncio.get_running_loop()
         started = loop.time()
         parser = MessageParser(source_name=source.name, secret=self._secret)
-        liveness = attempt_liveness(
-            source, stream=request.stream, started=started, monitor=self._liveness_monitor(loop)
+        monitor = self._liveness_monitor(loop)
+        # A stream's deadlines (TTFT, inter-token, total), or the total one alone.
+        streaming = (
+            attempt_liveness(source, stream=True, started=started, monitor=monitor)
+            if request.stream
+            else None
+        )
+        liveness = (
+            streaming
+            if streaming is not None
+            else attempt_liveness(source, stream=False, started=started, monitor=monitor)
         )
         response: EngineResponse | None = None
         try:
@@ -216,11 +225,11 @@ class AnthropicTransport:
                 if not request.stream:
                     # Parsed while it arrives: a large body is never one parse on the loop.
                     body_parser = await read_json_body(response)
-            if request.stream:
+            if streaming is not None:
                 context = request.context
                 sink = context.stream if context is not None else None
                 tap = None if sink is None else parser.delta_tap(sink, call_id)
-                await self._read_events(response, parser, liveness, tap)
+                await self._read_events(response, parser, streaming, tap)
             else:
                 self._parse_json(body_parser, parser, source)
         finally:
@@ -233,8 +242,8 @@ class AnthropicTransport:
             request=request,
             source=source,
             latency_s=loop.time() - started,
-            ttft_ms=liveness.ttft_ms if request.stream else None,
-            max_inter_token_ms=liveness.max_inter_token_ms if request.stream else None,
+            ttft_ms=streaming.ttft_ms if streaming is not None else None,
+            max_inter_token_ms=streaming.max_inter_token_ms if streaming is not None else None,
         )
 
     async def _read_events(

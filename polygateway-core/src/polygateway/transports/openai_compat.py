@@ -297,6 +297,12 @@ def attempt_liveness(
 ) -> CallDeadline: ...
 
 
+@overload
+def attempt_liveness(
+    source: SourceConfig, *, stream: bool, started: float, monitor: LivenessMonitor
+) -> StreamLiveness | CallDeadline: ...
+
+
 def attempt_liveness(
     source: SourceConfig, *, stream: bool, started: float, monitor: LivenessMonitor
 ) -> StreamLiveness | CallDeadline:
