@@ -516,51 +516,18 @@ class OpenAICompatTransport:
         self, request: ChatRequest, source: SourceConfig, *, call_id: str
     ) -> TransportResult:
         profile = self._profile(source)
-        body = self._body(request, source, profile)
-        if request.stream:
-            return await self._send_stream(body, request, source, profile, call_id)
-        # The non-streaming call, here rather than in a coroutine of its own (every such
-        # call runs it): one deadline, the total one, over the request and reading the body.
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline = attempt_liveness(
-            source, stream=False, started=started, monitor=self._liveness_monitor(loop)
-        )
-        response: EngineResponse | None = None
-        try:
-            with deadline:
-                response = await self._engine.post(self._url, body)
-                if not 200 <= response.status < 300:
-                    await self._raise_status_error(response, source, profile)
-                parsed = await read_json_body(response)
-        finally:
-            deadline.close()
-            if response is not None:
-                await response.aclose()
-        completion = self._parse_json(parsed, source, profile)
-        return transport_result(
-            completion,
-            complete=True,
-            request=request,
-            source=source,
-            latency_s=loop.time() - started,
-            ttft_ms=None,
-            max_inter_token_ms=None,
-        )
-
-    def _body(
-        self, request: ChatRequest, source: SourceConfig, profile: ProviderProfile | None
-    ) -> bytes:
-        """The request body's JSON (the body object itself is not kept past it)."""
         payload = build_request_body(request, source, profile)
         try:
-            return json_dumps(payload)
+            body = json_dumps(payload)
         except TypeError as exc:
             # orjson's error names no place: name the message and part when it is their text.
             reject_lone_surrogates(request.messages)
             raise RequestRejectedError(
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
             ) from exc
+        if request.stream:
+            return await self._send_stream(body, request, source, profile, call_id)
+        return await self._send_json(body, request, source, profile)
 
     async def aclose(self) -> None:
         if self._monitor is not None:
@@ -692,6 +659,40 @@ class OpenAICompatTransport:
         )
 
     # ------------------------------------------------------------------ non-streaming
+
+    async def _send_json(
+        self,
+        body: bytes,
+        request: ChatRequest,
+        source: SourceConfig,
+        profile: ProviderProfile | None,
+    ) -> TransportResult:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = attempt_liveness(
+            source, stream=False, started=started, monitor=self._liveness_monitor(loop)
+        )
+        response: EngineResponse | None = None
+        try:
+            with deadline:
+                response = await self._engine.post(self._url, body)
+                if not 200 <= response.status < 300:
+                    await self._raise_status_error(response, source, profile)
+                parsed = await read_json_body(response)
+        finally:
+            deadline.close()
+            if response is not None:
+                await response.aclose()
+        completion = self._parse_json(parsed, source, profile)
+        return transport_result(
+            completion,
+            complete=True,
+            request=request,
+            source=source,
+            latency_s=loop.time() - started,
+            ttft_ms=None,
+            max_inter_token_ms=None,
+        )
 
     def _parse_json(
         self, parsed: JsonBodyParser, source: SourceConfig, profile: ProviderProfile | None
