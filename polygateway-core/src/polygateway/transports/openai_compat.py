@@ -537,9 +537,7 @@ class OpenAICompatTransport:
 
     def _liveness_monitor(self, loop: asyncio.AbstractEventLoop) -> LivenessMonitor:
         """The deadline monitor of this transport's streams on ``loop`` (one timer for all)."""
-        monitor = self._monitor
-        if monitor is None or monitor.loop is not loop:
-            monitor = self._monitor = monitor_for_loop(monitor, loop)
+        monitor = self._monitor = monitor_for_loop(self._monitor, loop)
         return monitor
 
     # ------------------------------------------------------------------ streaming
