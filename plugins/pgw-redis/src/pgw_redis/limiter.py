@@ -656,8 +656,7 @@ class RedisLimiter:
         """The acquire reply as a permit or a denial; ``None``: retry with the server's window."""
         status = int(reply[0])
         if status == 1:
-            # _learn_server_time, inlined: this runs for every admission.
-            self._offset_ms = int(reply[1]) - self._now_s() * 1000.0
+            self._learn_server_time(int(reply[1]))
             return RedisPermit(self, lease_id, lease_arg, source, keys, est_tokens)
         if status == 0:
             return Denial(_GATES[int(reply[1]) - 1], max(0.0, int(reply[2]) / 1000.0))
