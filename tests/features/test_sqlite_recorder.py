@@ -278,6 +278,44 @@ async def test_a_batch_of_any_size_writes_every_row(tmp_path: Path, size: int) -
         assert_row_matches(by_id[record.call_id], record)
 
 
+async def test_every_insert_is_compiled_when_the_database_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A statement of each size compiled on its first use would cost that batch the compile
+    # (the 64-row statement's is most of 2 ms), at a moment the traffic picks. SQLite asks the
+    # authorizer while it compiles a statement, never when it runs a compiled one.
+    compiled: list[str] = []
+
+    def authorize(action: int, table: str | None, *rest: object) -> int:
+        if action == sqlite3.SQLITE_INSERT:
+            compiled.append(str(table))
+        return sqlite3.SQLITE_OK
+
+    connect = sqlite3.connect
+
+    def connect_with_authorizer(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.set_authorizer(authorize)  # before any statement: setting it expires them all
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect_with_authorizer)
+    path = tmp_path / "t.db"
+    recorder = SQLiteRecorder(str(path), batch_size=4096, flush_interval_s=60)
+    first = sample_record()
+    recorder.record_nowait(first)
+    await recorder.flush()  # opened and written; the writer is idle until the next flush
+    assert compiled, "the authorizer sees compiles"
+    compiled.clear()
+    records = [sample_record() for _ in range(127)]  # statements of 64, 32, 16, 8, 4, 2, 1 rows
+    for record in records:
+        recorder.record_nowait(record)
+    await recorder.flush()
+    await recorder.aclose()
+    assert compiled == []
+    stored = [row["call_id"] for row in read_db(path)]
+    assert stored == [r.call_id for r in [first, *records]], "compiling wrote no row of its own"
+
+
 async def test_waiting_rows_hold_no_object_the_garbage_collector_tracks(
     tmp_path: Path, collector_paused: None
 ) -> None:
