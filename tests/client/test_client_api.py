@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import sys
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -224,6 +225,73 @@ async def test_plugin_middleware_runs_in_the_configured_order(fake: FakeUpstream
         await client.chat(MESSAGES)
     assert log == ["outer>", "inner>", "<inner", "<outer"]
     assert all(ctx.components is client.components for ctx in seen)
+
+
+class _StructuredOnlyTrace(_Trace):
+    structured_only = True
+
+
+class _StackTrace(_Trace):
+    """Also notes which layers' coroutines are running beneath it."""
+
+    def __init__(self, name: str, log: list[str], stacks: list[set[str]]) -> None:
+        super().__init__(name, log)
+        self.stacks = stacks
+
+    async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
+        frame = sys._getframe()
+        names = set()
+        while frame is not None:
+            names.add(frame.f_code.co_qualname)
+            frame = frame.f_back
+        self.stacks.append(names)
+        return await super().__call__(request, call_next)
+
+
+class _MakeStructured(_Trace):
+    """Turns every request into a ``structured="json"`` one."""
+
+    async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
+        return await super().__call__(dataclasses.replace(request, structured="json"), call_next)
+
+
+async def test_a_structured_only_layer_is_passed_by_unstructured_requests(
+    fake: FakeUpstream,
+) -> None:
+    # ``structured_only = True`` (ports.StructuredOnly): the chain skips the layer, and its
+    # coroutine, for a request with structured=None, deciding at the layer's own place.
+    log: list[str] = []
+    stacks: list[set[str]] = []
+    layers = {
+        "marker": lambda ctx: _StructuredOnlyTrace("marker", log),
+        "inner": lambda ctx: _StackTrace("inner", log, stacks),
+        "make-structured": lambda ctx: _MakeStructured("make", log),
+    }
+
+    class Plugin:
+        @hookimpl
+        def pgw_register_middleware(self, register: Any) -> None:
+            for name, factory in layers.items():
+                register(name, factory)
+
+    reg = load_registry(autoload=False, extra_plugins=[("pgw-trace", Plugin())])
+    settings = http_settings(fake, ["a"], middleware=("marker", "structured", "inner"))
+    async with GatewayClient(settings, registry=reg) as client:
+        await client.chat(MESSAGES)
+        assert log == ["inner>", "<inner"]
+        assert "StructuredMiddleware.__call__" not in stacks[-1]
+        log.clear()
+        fake.script("a", Reply.ok(content='{"x": 1}'))
+        response = await client.chat(MESSAGES, structured="json")
+        assert response.structured_data == {"x": 1}
+        assert log == ["marker>", "inner>", "<inner", "<marker"]
+        assert "StructuredMiddleware._repair_only" in stacks[-1]
+    log.clear()
+    settings = http_settings(fake, ["a"], middleware=("make-structured", "marker", "inner"))
+    async with GatewayClient(settings, registry=reg) as client:
+        fake.script("a", Reply.ok(content='{"x": 1}'))
+        await client.chat(MESSAGES)  # made structured further out: the marker sees it
+    assert log == ["make>", "marker>", "inner>", "<inner", "<marker", "<make"]
 
 
 # --------------------------------------------------------------------------- chat() input

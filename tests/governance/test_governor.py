@@ -9,6 +9,7 @@ says who answered after how many attempts.
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from typing import Any
 
@@ -99,6 +100,21 @@ async def test_the_value_comes_back_as_the_kind_made_it(kind: Kind) -> None:
     assert (outcome.source.name, outcome.attempts) == ("a", 1)
     assert kind.sent == [("a", outcome.call_id)]
     assert observer.seen == [("a", outcome.call_id, outcome.value)]
+    assert await kind.limiter.inflight() == 0
+
+
+async def test_run_hands_back_the_attempt_loop_itself(kind: Kind) -> None:
+    # No coroutine of its own around the loop (one level less on every call); with a
+    # deadline, the loop under it. A bad deadline is refused when run is called.
+    plain = kind.governor.run(kind.attempt)
+    assert plain.cr_code.co_qualname == "Governor._run"
+    assert (await plain).value == {"text": "page from a"}
+    timed = kind.governor.run(kind.attempt, deadline_s=5.0)
+    assert timed.cr_code.co_qualname == "Governor._run_until"
+    assert (await timed).value == {"text": "page from b"}
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="deadline_s"):
+            kind.governor.run(kind.attempt, deadline_s=bad)
     assert await kind.limiter.inflight() == 0
 
 

@@ -30,6 +30,7 @@ from polygateway.ports import (
     ProviderProfile,
     RateLimiter,
     SourceSelector,
+    StructuredOnly,
     StructuredOutputStrategy,
     TelemetryRecorder,
     Transport,
@@ -64,6 +65,13 @@ def unknown_middleware(names: Sequence[str], registered: Sequence[str]) -> list[
 
 def _bind(layer: Middleware, inner: Handler) -> Handler:
     # A plain function returning the layer's coroutine: no extra coroutine frame per layer.
+    if isinstance(layer, StructuredOnly) and layer.structured_only is True:
+
+        def structured_handler(request: ChatRequest) -> Any:
+            return inner(request) if request.structured is None else layer(request, inner)
+
+        return structured_handler
+
     def handler(request: ChatRequest) -> Any:
         return layer(request, inner)
 

@@ -111,6 +111,20 @@ class Drainable(Protocol):
     async def drain(self) -> None: ...
 
 
+@runtime_checkable
+class StructuredOnly(Protocol):
+    """Optional for a ``Middleware`` that hands every request with ``structured=None`` to
+    ``call_next`` untouched (the structured layer): it says so with ``structured_only = True``.
+
+    The assembly then calls such a layer only for structured requests, and sends the others
+    straight to the next handler (checked per request, at the layer's place in the chain, so a
+    layer further out that sets ``structured`` still reaches it): one coroutine less on every
+    unstructured call. Checked once, at assembly.
+    """
+
+    structured_only: bool
+
+
 # --------------------------------------------------------------------------- transports
 
 

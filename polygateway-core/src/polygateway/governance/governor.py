@@ -28,7 +28,7 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from polygateway.errors import (
@@ -268,7 +268,7 @@ class Governor:
 
     # ------------------------------------------------------------------ the call
 
-    async def run(
+    def run(
         self,
         attempt: Attempt[T],
         *,
@@ -276,8 +276,12 @@ class Governor:
         observer: AttemptObserver[T] | None = None,
         deadline_s: float | None = None,
         events: GovernanceEvents | None = None,
-    ) -> Outcome[T]:
+    ) -> Coroutine[Any, Any, Outcome[T]]:
         """Run one governed call: attempts until one succeeds or the call must fail.
+
+        ``await governor.run(...)``. A plain function that hands back the attempt loop's
+        coroutine (one coroutine level less on every call); it raises ``ValueError`` for a bad
+        ``deadline_s`` when called.
 
         :param attempt: ``attempt(source, call_id) -> Attempted[T]``, one request.
         :param est_tokens: the TPM pre-charge of each attempt; ``None`` charges each source's
@@ -302,9 +306,20 @@ class Governor:
         if deadline_s is None:
             deadline_s = self._call_deadline_s
             if deadline_s is None:
-                return await self._run(attempt, est_tokens, observer, None, None, events)
+                return self._run(attempt, est_tokens, observer, None, None, events)
         elif not 0 < deadline_s < math.inf:
             raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
+        return self._run_until(deadline_s, attempt, est_tokens, observer, events)
+
+    async def _run_until(
+        self,
+        deadline_s: float,
+        attempt: Attempt[T],
+        est_tokens: int | None,
+        observer: AttemptObserver[T] | None,
+        events: GovernanceEvents | None,
+    ) -> Outcome[T]:
+        """``_run`` within the call deadline ``deadline_s``."""
         progress = _Progress()
         deadline = self._clock.monotonic() + deadline_s
         try:

@@ -105,6 +105,10 @@ class StructuredMiddleware:
 
     __slots__ = ("_escalation", "_profile", "_strategy", "max_retries")
 
+    structured_only = True
+    """A request with ``structured=None`` passes through untouched (``ports.StructuredOnly``):
+    the assembly sends such requests past this layer."""
+
     def __init__(
         self,
         strategy: StructuredOutputStrategy,
