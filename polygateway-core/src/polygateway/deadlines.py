@@ -46,9 +46,10 @@ class TaskDeadline:
         self._expired = True
         task.cancel()
 
-    def exit(self, *, cancelled: bool = False) -> bool:
-        """The wait ended (idempotent). ``True`` when ``cancelled`` (the wait raised
-        ``CancelledError``) and that cancellation was this deadline's alone."""
+    def exit(self, exc_type: type[BaseException] | None = None) -> bool:
+        """The wait ended (idempotent), raising ``exc_type`` (``None``: it did not), as a
+        ``with`` block's ``__exit__`` is told. ``True`` when it raised ``CancelledError`` and
+        that cancellation was this deadline's alone: the caller raises its timeout instead."""
         task = self._task
         if task is None:
             return False
@@ -56,7 +57,11 @@ class TaskDeadline:
         if not self._expired:
             return False
         self._expired = False
-        return task.uncancel() <= self._cancelling and cancelled
+        return (
+            task.uncancel() <= self._cancelling
+            and exc_type is not None
+            and issubclass(exc_type, asyncio.CancelledError)
+        )
 
 
 __all__ = ["TaskDeadline"]

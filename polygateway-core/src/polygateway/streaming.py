@@ -186,11 +186,8 @@ class StreamLiveness:
     ) -> None:
         """The wait ended: a cancellation that was the deadline's alone becomes the timeout;
         anything else passes through unchanged."""
-        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
-            if self._deadline.exit(cancelled=True):
-                raise self._timeout(self._current()[1]) from None
-        else:
-            self._deadline.exit()
+        if self._deadline.exit(exc_type):
+            raise self._timeout(self._current()[1]) from None
 
     def token(self) -> None:
         """A token arrived now."""
@@ -264,11 +261,8 @@ class CallDeadline(TaskDeadline):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
-            if self.exit(cancelled=True):
-                raise self._timeout() from None
-        else:
-            self.exit()
+        if self.exit(exc_type):
+            raise self._timeout() from None
 
     def close(self) -> None:
         """The call is over: the deadline no longer applies (idempotent)."""
