@@ -404,6 +404,14 @@ def test_unusual_field_values_are_encoded_or_refused_as_before(changes: dict[str
     assert outcome(encode_response, response) == outcome(reference_encode, response)
 
 
+def test_a_response_holding_more_than_its_fields_is_stored_by_name() -> None:
+    # An instance attribute that is no field (set past the frozen guard) is not stored.
+    response = LLMResponse(content="ok", cost=0.5, tool_calls=(ToolCall("i", "n", "{}"),))
+    object.__setattr__(response, "note", "not a field")
+    assert encode_response(response) == reference_encode(response)
+    assert decode_fields(encode_response(response))["tool_calls"] == response.tool_calls
+
+
 # --------------------------------------------------------------------------- telemetry
 
 

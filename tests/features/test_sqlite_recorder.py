@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -197,16 +198,24 @@ async def test_a_row_sqlite_cannot_bind_is_dropped_alone(
 
 
 async def test_nulls_and_their_look_alikes_are_stored_as_given(tmp_path: Path) -> None:
-    # NULL is bound as a blob stand-in that the INSERT turns back into NULL: no other value
-    # of a nullable column may be taken for it, or change its type.
+    # NULL is bound as NaN, which SQLite stores as NULL: no other value of a nullable column
+    # may be taken for it, or change its type.
     path = tmp_path / "t.db"
     recorder = SQLiteRecorder(str(path))
     nulls = sample_record(**dict.fromkeys(NULLABLE))
     look_alikes = sample_record(
         parent_call_id="0", session_id="", ttft_ms=0.0, max_inter_token_ms=0.0, error="", cost=0.0
     )
-    # Outside the declared types, stored as SQLite stores them, as before the stand-in.
-    odd = sample_record(parent_call_id=0, session_id=False, ttft_ms="", error=0.0, cost=0)
+    # Outside the declared types, stored as SQLite stores them (a NaN as NULL, as SQLite
+    # always stores one).
+    odd = sample_record(
+        parent_call_id=0,
+        session_id=False,
+        ttft_ms="",
+        max_inter_token_ms=math.nan,
+        error=0.0,
+        cost=0,
+    )
     for record in (nulls, look_alikes, odd):
         await recorder.record(record)
     await recorder.aclose()
@@ -233,7 +242,7 @@ async def test_nulls_and_their_look_alikes_are_stored_as_given(tmp_path: Path) -
         "parent_call_id": ("text", "0"),
         "session_id": ("text", "0"),
         "ttft_ms": ("text", ""),
-        "max_inter_token_ms": ("real", odd.max_inter_token_ms),
+        "max_inter_token_ms": ("null", None),
         "error": ("text", "0.0"),
         "cost": ("real", 0.0),
     }

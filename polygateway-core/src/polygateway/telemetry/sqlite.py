@@ -114,22 +114,17 @@ NULLABLE: frozenset[str] = frozenset(
 )
 """The columns that may hold NULL (every other one is ``NOT NULL``)."""
 
-_NULL = bytearray(b"\x00")
-"""What a row binds for NULL (never mutated): a one-byte blob, which the INSERT turns back into
-NULL (``NULLIF(?, x'00')``). No value of these columns equals it (SQLite never finds a blob
-equal to a number or a text), so every other value is stored as it was. Binding ``None``
-itself costs the sqlite3 module an adapter lookup per value (a key tuple, a dict miss, two
-failed attribute lookups: about 2.8k instructions), and a row has up to six; ``bytearray``,
-like ``int``, ``float`` and ``str``, binds directly."""
+_NULL = math.nan
+"""What a row binds for NULL: a float NaN, which SQLite stores as NULL (``sqlite3_bind_double``
+binds NULL for a NaN, as it always has for a NaN value of a column). Binding ``None`` itself
+costs the sqlite3 module an adapter lookup per value (a key tuple, a dict miss, two failed
+attribute lookups: about 2.8k instructions), and a row has up to six; a ``float`` binds
+directly, without the copy a text or blob stand-in costs SQLite."""
 
 
-def _placeholder(column: str) -> str:
-    return "NULLIF(?, x'00')" if column in NULLABLE else "?"
-
-
-_ROW_PARAMS = f"({', '.join(map(_placeholder, COLUMNS))})"
+_ROW_PARAMS = f"({', '.join('?' * len(COLUMNS))})"
 INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PARAMS}"
-"""One row; its parameters are a ``Row`` (NULLs bound as the blob stand-in)."""
+"""One row; its parameters are a ``Row`` (NULLs bound as NaN)."""
 
 ROWS_PER_STATEMENT = 64
 """Rows one INSERT carries at most. SQLite runs a statement without the GIL, but binding its
@@ -160,8 +155,7 @@ def statement_sizes(per: int) -> frozenset[int]:
 
 
 Row = tuple[Any, ...]
-"""One record as the INSERT's parameters, in ``COLUMNS`` order, NULL bound as the blob
-stand-in."""
+"""One record as the INSERT's parameters, in ``COLUMNS`` order, NULL bound as NaN."""
 
 ROW_WIDTH = len(COLUMNS)
 """Values a row takes in the recorder's queue."""
