@@ -118,7 +118,8 @@ class ChatDispatcher:
                 context.deadline_at = now + deadline_s
             deadline_s = max(context.deadline_at - now, _DEADLINE_FLOOR_S)
         outcome = await self._governor.run(
-            functools.partial(self._send, request),
+            # The function, not a bound method: one object less per call in flight.
+            functools.partial(ChatDispatcher._send, self, request),
             observer=attempt_observer,
             deadline_s=deadline_s,
             events=context.events if context is not None else None,

@@ -525,6 +525,7 @@ class OpenAICompatTransport:
             raise RequestRejectedError(
                 f"request body is not JSON serialisable: {exc}", source_name=source.name
             ) from exc
+        del payload  # not held while the request is out: one object less per call in flight
         if request.stream:
             return await self._send_stream(body, request, source, profile, call_id)
         return await self._send_json(body, request, source, profile)
