@@ -300,6 +300,13 @@ the floor's connect timeout and keep-alive there: under callgrind a round of 102
 longer than the default 15 s keep-alive (connections re-opened inside the counted batch would be
 counted) and a loop turn can outlast aiohttp's 30 s socket connect timeout."""
 
+WORKER_FLUSH_INTERVAL_S = 10.0
+"""The SQLite recorder's flush interval in the callgrind children (the default is 0.2 s). Under
+valgrind a call takes about 50 times as long, so 0.2 s of wall time gathers a few rows per
+commit where the same calls at full speed gather several hundred (thousands of calls/s at
+concurrency 64): the per-commit work would be charged to a handful of rows. 50 times the
+interval gives the batches of full speed."""
+
 WORKER_OPENING = 64
 """Calls of the callgrind children's warm-up that open a connection at the same time."""
 
@@ -313,9 +320,11 @@ def make_client(
     engine: str = "",
     timeout_s: float | None = None,
     global_limit: int | None = None,
+    flush_interval_s: float | None = None,
 ) -> Any:
     """The governed (or ``full``) client on ``engine`` (empty: the default engine);
-    ``global_limit``: its global concurrency limit (``None``: the benchmarks' 1000)."""
+    ``global_limit``: its global concurrency limit (``None``: the benchmarks' 1000);
+    ``flush_interval_s``: the SQLite recorder's (``None``: its default)."""
     from polygateway import GatewayClient
     from polygateway.transports.engines import DEFAULT_ENGINE
 
@@ -326,6 +335,8 @@ def make_client(
         cache="memory" if full else "none",
         db=db,
     )
+    if flush_interval_s is not None:
+        env["LLM__TELEMETRY__FLUSH_INTERVAL_S"] = f"{flush_interval_s:g}"
     if global_limit is not None:
         env["LLM__GLOBAL__MAX_CONCURRENCY"] = str(global_limit)
     if timeout_s is not None:
@@ -539,6 +550,7 @@ async def worker_async(args: argparse.Namespace) -> None:
                 # an attempt timing out there would retry and count another call's work.
                 timeout_s=WORKER_TIMEOUT_S,
                 global_limit=args.global_limit,
+                flush_interval_s=WORKER_FLUSH_INTERVAL_S,
             )
             counter = iter(range(10**9))
             closer = client.aclose

@@ -45,7 +45,6 @@ from polygateway.ports import (
 )
 from polygateway.records import (
     CANCELLED,
-    CallRoot,
     RowWriter,
     build_record,
     error_name,
@@ -341,10 +340,10 @@ class _CallObserver:
         "_layer",
         "_pending",
         "_pending_outcome",
-        "_root",
         "attempts",
         "last_call_id",
         "last_cost",
+        "root_call_id",
         "trace",
     )
 
@@ -354,7 +353,8 @@ class _CallObserver:
         # context along (``request.context``).
         self._layer = layer
         self.trace = trace
-        self._root = CallRoot()
+        # The call's root (``records.CallRoot``, kept here: the observer is the call's own).
+        self.root_call_id = ""
         self.attempts = 0
         self._pending: TelemetryRecord | None = None
         self._pending_outcome: object = None
@@ -371,8 +371,12 @@ class _CallObserver:
     ) -> None:
         self.attempts += 1
         layer = self._layer
+        root = self.root_call_id
+        if not root:
+            root = self.root_call_id = call_id
         try:
-            self.release_pending()
+            if self._pending is not None:
+                self.release_pending()
             record = layer.build(
                 request,
                 outcome,
@@ -380,7 +384,7 @@ class _CallObserver:
                 latency_ms=latency_ms,
                 source=source,
                 messages=layer.messages_of(request.context, request),
-                root_call_id=self._root.of(call_id),
+                root_call_id=root,
             )
             if record is None:
                 return
