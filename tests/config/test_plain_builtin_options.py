@@ -145,13 +145,14 @@ def test_loading_the_default_configuration_imports_no_options_model() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_a_ready_client_of_the_default_configuration_imports_no_pydantic() -> None:
+def test_a_ready_client_of_the_default_configuration_imports_no_pydantic_nor_json_repair() -> None:
+    # json_repair is imported by the first repair of a structured answer.
     code = (
         "import sys\n"
         "from polygateway import GatewayClient\n"
         "GatewayClient.from_env(env={'LLM__OPENAI__1__BASE_URL': 'http://127.0.0.1:9/v1',"
         " 'LLM__OPENAI__1__API_KEY': 'sk-test', 'LLM__OPENAI__1__MODEL': 'm'})\n"
-        "print('pydantic' in sys.modules)\n"
+        "print('pydantic' in sys.modules, 'json_repair' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False"
+    assert done.stdout.strip() == "False False"

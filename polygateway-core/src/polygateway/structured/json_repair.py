@@ -17,8 +17,6 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import json_repair
-
 from polygateway.errors import ResultInvalidError
 from polygateway.ports import ProviderProfile
 from polygateway.types import ChatRequest
@@ -105,6 +103,10 @@ def extract_json(text: str) -> tuple[Any, list[str]]:
         return None, [
             f"{strict_error}; too large to repair ({size} characters > {MAX_REPAIR_CHARS})"
         ]
+    # Imported on the first repair: it is a large package (thousands of objects the garbage
+    # collector walks on every full collection) that most processes never need.
+    import json_repair
+
     try:
         repaired = json_repair.repair_json(candidate[start:], return_objects=True)
     except Exception as exc:  # noqa: BLE001 - a third-party parser failing is a repair failure
