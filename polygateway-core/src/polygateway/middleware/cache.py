@@ -237,8 +237,14 @@ class CacheMiddleware:
         self._failing = False
 
     async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
-        key = self._key_or_none(request)
-        if key is None:
+        try:
+            key = self.key(request)
+        except RequestRejectedError:
+            raise
+        except (TypeError, ValueError) as exc:
+            # Content that cannot be canonicalised (not JSON-able) is sent uncached; whether
+            # it is acceptable at all is the transport's call.
+            logger.warning("request not cached: its cache key cannot be computed (%s)", exc)
             return await call_next(request)
         get_nowait = self._get_nowait
         try:
@@ -326,17 +332,6 @@ class CacheMiddleware:
             f',"model":{self._model_json},"namespace":{_json_string(namespace)}'
             f',"salt":{_json_string(salt)},"structured":{structured_json}}}'
         )
-
-    def _key_or_none(self, request: ChatRequest) -> str | None:
-        try:
-            return self.key(request)
-        except RequestRejectedError:
-            raise
-        except (TypeError, ValueError) as exc:
-            # Content that cannot be canonicalised (not JSON-able) is sent uncached; whether
-            # it is acceptable at all is the transport's call.
-            logger.warning("request not cached: its cache key cannot be computed (%s)", exc)
-            return None
 
     def _structured_id(self, structured: Any) -> str:
         """``"json"``, or a model's qualified name + a hash of its JSON schema.

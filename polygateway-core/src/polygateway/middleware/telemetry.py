@@ -198,7 +198,8 @@ class TelemetryMiddleware:
         started: float,
     ) -> LLMResponse:
         try:
-            observer.release_pending()
+            if observer.pending is not None:
+                observer.release_pending()
             if not observer.attempts:  # a cache hit, or a layer that answered by itself
                 self._emit(
                     request,
@@ -221,7 +222,8 @@ class TelemetryMiddleware:
         self, observer: _CallObserver, request: ChatRequest, exc: BaseException, started: float
     ) -> None:
         try:
-            observer.release_pending()
+            if observer.pending is not None:
+                observer.release_pending()
             if not observer.attempts:  # refused, unavailable or cancelled before any attempt
                 self._emit(
                     request,
@@ -338,11 +340,11 @@ class _CallObserver:
 
     __slots__ = (
         "_layer",
-        "_pending",
         "_pending_outcome",
         "attempts",
         "last_call_id",
         "last_cost",
+        "pending",
         "root_call_id",
         "trace",
     )
@@ -356,7 +358,8 @@ class _CallObserver:
         # The call's root (``records.CallRoot``, kept here: the observer is the call's own).
         self.root_call_id = ""
         self.attempts = 0
-        self._pending: TelemetryRecord | None = None
+        self.pending: TelemetryRecord | None = None
+        """An attempt's row held until the structured ladder has judged its output."""
         self._pending_outcome: object = None
         self.last_call_id = ""
         self.last_cost: float | None = None
@@ -375,7 +378,7 @@ class _CallObserver:
         if not root:
             root = self.root_call_id = call_id
         try:
-            if self._pending is not None:
+            if self.pending is not None:
                 self.release_pending()
             record = layer.build(
                 request,
@@ -393,7 +396,7 @@ class _CallObserver:
                 self.last_cost = record.cost
                 if request.structured is not None:
                     # The ladder may still reject this output: hold the row until we know.
-                    self._pending = record
+                    self.pending = record
                     self._pending_outcome = outcome
                     return
             if self.trace is None:
@@ -405,15 +408,15 @@ class _CallObserver:
 
     def on_result_invalid(self, call_id: str, error: BaseException) -> None:
         """The structured ladder rejected the output of attempt ``call_id``."""
-        pending = self._pending
+        pending = self.pending
         if pending is not None and pending.call_id == call_id:
-            self._pending = dataclasses.replace(pending, error=error_name(error))
+            self.pending = dataclasses.replace(pending, error=error_name(error))
             self._pending_outcome = error
 
     def release_pending(self) -> None:
-        pending = self._pending
+        pending = self.pending
         if pending is not None:
-            self._pending = None
+            self.pending = None
             if self.trace is None:
                 self._layer.submit(pending)
             else:
