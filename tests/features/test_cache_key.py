@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polygateway.backends.memory.cache import MemoryCache
@@ -112,3 +114,23 @@ def test_a_model_schema_change_changes_the_key() -> None:
     assert cache.key(ChatRequest(messages=msgs, structured=before)) != cache.key(
         ChatRequest(messages=msgs, structured=after)
     )
+
+
+async def test_a_request_without_a_key_is_sent_uncached_and_its_errors_stand_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Content that cannot be canonicalised: the call goes on uncached (one warning), and an
+    # error of the call itself is not chained to the key's (raised outside that handler).
+    request = ChatRequest(
+        messages=[{"role": "user", "content": [{"type": "image_url", "url": object()}]}]
+    )
+    failure = RuntimeError("upstream failed")
+
+    async def fail(_: ChatRequest) -> Any:
+        raise failure
+
+    with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError) as caught:
+        await layer()(request, fail)
+    assert caught.value is failure
+    assert caught.value.__context__ is None
+    assert "its cache key cannot be computed" in caplog.text

@@ -238,13 +238,15 @@ class CacheMiddleware:
 
     async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
         try:
-            key = self.key(request)
+            key: str | None = self.key(request)
         except RequestRejectedError:
             raise
         except (TypeError, ValueError) as exc:
             # Content that cannot be canonicalised (not JSON-able) is sent uncached; whether
             # it is acceptable at all is the transport's call.
             logger.warning("request not cached: its cache key cannot be computed (%s)", exc)
+            key = None
+        if key is None:  # outside the handler: the call's own errors carry no key error
             return await call_next(request)
         get_nowait = self._get_nowait
         try:
