@@ -47,6 +47,7 @@ from polygateway.settings import (
     RetrySettings,
 )
 from polygateway.testing import FakeClock
+from polygateway.types import ChatRequest
 
 
 def transient(status: int = 503, retry_after: float | None = None) -> TransientError:
@@ -95,6 +96,23 @@ async def test_the_dispatcher_is_a_plain_handler_without_call_next() -> None:
     rig = make_rig(["a"])
     assert list(inspect.signature(rig.layer.__call__).parameters) == ["request"]
     assert (await rig.call()).content == "fine"
+
+
+async def test_a_subclass_attempt_is_the_one_the_governor_runs() -> None:
+    # The attempt is the class's own ``_send`` (bound without a method object per call).
+    rig = make_rig(["a"])
+    sent: list[str] = []
+
+    class Tagging(ChatDispatcher):
+        __slots__ = ()
+
+        async def _send(self, request: Any, source: Any, call_id: str) -> Any:
+            sent.append(call_id)
+            return await super()._send(request, source, call_id)
+
+    tagging = Tagging(rig.layer.governor, {"a": rig.transport}, clock=rig.clock)
+    response = await tagging(ChatRequest(messages=MESSAGES))
+    assert sent == [response.call_id]
 
 
 # --------------------------------------------------------------------------- transient

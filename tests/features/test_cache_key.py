@@ -16,6 +16,7 @@ from polygateway.digest import (
     digest_messages,
     messages_digest,
 )
+from polygateway.errors import ConfigError
 from polygateway.middleware.cache import KEY_PREFIX, CacheMiddleware
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.testing import FakeClock
@@ -134,3 +135,18 @@ async def test_a_request_without_a_key_is_sent_uncached_and_its_errors_stand_alo
     assert caught.value is failure
     assert caught.value.__context__ is None
     assert "its cache key cannot be computed" in caplog.text
+
+
+def test_the_layers_namespace_is_a_plain_string() -> None:
+    # A str subclass would be taken for a bad namespace by the key's check on every call.
+    class Name(str):
+        pass
+
+    with pytest.raises(ConfigError, match="namespace"):
+        CacheMiddleware(
+            MemoryCache(clock=FakeClock()),
+            namespace=Name("tenant"),
+            ttl_s=10.0,
+            model_identity="m",
+            strategy=JsonRepairStrategy(),
+        )

@@ -119,7 +119,7 @@ class ChatDispatcher:
             deadline_s = max(context.deadline_at - now, _DEADLINE_FLOOR_S)
         outcome = await self._governor.run(
             # The function, not a bound method: one object less per call in flight.
-            functools.partial(ChatDispatcher._send, self, request),
+            functools.partial(type(self)._send, self, request),
             observer=attempt_observer,
             deadline_s=deadline_s,
             events=context.events if context is not None else None,

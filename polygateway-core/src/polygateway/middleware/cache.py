@@ -67,6 +67,11 @@ _DECODE = json.JSONDecoder().decode
 _ORJSON_VALUE_TYPES = frozenset({str, int, bool, float, type(None)})
 
 
+def _stored_calls(calls: tuple[ToolCall, ...]) -> list[list[str]] | None:
+    """Tool calls as stored: ``[id, name, arguments]`` triples, none as ``null``."""
+    return [[c.id, c.name, c.arguments] for c in calls] if calls else None
+
+
 def _stored_by_name(r: LLMResponse) -> dict[str, Any]:
     """The stored fields by name, in ``_STORED_FIELDS`` order (a test holds the two equal):
     the definition of ``_stored``."""
@@ -89,7 +94,7 @@ def _stored_by_name(r: LLMResponse) -> dict[str, Any]:
         "salvaged": r.salvaged,
         "cached_prompt_tokens": r.cached_prompt_tokens,
         "cache_write_tokens": r.cache_write_tokens,
-        "tool_calls": [[c.id, c.name, c.arguments] for c in r.tool_calls] if r.tool_calls else None,
+        "tool_calls": _stored_calls(r.tool_calls),
     }
 
 
@@ -107,8 +112,7 @@ def _stored(r: LLMResponse) -> dict[str, Any]:
     if len(fields) != _FIELD_COUNT:
         return _stored_by_name(r)
     del fields["structured_data"]
-    calls = fields["tool_calls"]
-    fields["tool_calls"] = [[c.id, c.name, c.arguments] for c in calls] if calls else None
+    fields["tool_calls"] = _stored_calls(fields["tool_calls"])
     return fields
 
 
@@ -200,7 +204,7 @@ class CacheMiddleware:
         strategy: StructuredOutputStrategy,
     ) -> None:
         problems: list[str] = []
-        if not isinstance(namespace, str) or not namespace:
+        if type(namespace) is not str or not namespace:
             problems.append(
                 "cache namespace is required (PGW_CACHE_NAMESPACE or [cache] namespace): "
                 f"a project or tenant name keeps cache entries apart, got {namespace!r}"
@@ -289,23 +293,21 @@ class CacheMiddleware:
         every call, hits included.
         """
         structured = request.structured
-        tail = self._default_tail
-        # The usual call (the layer's namespace, no salt, raw text) keeps the default tail.
-        if (
-            request.cache_namespace is not None
-            or request.cache_salt is not None
-            or structured is not None
-        ):
-            namespace = request.cache_namespace or self.namespace
-            salt = request.cache_salt or ""
-            if type(namespace) is not str or type(salt) is not str:
+        # The usual call (the layer's namespace, no salt, raw text) has nothing to check.
+        usual = (
+            request.cache_namespace is None and request.cache_salt is None and structured is None
+        )
+        namespace, salt = self.namespace, ""
+        if not usual:
+            given_namespace = request.cache_namespace or namespace
+            given_salt = request.cache_salt or salt
+            if type(given_namespace) is not str or type(given_salt) is not str:
                 raise RequestRejectedError(
                     "cache_namespace and cache_salt must be strings, got "
                     f"{type(request.cache_namespace).__name__} and "
                     f"{type(request.cache_salt).__name__}"
                 )
-            if structured is not None or salt or namespace != self.namespace:
-                tail = self._key_tail(namespace, salt, structured)
+            namespace, salt = given_namespace, given_salt
         # The call's context encodes the messages once per call (the telemetry rows store the
         # same string); the key hashes it.
         context = request.context
@@ -314,6 +316,10 @@ class CacheMiddleware:
             digest = hashlib.sha256(encoded.encode("utf-8")).hexdigest()
         else:
             digest = messages_digest(request.messages)
+        if structured is None and not salt and namespace == self.namespace:
+            tail = self._default_tail
+        else:
+            tail = self._key_tail(namespace, salt, structured)
         extra, params = request.extra_body, request.params
         if not extra and params is None:
             key_json = f'{{"messages_digest":"{digest}"{tail}'

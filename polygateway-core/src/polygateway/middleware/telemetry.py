@@ -45,6 +45,7 @@ from polygateway.ports import (
 )
 from polygateway.records import (
     CANCELLED,
+    CallRoot,
     RowWriter,
     build_record,
     error_name,
@@ -340,12 +341,12 @@ class _CallObserver:
 
     __slots__ = (
         "_layer",
-        "_pending_outcome",
+        "_root",
         "attempts",
         "last_call_id",
         "last_cost",
         "pending",
-        "root_call_id",
+        "pending_outcome",
         "trace",
     )
 
@@ -355,12 +356,11 @@ class _CallObserver:
         # context along (``request.context``).
         self._layer = layer
         self.trace = trace
-        # The call's root (``records.CallRoot``, kept here: the observer is the call's own).
-        self.root_call_id = ""
+        self._root = CallRoot()
         self.attempts = 0
         self.pending: TelemetryRecord | None = None
         """An attempt's row held until the structured ladder has judged its output."""
-        self._pending_outcome: object = None
+        self.pending_outcome: object = None
         self.last_call_id = ""
         self.last_cost: float | None = None
 
@@ -374,9 +374,6 @@ class _CallObserver:
     ) -> None:
         self.attempts += 1
         layer = self._layer
-        root = self.root_call_id
-        if not root:
-            root = self.root_call_id = call_id
         try:
             if self.pending is not None:
                 self.release_pending()
@@ -387,7 +384,7 @@ class _CallObserver:
                 latency_ms=latency_ms,
                 source=source,
                 messages=layer.messages_of(request.context, request),
-                root_call_id=root,
+                root_call_id=self._root.of(call_id),
             )
             if record is None:
                 return
@@ -397,7 +394,7 @@ class _CallObserver:
                 if request.structured is not None:
                     # The ladder may still reject this output: hold the row until we know.
                     self.pending = record
-                    self._pending_outcome = outcome
+                    self.pending_outcome = outcome
                     return
             if self.trace is None:
                 layer.submit(record)
@@ -411,7 +408,7 @@ class _CallObserver:
         pending = self.pending
         if pending is not None and pending.call_id == call_id:
             self.pending = dataclasses.replace(pending, error=error_name(error))
-            self._pending_outcome = error
+            self.pending_outcome = error
 
     def release_pending(self) -> None:
         pending = self.pending
@@ -420,7 +417,7 @@ class _CallObserver:
             if self.trace is None:
                 self._layer.submit(pending)
             else:
-                self._layer.rows.submit_attempt(self.trace, pending, self._pending_outcome)
+                self._layer.rows.submit_attempt(self.trace, pending, self.pending_outcome)
 
 
 __all__ = [

@@ -103,11 +103,12 @@ def extract_json(text: str) -> tuple[Any, list[str]]:
         return None, [
             f"{strict_error}; too large to repair ({size} characters > {MAX_REPAIR_CHARS})"
         ]
-    # Imported on the first repair: it is a large package (thousands of objects the garbage
-    # collector walks on every full collection) that most processes never need.
-    import json_repair
-
     try:
+        # Imported on the first repair (once, about 13 ms): a large package whose objects the
+        # garbage collector would walk on every full collection of processes that never
+        # repair. A broken install is a repair failure like any other.
+        import json_repair
+
         repaired = json_repair.repair_json(candidate[start:], return_objects=True)
     except Exception as exc:  # noqa: BLE001 - a third-party parser failing is a repair failure
         return None, [f"{strict_error}; json-repair failed: {type(exc).__name__}: {exc}"]

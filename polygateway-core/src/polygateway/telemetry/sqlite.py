@@ -119,7 +119,8 @@ _NULL = math.nan
 binds NULL for a NaN, as it always has for a NaN value of a column). Binding ``None`` itself
 costs the sqlite3 module an adapter lookup per value (a key tuple, a dict miss, two failed
 attribute lookups: about 2.8k instructions), and a row has up to six; a ``float`` binds
-directly, without the copy a text or blob stand-in costs SQLite."""
+directly, without the copy a text or blob stand-in costs SQLite. (A process that registers a
+``sqlite3`` adapter for ``float`` changes how every float binds, this one included.)"""
 
 
 _ROW_PARAMS = f"({', '.join('?' * len(COLUMNS))})"

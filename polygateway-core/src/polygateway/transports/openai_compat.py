@@ -684,7 +684,7 @@ class OpenAICompatTransport:
             rules=profile.error_rules if profile is not None else (),
         )
 
-    # ------------------------------------------------------------------ non-streaming
+    # ------------------------------------------------------------------ non-streaming body
 
     def _parse_json(
         self, parsed: JsonBodyParser, source: SourceConfig, profile: ProviderProfile | None
