@@ -662,9 +662,12 @@ class FakeMonkeyOcr:
             with suppress(RuntimeError):  # the loop is shutting down
                 loop.call_soon_threadsafe(swap)
 
-    def _next_reply(self, source: str) -> Reply:
+    def _next_reply(self, state: _SourceState) -> Reply:
+        """The next scripted reply of the source state a request arrived under: a request
+        still being read when a test resets the fake (a timed-out upload of the test before)
+        takes nothing of the next test's script."""
         with self._guard:
-            script = self._state(source).script
+            script = state.script
             return script.popleft() if script else Reply()
 
     @staticmethod
@@ -757,7 +760,7 @@ class FakeMonkeyOcr:
         if not found:
             missing = {"type": "missing", "loc": ["body", "file"], "msg": "Field required"}
             return self._json({"detail": [{**missing, "input": None}]}, 422)
-        reply = self._next_reply(source)
+        reply = self._next_reply(state)
         if reply.kind == "reset":
             if request.transport is not None:
                 request.transport.abort()
