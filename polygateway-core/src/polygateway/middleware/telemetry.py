@@ -199,8 +199,7 @@ class TelemetryMiddleware:
         started: float,
     ) -> LLMResponse:
         try:
-            if observer.pending is not None:
-                observer.release_pending()
+            observer.release_pending()
             if not observer.attempts:  # a cache hit, or a layer that answered by itself
                 self._emit(
                     request,
@@ -223,8 +222,7 @@ class TelemetryMiddleware:
         self, observer: _CallObserver, request: ChatRequest, exc: BaseException, started: float
     ) -> None:
         try:
-            if observer.pending is not None:
-                observer.release_pending()
+            observer.release_pending()
             if not observer.attempts:  # refused, unavailable or cancelled before any attempt
                 self._emit(
                     request,
@@ -341,12 +339,12 @@ class _CallObserver:
 
     __slots__ = (
         "_layer",
+        "_pending",
+        "_pending_outcome",
         "_root",
         "attempts",
         "last_call_id",
         "last_cost",
-        "pending",
-        "pending_outcome",
         "trace",
     )
 
@@ -358,9 +356,8 @@ class _CallObserver:
         self.trace = trace
         self._root = CallRoot()
         self.attempts = 0
-        self.pending: TelemetryRecord | None = None
-        """An attempt's row held until the structured ladder has judged its output."""
-        self.pending_outcome: object = None
+        self._pending: TelemetryRecord | None = None
+        self._pending_outcome: object = None
         self.last_call_id = ""
         self.last_cost: float | None = None
 
@@ -375,8 +372,7 @@ class _CallObserver:
         self.attempts += 1
         layer = self._layer
         try:
-            if self.pending is not None:
-                self.release_pending()
+            self.release_pending()
             record = layer.build(
                 request,
                 outcome,
@@ -393,8 +389,8 @@ class _CallObserver:
                 self.last_cost = record.cost
                 if request.structured is not None:
                     # The ladder may still reject this output: hold the row until we know.
-                    self.pending = record
-                    self.pending_outcome = outcome
+                    self._pending = record
+                    self._pending_outcome = outcome
                     return
             if self.trace is None:
                 layer.submit(record)
@@ -405,19 +401,19 @@ class _CallObserver:
 
     def on_result_invalid(self, call_id: str, error: BaseException) -> None:
         """The structured ladder rejected the output of attempt ``call_id``."""
-        pending = self.pending
+        pending = self._pending
         if pending is not None and pending.call_id == call_id:
-            self.pending = dataclasses.replace(pending, error=error_name(error))
-            self.pending_outcome = error
+            self._pending = dataclasses.replace(pending, error=error_name(error))
+            self._pending_outcome = error
 
     def release_pending(self) -> None:
-        pending = self.pending
+        pending = self._pending
         if pending is not None:
-            self.pending = None
+            self._pending = None
             if self.trace is None:
                 self._layer.submit(pending)
             else:
-                self._layer.rows.submit_attempt(self.trace, pending, self.pending_outcome)
+                self._layer.rows.submit_attempt(self.trace, pending, self._pending_outcome)
 
 
 __all__ = [
