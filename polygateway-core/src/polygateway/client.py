@@ -284,32 +284,37 @@ class GatewayClient:
         """
         # Positional, in ``_request``'s order: 21 keywords would be matched by name on every
         # call (a test keeps the two signatures and this call in step).
-        return await self._handler(
-            self._request(
-                messages,
-                session_id,
-                parent_call_id,
-                cache_salt,
-                cache_namespace,
-                structured,
-                stream,
-                model,
-                temperature,
-                top_p,
-                max_tokens,
-                stop,
-                seed,
-                presence_penalty,
-                frequency_penalty,
-                tools,
-                tool_choice,
-                parallel_tool_calls,
-                response_format,
-                user,
-                extra_body,
-                deadline_s,
-            )
+        request = self._request(
+            messages,
+            session_id,
+            parent_call_id,
+            cache_salt,
+            cache_namespace,
+            structured,
+            stream,
+            model,
+            temperature,
+            top_p,
+            max_tokens,
+            stop,
+            seed,
+            presence_penalty,
+            frequency_penalty,
+            tools,
+            tool_choice,
+            parallel_tool_calls,
+            response_format,
+            user,
+            extra_body,
+            deadline_s,
         )
+        # The request holds them now: this frame stays on the stack while the call is out, and
+        # the collector walks every frame in flight (22 references a call less at c=1024).
+        del messages, session_id, parent_call_id, cache_salt, cache_namespace, structured, stream
+        del model, temperature, top_p, max_tokens, stop, seed, presence_penalty
+        del frequency_penalty, tools, tool_choice, parallel_tool_calls, response_format, user
+        del extra_body, deadline_s
+        return await self._handler(request)
 
     def stream(
         self,

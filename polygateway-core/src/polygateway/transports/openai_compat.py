@@ -528,7 +528,34 @@ class OpenAICompatTransport:
         del payload  # not held while the request is out: one object less per call in flight
         if request.stream:
             return await self._send_stream(body, request, source, profile, call_id)
-        return await self._send_json(body, request, source, profile)
+        # Not streaming: the request and its reads are awaited here, not in a coroutine of
+        # their own (one level less on the stack of every call in flight).
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = attempt_liveness(
+            source, stream=False, started=started, monitor=self._liveness_monitor(loop)
+        )
+        response: EngineResponse | None = None
+        try:
+            with deadline:
+                response = await self._engine.post(self._url, body)
+                if not 200 <= response.status < 300:
+                    await self._raise_status_error(response, source, profile)
+                parsed = await read_json_body(response)
+        finally:
+            deadline.close()
+            if response is not None:
+                await response.aclose()
+        completion = self._parse_json(parsed, source, profile)
+        return transport_result(
+            completion,
+            complete=True,
+            request=request,
+            source=source,
+            latency_s=loop.time() - started,
+            ttft_ms=None,
+            max_inter_token_ms=None,
+        )
 
     async def aclose(self) -> None:
         if self._monitor is not None:
@@ -657,41 +684,7 @@ class OpenAICompatTransport:
             rules=profile.error_rules if profile is not None else (),
         )
 
-    # ------------------------------------------------------------------ non-streaming
-
-    async def _send_json(
-        self,
-        body: bytes,
-        request: ChatRequest,
-        source: SourceConfig,
-        profile: ProviderProfile | None,
-    ) -> TransportResult:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline = attempt_liveness(
-            source, stream=False, started=started, monitor=self._liveness_monitor(loop)
-        )
-        response: EngineResponse | None = None
-        try:
-            with deadline:
-                response = await self._engine.post(self._url, body)
-                if not 200 <= response.status < 300:
-                    await self._raise_status_error(response, source, profile)
-                parsed = await read_json_body(response)
-        finally:
-            deadline.close()
-            if response is not None:
-                await response.aclose()
-        completion = self._parse_json(parsed, source, profile)
-        return transport_result(
-            completion,
-            complete=True,
-            request=request,
-            source=source,
-            latency_s=loop.time() - started,
-            ttft_ms=None,
-            max_inter_token_ms=None,
-        )
+    # ------------------------------------------------------------------ non-streaming body
 
     def _parse_json(
         self, parsed: JsonBodyParser, source: SourceConfig, profile: ProviderProfile | None
