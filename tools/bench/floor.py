@@ -29,7 +29,11 @@ by the calls made (warm-up included): the server-side count of round trips per c
 ``--callgrind`` runs each selected client in a child process under ``valgrind --tool=callgrind``
 twice, with two call counts, and reports instructions per call as the difference of the totals
 over the difference of the counts (start-up and warm-up cancel out; concurrency 1 unless
-``--conc`` says otherwise). Instruction counts do not move with the machine's load.
+``--conc`` says otherwise). Instruction counts do not move with the machine's load. At
+concurrency 1024 use ``--calls-pair 4096,16384``: with a thousand calls in flight the
+collector's full collection comes about once per 10,000 calls and costs some 20k instructions a
+call of a 3,072-call window, so a short window holds one or none of them by chance (the
+governed client: 662.3k with one in its 1024/4096 window, 653.5k over 4096/16384).
 
 ``--startup``: the median wall time of ``--runs`` fresh interpreters doing ``import
 polygateway`` plus ``GatewayClient.from_env`` with the default configuration (one source),
