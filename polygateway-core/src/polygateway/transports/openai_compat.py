@@ -529,7 +529,9 @@ class OpenAICompatTransport:
         if request.stream:
             return await self._send_stream(body, request, source, profile, call_id)
         # Not streaming: the request and its reads are awaited here, not in a coroutine of
-        # their own (one level less on the stack of every call in flight).
+        # their own. One frame less on the stack of every call in flight, which the collector
+        # walks: no gain at c=64, 653.5k -> 649.0k instructions a call at c=1024 together
+        # with chat's dropped parameters (tools/bench/RESULTS.md, "2026-12-06 (late)").
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = attempt_liveness(
