@@ -6,7 +6,6 @@ capability that is never assembled is never imported.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +14,11 @@ from polygateway.ports import BuildContext, ComponentContext, ProviderProfile, R
 from polygateway.settings import SourceConfig
 
 if TYPE_CHECKING:
+    import argparse
+
     from polygateway.builtin_options import MemoryCacheOptions, SQLiteTelemetryOptions
     from polygateway.builtin_values import MemoryCacheValues, SQLiteTelemetryValues
+    from polygateway.plugins import CommandFactory
 
 
 @hookimpl
@@ -174,9 +176,6 @@ def pgw_register_middleware(register: Register) -> None:
 
     for name, factory in builtin_layers().items():
         register(name, factory)
-
-
-CommandFactory = Callable[[argparse.ArgumentParser], Callable[[argparse.Namespace], int]]
 
 
 @hookimpl

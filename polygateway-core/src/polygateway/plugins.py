@@ -13,7 +13,6 @@ so a bad factory fails at startup with a ``PluginError`` naming the plugin.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.metadata
 import inspect
 import logging
@@ -645,6 +644,8 @@ def _add_to_manager(pm: pluggy.PluginManager, candidate: _Candidate, plugin: obj
         and any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls())
     ]
     if unknown:
+        import difflib  # only to name a misspelt hook: not on every start
+
         pm.unregister(plugin)
         for hook_name in unknown:
             close = difflib.get_close_matches(hook_name, HOOK_KINDS, n=1)

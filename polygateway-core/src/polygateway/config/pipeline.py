@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +142,8 @@ def _string_list(
 
 def read(path: Path) -> tuple[PipelineFile | None, list[str]]:
     """Parse the file and split it into defaults and scopes; problems name the file's keys."""
+    import tomllib  # only when there is a file: most configurations have none
+
     label = str(path)
     try:
         with path.open("rb") as handle:
