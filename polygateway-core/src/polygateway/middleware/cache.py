@@ -321,14 +321,12 @@ class CacheMiddleware:
         else:
             tail = self._key_tail(namespace, salt, structured)
         extra, params = request.extra_body, request.params
-        if not extra and params is None:
-            key_json = f'{{"messages_digest":"{digest}"{tail}'
-        else:
-            head = '{"extra":' + canonical_json(extra) + "," if extra else "{"
+        head = '{"extra":' + canonical_json(extra) + "," if extra else "{"
+        if params is not None:  # the usual call sets none: no identity to ask for
             args = identity(params)
             if args is not None:  # the per-call generation parameters change the answer
                 head = '{"args":' + canonical_json(args) + "," + head[1:]
-            key_json = f'{head}"messages_digest":"{digest}"{tail}'
+        key_json = f'{head}"messages_digest":"{digest}"{tail}'
         return KEY_PREFIX + hashlib.sha256(key_json.encode("utf-8")).hexdigest()
 
     def _key_tail(self, namespace: str, salt: str, structured: Any) -> str:
