@@ -47,4 +47,4 @@ def test_examples_load_cleanly(files: dict[str, Path], registry: object) -> None
 def test_the_env_example_supplies_the_keys_of_the_file_sources() -> None:
     scope = load_scope("LLM", {}, pipeline_path=EXAMPLE_TOML, dotenv_path=EXAMPLE_ENV)
     assert scope.source("qwen-1").api_key.reveal() == "sk-example-qwen"
-    assert scope.source("qwen-1").options["engine"] == "aiohttp"
+    assert scope.source("qwen-1").options["engine"] == "httptools"

@@ -150,13 +150,14 @@ def test_a_ready_client_of_the_default_configuration_imports_no_pydantic_nor_jso
 ) -> None:
     # json_repair is imported by the first repair of a structured answer; tomllib by the first
     # pipeline file read (the working directory has none); argparse by the CLI; difflib by a
-    # misspelt hook's suggestion. Each is start-up time a ready client does not need.
+    # misspelt hook's suggestion; aiohttp (two SSL contexts from the CA store at import) by a
+    # source on the aiohttp engine. Each is start-up time a ready client does not need.
     code = (
         "import sys\n"
         "from polygateway import GatewayClient\n"
         "GatewayClient.from_env(env={'LLM__OPENAI__1__BASE_URL': 'http://127.0.0.1:9/v1',"
         " 'LLM__OPENAI__1__API_KEY': 'sk-test', 'LLM__OPENAI__1__MODEL': 'm'})\n"
-        "print([m for m in ('pydantic', 'json_repair', 'tomllib', 'argparse', 'difflib')"
+        "print([m for m in ('pydantic', 'json_repair', 'tomllib', 'argparse', 'difflib', 'aiohttp')"
         " if m in sys.modules])\n"
     )
     done = subprocess.run(

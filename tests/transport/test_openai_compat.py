@@ -29,12 +29,13 @@ from polygateway.testing.contracts.transport import (
     wait_until,
 )
 from polygateway.testing.fake_upstream import DEFAULT_CONTENT
-from polygateway.transports.engines import DEFAULT_ENGINE, ENGINE_NAMES, AiohttpEngine
+from polygateway.transports.aiohttp_engine import AiohttpEngine
+from polygateway.transports.engines import DEFAULT_ENGINE, ENGINE_NAMES, PROXY_ENGINE
 from polygateway.transports.openai_compat import OpenAICompatTransport
 from polygateway.types import ChatRequest, TransportResult
 
 # Engines on optional packages run when their package is installed and are skipped otherwise.
-_ENGINE_MODULES = {"httpx-aiohttp": "httpx_aiohttp", "httpx2": "httpx2", "httptools": "httptools"}
+_ENGINE_MODULES = {"httpx-aiohttp": "httpx_aiohttp", "httpx2": "httpx2"}
 ENGINES = [
     pytest.param(
         name,
@@ -232,7 +233,7 @@ def test_bad_options_are_config_errors() -> None:
 
 @pytest.mark.parametrize(
     ("engine", "module"),
-    [("httpx2", "httpx2"), ("httpx-aiohttp", "httpx_aiohttp"), ("httptools", "httptools")],
+    [("httpx2", "httpx2"), ("httpx-aiohttp", "httpx_aiohttp")],
 )
 def test_engine_on_a_missing_optional_package_names_the_pip_command(
     engine: str, module: str, monkeypatch: pytest.MonkeyPatch
@@ -244,9 +245,17 @@ def test_engine_on_a_missing_optional_package_names_the_pip_command(
         OpenAICompatTransport(dataclasses.replace(base, options={"engine": engine}))
 
 
-def test_default_engine_is_aiohttp_and_engines_are_named() -> None:
+def test_default_engine_is_httptools_and_engines_are_named() -> None:
     base = SourceConfig(name="s", provider="generic", base_url="http://127.0.0.1:9/v1", model="m")
-    assert OpenAICompatTransport(base).engine.name == DEFAULT_ENGINE == "aiohttp"
+    assert OpenAICompatTransport(base).engine.name == DEFAULT_ENGINE == "httptools"
+    # The default engine reads no proxy variables: a source that asks for them without naming
+    # an engine gets aiohttp, and naming httptools with them is refused.
+    proxied = dataclasses.replace(base, options={"trust_env": "true"})
+    assert OpenAICompatTransport(proxied).engine.name == PROXY_ENGINE == "aiohttp"
+    with pytest.raises(ConfigError, match="trust_env"):
+        OpenAICompatTransport(
+            dataclasses.replace(base, options={"trust_env": True, "engine": "httptools"})
+        )
     for name in ENGINE_NAMES:
         module = _ENGINE_MODULES.get(name)
         if module is None or importlib.util.find_spec(module) is not None:
@@ -320,7 +329,11 @@ async def test_concurrent_calls_share_one_pool(
 
 async def test_aiohttp_connections_are_reused_and_released(fake_upstream: FakeUpstream) -> None:
     source = SourceConfig(
-        name="pool", provider="generic", base_url=fake_upstream.base_url("pool"), model="m"
+        name="pool",
+        provider="generic",
+        base_url=fake_upstream.base_url("pool"),
+        model="m",
+        options={"engine": "aiohttp"},
     )
     transport = OpenAICompatTransport(source)
     try:

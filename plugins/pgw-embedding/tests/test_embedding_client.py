@@ -443,9 +443,11 @@ async def test_aclose_closes_what_it_built_only(fake_upstream: FakeUpstream) -> 
     client = client_for(embed_settings(fake_upstream, ("a",)), limiter=limiter)
     await client.embed(["x"])
     transport = client.transports["a"]
+    engine = transport.engine
+    assert engine.idle_connections == 1  # type: ignore[attr-defined]
     await client.aclose()
     await client.aclose()  # idempotent
-    assert transport.engine.session is None  # type: ignore[attr-defined]
+    assert engine.idle_connections == engine.busy_connections == 0  # type: ignore[attr-defined]
     await limiter.try_acquire("a", 1, Limits())  # still usable: it is the caller's
     with pytest.raises(RuntimeError, match="closed"):
         await client.embed(["x"])

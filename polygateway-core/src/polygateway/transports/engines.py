@@ -1,10 +1,13 @@
 """HTTP engines: the one thing the transport needs from an HTTP client, five ways.
 
-``aiohttp`` (default: the fastest per call, see ``tools/bench/RESULTS.md``), ``httpx``,
-``httpx-aiohttp`` (httpx's API over aiohttp's connection handling; optional package
-``httpx-aiohttp``), ``httpx2`` (the successor of httpx; optional package ``httpx2``) and
-``httptools`` (asyncio's Protocol with the httptools parser, no proxies; optional package
-``httptools``, see ``polygateway.transports.httptools_engine``). Each
+``httptools`` (default: asyncio's Protocol with the httptools parser, the cheapest per call and
+to import, no proxies; ``polygateway.transports.httptools_engine``), ``aiohttp`` (the default of
+a source with ``trust_env = true``: proxies and netrc from the environment;
+``polygateway.transports.aiohttp_engine``), and on the httpx API
+(``polygateway.transports.httpx_engine``) ``httpx``, ``httpx-aiohttp`` (httpx's API over
+aiohttp's connection handling; optional package ``httpx-aiohttp``) and ``httpx2`` (the successor
+of httpx; optional package ``httpx2``). This module holds what they share; each engine's module
+is imported when a source picks it, so a client imports only the HTTP client it uses. Each
 engine holds one client/session per source, created lazily inside the running loop, with split
 timeouts and a connection pool sized for high concurrency (the limiter, not the pool, governs
 concurrency).
@@ -30,35 +33,34 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-import aiohttp
-
-from polygateway.errors import ConfigError, ResponseClosedError, SourceDeadError, TransientError
+from polygateway.errors import ConfigError, ResponseClosedError, TransientError
 from polygateway.transports.errors import sanitize_message, wire_error
 
-if TYPE_CHECKING:
-    import httpx
+ENGINE_NAMES: tuple[str, ...] = ("httptools", "aiohttp", "httpx", "httpx-aiohttp", "httpx2")
+DEFAULT_ENGINE = "httptools"
+"""The cheapest engine that passes the whole transport suite, per call and to import (measured:
+tools/bench/RESULTS.md, sections "httptools engine" and "httptools as the default")."""
 
-logger = logging.getLogger(__name__)
-
-_AIOHTTP_FAILURES: tuple[type[Exception], ...] = (aiohttp.ClientError, OSError)
-
-ENGINE_NAMES: tuple[str, ...] = ("aiohttp", "httpx", "httpx-aiohttp", "httpx2", "httptools")
-DEFAULT_ENGINE = "aiohttp"
-"""The fastest engine that passes the whole transport suite (measured: tools/bench/RESULTS.md)."""
+PROXY_ENGINE = "aiohttp"
+"""The engine of a source with ``trust_env = true`` and no ``engine`` of its own: the default
+engine reads no proxy variables."""
 
 # Engines that need an optional distribution: engine name -> (module, pip extra).
 _OPTIONAL: dict[str, tuple[str, str]] = {
     "httpx-aiohttp": ("httpx_aiohttp", "httpx-aiohttp>=0.1"),
     "httpx2": ("httpx2", "httpx2>=2"),
-    "httptools": ("httptools", "httptools>=0.6"),
 }
+
+
+def default_engine(*, trust_env: bool) -> str:
+    """The engine of a source that names none: ``PROXY_ENGINE`` when it reads proxies from the
+    environment, else ``DEFAULT_ENGINE``."""
+    return PROXY_ENGINE if trust_env else DEFAULT_ENGINE
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +128,17 @@ class HttpEngine(Protocol):
 def make_engine(name: str, config: EngineConfig) -> HttpEngine:
     """The engine called ``name``; ``ConfigError`` naming the choices when unknown, or the
     pip command when its optional package is missing."""
+    if name == "httptools":
+        from polygateway.transports.httptools_engine import HttptoolsEngine
+
+        return HttptoolsEngine(config)
     if name == "aiohttp":
+        from polygateway.transports.aiohttp_engine import AiohttpEngine
+
         return AiohttpEngine(config)
     if name == "httpx":
+        from polygateway.transports.httpx_engine import HttpxEngine
+
         return HttpxEngine(config)
     if name in _OPTIONAL:
         module_name, requirement = _OPTIONAL[name]
@@ -140,12 +150,10 @@ def make_engine(name: str, config: EngineConfig) -> HttpEngine:
                 f"source {config.source_name!r}: engine {name!r} needs the optional package: "
                 f"pip install '{requirement}'"
             ) from exc
+        from polygateway.transports.httpx_engine import HttpxEngine
+
         if name == "httpx2":
             return HttpxEngine(config, api="httpx2")
-        if name == "httptools":
-            from polygateway.transports.httptools_engine import HttptoolsEngine
-
-            return HttptoolsEngine(config)
         return HttpxEngine(config, over_aiohttp=True)
     raise ConfigError(
         f"source {config.source_name!r}: unknown transport engine {name!r}; "
@@ -220,7 +228,7 @@ def _closed_body(source_name: str) -> Callable[[], Awaitable[bytes]]:
     return closed
 
 
-def _wire_failure(exc: Exception, config: EngineConfig) -> TransientError:
+def wire_failure(exc: Exception, config: EngineConfig) -> TransientError:
     """A client or socket failure as the error class the transport raises (timeouts are
     ``TimeoutError`` subclasses, aiohttp's own included)."""
     return wire_error(
@@ -258,7 +266,7 @@ class BodyReader:
         content_encoding: str | None,
         config: EngineConfig,
         failures: tuple[type[Exception], ...] = (),
-        translate: Callable[[Exception, EngineConfig], Exception] = _wire_failure,
+        translate: Callable[[Exception, EngineConfig], Exception] = wire_failure,
     ) -> None:
         """``raw``: the engine's read of the next raw bytes (``b""`` at the end). The
         engine's own ``failures`` it raises become ``translate(exc, config)``, raised outside
@@ -403,312 +411,16 @@ class BodyReader:
         return b"".join(parts)
 
 
-# --------------------------------------------------------------------------- aiohttp
-
-
-class _AiohttpResponse:
-    __slots__ = ("_body", "_config", "_response", "read", "read_chunk")
-
-    def __init__(self, response: aiohttp.ClientResponse, config: EngineConfig) -> None:
-        self._response = response
-        self._config = config
-        # aiohttp's own read, its failures translated by the reader (outside the handler:
-        # aiohttp's exception, whose request info holds the request headers and the API key
-        # among them, stays out of the chain).
-        body = self._body = BodyReader(
-            response.content.readany,
-            response.headers.get("Content-Encoding"),
-            config,
-            _AIOHTTP_FAILURES,
-        )
-        self.read_chunk = body.read_chunk
-        self.read = body.read
-
-    @property
-    def status(self) -> int:
-        return self._response.status
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._response.headers
-
-    def at_eof(self) -> bool:
-        return self._response.content.at_eof() and self._body.raw_ended()
-
-    async def aclose(self) -> None:
-        self._body.detach()
-        response = self._response
-        if response.content.at_eof():
-            response.release()  # body complete: the connection goes back to the pool
-        else:
-            response.close()  # mid-body: the connection cannot be reused
-
-
-class AiohttpEngine:
-    """One ``aiohttp.ClientSession`` per source (created on first use, per event loop)."""
-
-    name = "aiohttp"
-
-    def __init__(self, config: EngineConfig) -> None:
-        self._config = config
-        self._session: aiohttp.ClientSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession | None:
-        """The live session, if one was created (tests inspect its connector)."""
-        return self._session
-
-    def _new_session(self, loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
-        config = self._config
-        connector = aiohttp.TCPConnector(
-            limit=config.max_connections,
-            limit_per_host=0,
-            keepalive_timeout=config.keepalive_s,
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=config.connect_timeout_s,
-            sock_connect=config.connect_timeout_s,
-            sock_read=config.read_timeout_s,
-        )
-        if self._session is not None:
-            logger.debug(
-                "source %r: event loop changed; opening a new HTTP session", config.source_name
-            )
-        self._loop = loop
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            headers=dict(config.headers),
-            trust_env=config.trust_env,
-            auto_decompress=False,  # BodyReader decodes, under the byte cap
-        )
-        return self._session
-
-    async def post(self, url: str, body: bytes) -> EngineResponse:
-        loop = asyncio.get_running_loop()
-        session = self._session
-        if session is None or self._loop is not loop or session.closed:
-            session = self._new_session(loop)
-        config = self._config
-        try:
-            # Never follow a redirect: it would send the prompt and the credential headers to
-            # another host. A 3xx is a misconfigured base_url (SourceDeadError).
-            response = await session.post(url, data=body, allow_redirects=False)
-        except aiohttp.InvalidURL:
-            error: Exception = SourceDeadError(
-                sanitize_message(f"source {config.source_name!r}: invalid URL {url!r}"),
-                source_name=config.source_name,
-            )
-        except _AIOHTTP_FAILURES as exc:
-            error = _wire_failure(exc, config)
-        else:
-            return _AiohttpResponse(response, config)
-        raise error  # outside the handler: no aiohttp exception (request headers) in the chain
-
-    async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is None or session.closed:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:  # pragma: no cover - aclose is async, a loop is running
-            running = None
-        if running is self._loop:
-            await session.close()
-        # A session of a loop that is gone cannot be closed from here; its sockets went with it.
-
-
-# --------------------------------------------------------------------------- httpx, httpx2
-
-
-def _httpx_error(
-    exc: Exception, config: EngineConfig, api: ModuleType
-) -> TransientError | SourceDeadError:
-    cause = exc.__cause__
-    if isinstance(exc, (api.UnsupportedProtocol, api.InvalidURL)):
-        return SourceDeadError(
-            sanitize_message(f"source {config.source_name!r}: unusable URL: {exc}", config.secret),
-            source_name=config.source_name,
-        )
-    # httpx-aiohttp maps every aiohttp connection error to ConnectTimeout: trust the cause.
-    if cause is not None and isinstance(cause, aiohttp.ClientError):
-        timed_out = isinstance(cause, TimeoutError)
-    else:
-        timed_out = isinstance(exc, (api.TimeoutException, TimeoutError))
-    return wire_error(exc, timeout=timed_out, source_name=config.source_name, secret=config.secret)
-
-
-def _httpx_failures(api: ModuleType) -> tuple[type[Exception], ...]:
-    # Errors httpx-aiohttp does not map (and its stream's aclose) surface as aiohttp's own.
-    return (api.TransportError, api.InvalidURL, OSError, aiohttp.ClientError)
-
-
-class _HttpxResponse:
-    """A response of httpx or httpx2 (same API)."""
-
-    __slots__ = (
-        "_api",
-        "_body",
-        "_chunks",
-        "_config",
-        "_failures",
-        "_response",
-        "read",
-        "read_chunk",
-    )
-
-    def __init__(
-        self,
-        response: httpx.Response,
-        config: EngineConfig,
-        failures: tuple[type[Exception], ...],
-        api: ModuleType,
-    ) -> None:
-        self._response = response
-        self._config = config
-        self._failures = failures
-        self._api = api
-        self._chunks: AsyncIterator[bytes] | None = None
-        body = self._body = BodyReader(
-            self._raw_chunk, response.headers.get("Content-Encoding"), config
-        )
-        self.read_chunk = body.read_chunk
-        self.read = body.read
-
-    @property
-    def status(self) -> int:
-        return self._response.status_code
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._response.headers
-
-    async def _raw_chunk(self) -> bytes:
-        chunks = self._chunks
-        if chunks is None:
-            # Raw: BodyReader decodes (httpx would expand a gzip bomb a whole read at once).
-            chunks = self._chunks = self._response.aiter_raw()
-        try:
-            return await chunks.__anext__()
-        except StopAsyncIteration:
-            return b""
-        except TimeoutError as exc:
-            error = _httpx_error(exc, self._config, self._api)
-        except self._failures as exc:
-            error = _httpx_error(exc, self._config, self._api)
-        raise error  # outside the handler: the engine's exception stays out of the chain
-
-    def at_eof(self) -> bool:
-        # httpx closes the response itself once its byte iterator is exhausted.
-        return self._response.is_closed and self._body.exhausted
-
-    async def aclose(self) -> None:
-        self._body.detach()
-        chunks, self._chunks = self._chunks, None
-        try:
-            if chunks is not None:
-                close = getattr(chunks, "aclose", None)
-                if close is not None:
-                    await close()
-            await self._response.aclose()
-        except self._failures as exc:
-            # Closing a broken connection may fail; the connection is gone either way.
-            logger.debug(
-                "source %r: error while closing a response: %s",
-                self._config.source_name,
-                type(exc).__name__,
-            )
-
-
-class HttpxEngine:
-    """One ``AsyncClient`` per source on the httpx API: ``httpx`` (default), ``httpx2``
-    (``api="httpx2"``), or httpx with its I/O on aiohttp (``over_aiohttp``)."""
-
-    def __init__(
-        self, config: EngineConfig, *, over_aiohttp: bool = False, api: str = "httpx"
-    ) -> None:
-        if over_aiohttp and api != "httpx":
-            raise ValueError("over_aiohttp runs on the httpx API only")
-        self._config = config
-        self._over_aiohttp = over_aiohttp
-        self._api: ModuleType = importlib.import_module(api)
-        self.name = "httpx-aiohttp" if over_aiohttp else api
-        self._client: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._failures = _httpx_failures(self._api)
-
-    def _new_client(self, loop: asyncio.AbstractEventLoop) -> httpx.AsyncClient:
-        api = self._api
-        config = self._config
-        limit = config.max_connections or None
-        limits = api.Limits(
-            max_connections=limit,
-            max_keepalive_connections=limit,
-            keepalive_expiry=config.keepalive_s,
-        )
-        timeout = api.Timeout(
-            connect=config.connect_timeout_s,
-            read=config.read_timeout_s,
-            write=config.read_timeout_s,
-            pool=config.connect_timeout_s,
-        )
-        kwargs: dict[str, Any] = {
-            "headers": dict(config.headers),
-            "timeout": timeout,
-            "limits": limits,
-            "trust_env": config.trust_env,
-            "follow_redirects": False,  # never: see AiohttpEngine.post
-        }
-        if config.plain_http and not config.trust_env:
-            # No TLS on the way (plain http, no proxy from the environment): skip building a
-            # verifying SSL context, which costs ~0.3 s per client (it loads the CA bundle).
-            kwargs["verify"] = False
-        client: httpx.AsyncClient
-        if self._over_aiohttp:
-            from httpx_aiohttp import HttpxAiohttpClient
-
-            client = HttpxAiohttpClient(**kwargs)
-        else:
-            client = api.AsyncClient(**kwargs)
-        self._loop = loop
-        self._client = client
-        return client
-
-    async def post(self, url: str, body: bytes) -> EngineResponse:
-        loop = asyncio.get_running_loop()
-        client = self._client
-        if client is None or self._loop is not loop or client.is_closed:
-            client = self._new_client(loop)
-        try:
-            request = client.build_request("POST", url, content=body)
-            response = await client.send(request, stream=True, follow_redirects=False)
-        except TimeoutError as exc:
-            error = _httpx_error(exc, self._config, self._api)
-        except self._failures as exc:
-            error = _httpx_error(exc, self._config, self._api)
-        else:
-            return _HttpxResponse(response, self._config, self._failures, self._api)
-        raise error  # outside the handler: the engine's exception stays out of the chain
-
-    async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is None or client.is_closed:
-            return
-        if asyncio.get_running_loop() is self._loop:
-            await client.aclose()
-
-
 __all__ = [
     "ACCEPT_ENCODING",
     "DEFAULT_ENGINE",
     "ENGINE_NAMES",
-    "AiohttpEngine",
+    "PROXY_ENGINE",
     "BodyReader",
     "EngineConfig",
     "EngineResponse",
     "HttpEngine",
-    "HttpxEngine",
+    "default_engine",
     "make_engine",
+    "wire_failure",
 ]

@@ -2,13 +2,14 @@
 
 Body assembly (model, messages untouched, forced ``stream_options.include_usage``,
 ``response_format``, the provider profile's thinking fields, ``extra_body`` last), the HTTP
-exchange on a pluggable engine (``options["engine"]``: ``aiohttp`` (default), ``httpx``,
-``httpx-aiohttp``, ``httpx2``), incremental SSE parsing under the liveness watchdog, and the
-translation of every failure into the error classes of ARCHITECTURE §6.2. No retries, limits or
-cache here.
+exchange on a pluggable engine (``options["engine"]``: ``httptools`` (default), ``aiohttp`` (the
+default with ``trust_env``), ``httpx``, ``httpx-aiohttp``, ``httpx2``), incremental SSE parsing
+under the liveness watchdog, and the translation of every failure into the error classes of
+ARCHITECTURE §6.2. No retries, limits or cache here.
 
 Source options (``SourceConfig.options``; strings from the environment are accepted): ``engine``,
-``trust_env`` (default false), ``read_timeout_s`` (default off, also ``off`` or 0: the watchdog
+``trust_env`` (default false: proxy variables and netrc are read only when true, by the aiohttp
+and httpx engines), ``read_timeout_s`` (default off, also ``off`` or 0: the watchdog
 owns liveness), ``max_connections`` (default 1024, 0 = unlimited), ``keepalive_s`` (default 15, 0
 keeps no idle connection; durations as ``15``, ``"15s"``, ``"500ms"``, see
 ``transports.engine_options``), ``headers`` (extra request headers, a mapping; values of 8+
@@ -57,10 +58,10 @@ from polygateway.streaming import CallDeadline, LivenessKind, LivenessMonitor, S
 from polygateway.transports.engine_options import engine_options
 from polygateway.transports.engines import (
     ACCEPT_ENCODING,
-    DEFAULT_ENGINE,
     EngineConfig,
     EngineResponse,
     HttpEngine,
+    default_engine,
     make_engine,
 )
 from polygateway.transports.errors import Secrets, error_for_status, sanitize_message
@@ -256,7 +257,11 @@ def engine_for_source(
     ``headers`` (plus the encodings the engines' BodyReader decodes itself) on every request;
     ``secret`` (see ``source_secrets``) is masked out of every error it raises."""
     options = source.options
-    engine_name = str(options.get("engine", DEFAULT_ENGINE)).strip().lower()
+    trust_env = option_bool(options, "trust_env", False, source.name)
+    chosen = options.get("engine")
+    engine_name = (
+        default_engine(trust_env=trust_env) if chosen is None else str(chosen).strip().lower()
+    )
     try:
         user = urlsplit(source.base_url).username
     except ValueError:  # an unparsable URL: the engine reports it
@@ -277,7 +282,7 @@ def engine_for_source(
             read_timeout_s=pool.read_timeout_s,
             max_connections=pool.max_connections,
             keepalive_s=pool.keepalive_s,
-            trust_env=option_bool(options, "trust_env", False, source.name),
+            trust_env=trust_env,
             secret=secret,
             plain_http=source.base_url.strip().lower().startswith("http://"),
             max_response_bytes=source.max_response_bytes or None,
