@@ -37,10 +37,13 @@ governed client: 662.3k with one in its 1024/4096 window, 653.5k over 4096/16384
 
 ``--startup``: the median wall time of ``--runs`` fresh interpreters doing ``import
 polygateway`` plus ``GatewayClient.from_env`` with the default configuration (one source),
-minus the median of as many empty interpreters (wall and CPU). Bytecode is written and read as
-for an installed package (``PYTHONDONTWRITEBYTECODE`` is dropped for these children, and one
-untimed run comes first), so sources are not compiled in the timed runs. With ``--callgrind``
-also the instructions of one start-up minus an empty interpreter's (independent of the load).
+minus the median of as many empty interpreters (wall and CPU); when the openai SDK is
+installed, the same for ``openai.AsyncOpenAI`` in the same run, interleaved, and the ratio (the
+budget's 300 ms was 0.24x of the SDK's 1.25 s on the machine of the day it was set).
+Bytecode is written and read as for an installed package (``PYTHONDONTWRITEBYTECODE`` is
+dropped for these children, and one untimed run comes first), so sources are not compiled in
+the timed runs. With ``--callgrind`` also the instructions of one start-up minus an empty
+interpreter's (independent of the load), and the SDK's.
 
 ``--rss``: the process's RSS every 5% of ``--rss-calls`` full-pipeline calls (SQLite telemetry,
 every call a cache miss), the growth from the end of the warm-up (the first 10%) to the end,
@@ -797,47 +800,78 @@ client = GatewayClient.from_env(env={
 """
 
 
+OPENAI_STARTUP_CODE = """
+import openai
+client = openai.AsyncOpenAI(api_key="sk-bench", base_url="http://127.0.0.1:9/v1")
+"""
+"""The reference of the same run: the openai SDK to a ready client (the issue's budget was set
+as 300 ms against the SDK's 1.25 s on the machine of its day: 0.24x)."""
+
+BUDGET_VS_SDK = 0.300 / 1.25
+
+
 def run_startup(args: argparse.Namespace) -> None:
-    # Interleave the two kinds so load changes touch both alike. Wall time is the budget's
+    # Interleave the kinds so load changes touch them alike. Wall time is the budget's
     # measure; CPU time (user + system of the child) moves less with the machine's load.
+    import importlib.util
+
     env = _startup_env()
+    kinds = {"empty": "pass", "ready": STARTUP_CODE}
+    if importlib.util.find_spec("openai") is not None:
+        kinds["openai-sdk"] = OPENAI_STARTUP_CODE
     # One untimed run first: it writes the bytecode of any module that has none yet (what
     # ``pip install`` does for an installed package), so the timed runs measure importing,
     # not compiling sources, and the files are in the page cache.
-    _time_once(STARTUP_CODE, env)
+    for code in kinds.values():
+        _time_once(code, env)
     print(f"nproc {os.cpu_count()}, load average {os.getloadavg()}")
-    empty: list[tuple[float, float]] = []
-    ready: list[tuple[float, float]] = []
+    times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     for _ in range(args.runs):
-        empty.append(_time_once("pass", env))
-        ready.append(_time_once(STARTUP_CODE, env))
+        for kind, code in kinds.items():
+            times[kind].append(_time_once(code, env))
     for label, index in (("wall", 0), ("CPU", 1)):
-        e = statistics.median(t[index] for t in empty)
-        r = statistics.median(t[index] for t in ready)
+        median = {kind: statistics.median(t[index] for t in runs) for kind, runs in times.items()}
+        e, r = median["empty"], median["ready"]
         print(
             f"{label}: empty interpreter median {e * 1000:.0f} ms "
-            f"(runs {_ms([t[index] for t in empty])})"
+            f"(runs {_ms([t[index] for t in times['empty']])})"
         )
         print(
             f"{label}: import + from_env median {r * 1000:.0f} ms "
-            f"(runs {_ms([t[index] for t in ready])})"
+            f"(runs {_ms([t[index] for t in times['ready']])})"
         )
         print(f"{label}: start-up to a ready client {(r - e) * 1000:.0f} ms (budget 300 ms)")
+        if "openai-sdk" in median:
+            sdk = median["openai-sdk"] - e
+            print(
+                f"{label}: openai SDK to a ready client {sdk * 1000:.0f} ms "
+                f"(runs {_ms([t[index] for t in times['openai-sdk']])}, empty included): "
+                f"polygateway {(r - e) / sdk:.2f}x of it (budget {BUDGET_VS_SDK:.2f}x)"
+            )
     print(f"load average after: {os.getloadavg()}")
     if args.callgrind:
-        _startup_instructions(env)
+        _startup_instructions(env, sdk="openai-sdk" in kinds)
 
 
-def _startup_instructions(env: dict[str, str]) -> None:
+def _startup_instructions(env: dict[str, str], *, sdk: bool) -> None:
     """Instructions of one start-up under callgrind, minus an empty interpreter's (no load
-    dependence; one run each, the count is deterministic to well under 1%)."""
+    dependence; one run each, the count is deterministic to well under 1%); with ``sdk``, the
+    openai SDK's too."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind not found")
-    counts = [callgrind_instructions(code, script="-c", env=env) for code in ("pass", STARTUP_CODE)]
+    codes = ("pass", STARTUP_CODE, *((OPENAI_STARTUP_CODE,) if sdk else ()))
+    counts = [callgrind_instructions(code, script="-c", env=env) for code in codes]
+    ready = counts[1] - counts[0]
     print(
         f"callgrind: empty interpreter {counts[0] / 1e6:.1f} M instructions, import + from_env "
-        f"{counts[1] / 1e6:.1f} M: start-up to a ready client {(counts[1] - counts[0]) / 1e6:.1f} M"
+        f"{counts[1] / 1e6:.1f} M: start-up to a ready client {ready / 1e6:.1f} M"
     )
+    if sdk:
+        openai_sdk = counts[2] - counts[0]
+        print(
+            f"callgrind: openai SDK to a ready client {openai_sdk / 1e6:.1f} M: polygateway "
+            f"{ready / openai_sdk:.2f}x of it (budget {BUDGET_VS_SDK:.2f}x)"
+        )
 
 
 def _clean_env() -> dict[str, str]:

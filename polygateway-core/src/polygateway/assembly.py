@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from polygateway.chat.dispatcher import ChatDispatcher
 from polygateway.errors import ConfigError
+from polygateway.frozen import value_methods
 from polygateway.governance.admission import scope_breaker
 from polygateway.middleware import PassThroughMiddleware, cache_problems
 from polygateway.ports import (
@@ -82,7 +83,8 @@ def _enabled(layer: str, backend: str, settings: ScopeSettings, injected: object
     return injected is not None or (layer in settings.middleware and backend != OFF)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Pipeline:
     """What assembly produces for one scope."""
 
@@ -94,7 +96,8 @@ class Pipeline:
     """The pinned innermost handler (its ``governor`` holds the per-source state)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class GovernanceParts:
     """What a governed call of any kind runs on, for one scope (chat adds its layers)."""
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from polygateway.frozen import value_methods
 from polygateway.options import (
     MAX_COUNT,
     MAX_DURATION_S,
@@ -23,14 +24,16 @@ from polygateway.options import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class MemoryCacheValues:
     """What ``MemoryCacheOptions`` holds."""
 
     max_entries: int = 10_000
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SQLiteTelemetryValues:
     """What ``SQLiteTelemetryOptions`` holds."""
 

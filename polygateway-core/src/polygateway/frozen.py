@@ -1,4 +1,13 @@
-"""``fast_frozen_init``: a cheaper ``__init__`` for the frozen dataclasses made on every call.
+"""Cheaper dataclass machinery for the project's own dataclasses, same objects.
+
+``value_methods``: the ``__repr__``, ``__eq__`` and ``__hash__`` that ``@dataclass`` generates,
+made as closures instead of compiled source text. Python 3.11 compiles every generated method
+with an ``exec`` of its own, and a default client defines some sixty dataclasses at start-up:
+these three methods of each were about 90 M of its instructions (``tools/bench/RESULTS.md``,
+section "start-up"). The results are the generated methods' (same fields, same order, same
+tuples hashed, ``NotImplemented`` for another class, ``...`` for a recursive repr).
+
+``fast_frozen_init``: a cheaper ``__init__`` for the frozen dataclasses made on every call.
 
 A frozen dataclass's generated ``__init__`` sets each field with ``object.__setattr__`` (the
 class's own ``__setattr__`` raises): about 1,300 CPU instructions a field on Python 3.11, 31k
@@ -21,6 +30,9 @@ The dataclass's own ``__init__`` stays the definition: the decorator refuses eve
 from __future__ import annotations
 
 import dataclasses
+import reprlib
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -97,4 +109,76 @@ def fast_frozen_init(cls: type[T]) -> type[T]:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__module__ = cls.__module__
     cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
+
+def _values_of(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """The tuple of the named attributes (always a tuple, as the generated methods build)."""
+    if len(names) >= 2:
+        return attrgetter(*names)
+    if names:
+        (name,) = names
+
+        def one(obj: Any) -> tuple[Any, ...]:
+            return (getattr(obj, name),)
+
+        return one
+    return lambda obj: ()
+
+
+def value_methods(cls: type[T]) -> type[T]:
+    """Give the dataclass ``cls`` the ``__repr__``, ``__eq__`` and ``__hash__`` that
+    ``@dataclass`` would have generated, without compiling them.
+
+    Apply it directly above ``@dataclass(..., repr=False, eq=False)`` (the decorator refuses
+    a class whose dataclass made them, or asked for ordering). A method the class defines
+    itself stays, as with ``@dataclass``. ``__hash__`` follows the dataclass rule for
+    ``eq=True``: hashed fields for a frozen class, ``None`` (unhashable) otherwise, unless the
+    class defines ``__hash__`` itself."""
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or params.repr or params.eq or params.order or params.unsafe_hash:
+        raise TypeError(
+            f"{cls.__qualname__}: value_methods takes a dataclass made with repr=False, "
+            "eq=False and no order or unsafe_hash"
+        )
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    own = cls.__dict__
+    if "__repr__" not in own:
+        shown = tuple(field.name for field in fields if field.repr)
+
+        @reprlib.recursive_repr()
+        def __repr__(self: Any) -> str:
+            inner = ", ".join([f"{name}={getattr(self, name)!r}" for name in shown])
+            return f"{self.__class__.__qualname__}({inner})"
+
+        __repr__.__qualname__ = f"{cls.__qualname__}.__repr__"
+        type.__setattr__(cls, "__repr__", __repr__)
+    explicit_hash = own.get("__hash__", dataclasses.MISSING)
+    if "__eq__" not in own:
+        compared = _values_of(tuple(field.name for field in fields if field.compare))
+
+        def __eq__(self: Any, other: object) -> bool:
+            if other.__class__ is self.__class__:
+                return bool(compared(self) == compared(other))
+            return NotImplemented
+
+        __eq__.__qualname__ = f"{cls.__qualname__}.__eq__"
+        type.__setattr__(cls, "__eq__", __eq__)
+    if explicit_hash is dataclasses.MISSING or (explicit_hash is None and "__eq__" in own):
+        if params.frozen:
+            hashed = _values_of(
+                tuple(
+                    field.name
+                    for field in fields
+                    if (field.compare if field.hash is None else field.hash)
+                )
+            )
+
+            def __hash__(self: Any) -> int:
+                return hash(hashed(self))
+
+            __hash__.__qualname__ = f"{cls.__qualname__}.__hash__"
+            type.__setattr__(cls, "__hash__", __hash__)
+        else:
+            type.__setattr__(cls, "__hash__", None)
     return cls

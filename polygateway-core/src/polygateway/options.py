@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from polygateway.frozen import value_methods
 from polygateway.options_ref import OptionsRef
 from polygateway.validation import MAX_TOKENS
 
@@ -175,7 +176,8 @@ MAX_DURATION_S = 366 * 86400.0
 its milliseconds fit every timer and Redis expiry."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class EnvKey:
     """Field metadata: a flat env key (``REDIS_URL``) that sets this option for every scope.
 

@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from polygateway.frozen import value_methods
 
-@dataclass(frozen=True, slots=True)
+
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class OptionsRef:
     """A component's options model named by import path (``"package.module:ClassName"``).
 

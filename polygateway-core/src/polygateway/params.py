@@ -21,13 +21,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from polygateway.errors import RequestRejectedError
+from polygateway.frozen import value_methods
 
 __all__ = ["ChatParams", "body_fields", "check_params", "identity", "params_problems"]
 
 TOOL_CHOICES = ("none", "auto", "required")
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ChatParams:
     """Generation parameters of one call (or a source's defaults); ``None`` = not set."""
 

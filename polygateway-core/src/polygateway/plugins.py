@@ -26,6 +26,7 @@ import pluggy
 
 from polygateway import __version__, builtin, hookspecs, ports
 from polygateway.errors import ConfigError, PluginError
+from polygateway.frozen import value_methods
 from polygateway.hookspecs import HOOK_KINDS, PROJECT_NAME
 from polygateway.options import OptionsRef
 from polygateway.ports import ComponentContext
@@ -92,7 +93,8 @@ _PROTOCOLS: dict[str, tuple[type, ...]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Registration:
     """One registered thing: the object, the distribution that registered it, its options model
     (a class, or an ``OptionsRef`` naming one)."""
@@ -102,7 +104,8 @@ class Registration:
     options: type[BaseModel] | OptionsRef | None = None
 
 
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class PluginInfo:
     """What one plugin is and what it provides (one row of ``pgw plugins list``)."""
 
@@ -498,7 +501,8 @@ def _is_async(obj: object, member: str) -> bool:
     return inspect.iscoroutinefunction(getattr(obj, member, None))
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class _Candidate:
     """A plugin on its way into the registry (mutable while loading, frozen afterwards)."""
 
@@ -573,7 +577,8 @@ def _pip_hint(requirements: Sequence[str]) -> str:
     return "pip install " + " ".join(quoted)
 
 
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class _Found:
     """One entry point of group ``polygateway`` with its distribution's metadata, read once
     (each read parses the distribution's ``METADATA`` file)."""

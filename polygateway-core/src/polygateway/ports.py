@@ -19,7 +19,7 @@ from typing import (
     runtime_checkable,
 )
 
-from polygateway.frozen import fast_frozen_init
+from polygateway.frozen import fast_frozen_init, value_methods
 from polygateway.settings import Limits, ScopeSettings, SourceConfig
 from polygateway.types import (
     CallStart,
@@ -194,7 +194,8 @@ ErrorVerdict: TypeAlias = Literal["source_dead", "transient", "rejected"]
 ERROR_VERDICTS: tuple[str, ...] = ("source_dead", "transient", "rejected")
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ErrorRule:
     """One provider's error answer and the error class it stands for, as data (D11).
 
@@ -250,7 +251,8 @@ class ErrorRule:
         return not self.messages or any(m in lowered for m in self.messages)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProviderProfile:
     """What differs between OpenAI-compatible providers (ARCHITECTURE D11), declared not guessed.
 
@@ -276,7 +278,8 @@ class ProviderProfile:
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class Denial:
     """A refused admission: which gate said no and how long until it may say yes."""
 
@@ -313,7 +316,8 @@ class Permit(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SourceStats:
     inflight: int
     rpm_used: int
@@ -357,7 +361,8 @@ GateState: TypeAlias = Literal["closed", "open", "half_open"]
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class GateDecision:
     """The answer of ``try_enter``. Write-backs quote it so stale epochs can be fenced."""
 
@@ -374,7 +379,8 @@ class GateDecision:
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class GateUpdate:
     """The result of a write-back. ``applied=False`` means the decision was stale (fenced)."""
 
@@ -631,7 +637,8 @@ class StructuredOutputStrategy(Protocol):
 # --------------------------------------------------------------------------- assembly
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Components:
     """The parts one client is assembled from; middleware factories receive them."""
 
@@ -653,7 +660,8 @@ OptionsT = TypeVar("OptionsT", covariant=True)
 
 # No slots: ``BuildContext(...)`` instantiates through the generic alias, which records
 # ``__orig_class__`` on the instance (refused quietly by a frozen dataclass, not by slots).
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class ComponentContext(Generic[OptionsT]):
     """What a component factory gets: the resolved scope, its own options, the clock.
 

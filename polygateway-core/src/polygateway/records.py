@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from polygateway.frozen import value_methods
 from polygateway.ids import new_call_id
 from polygateway.ports import (
     CallTrace,
@@ -121,7 +122,8 @@ class RowSummary(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class AttemptSummary:
     """A ``RowSummary`` for call kinds without an ``LLMResponse`` (embeddings, OCR, ...).
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
 from polygateway.errors import ConfigError
+from polygateway.frozen import value_methods
 from polygateway.params import ChatParams
 
 
@@ -65,7 +66,8 @@ TelemetryContent = Literal["full", "digest", "none"]
 """How much of prompts and answers telemetry rows keep."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Limits:
     """Concurrency / requests per minute / tokens per minute. 0 disables that gate."""
 
@@ -82,7 +84,8 @@ DEFAULT_INTER_TOKEN_TIMEOUT_S = 20.0
 ``inter_token < ttft < timeout``)."""
 
 
-@dataclass(frozen=True, slots=True, repr=False)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SourceConfig:
     """One upstream account: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` aggregated.
 
@@ -166,7 +169,8 @@ def _fits(default: float, outer: object) -> bool:
     return isinstance(outer, int | float) and default < outer
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class RetrySettings:
     max_attempts: int = 3
     base_delay_s: float = 1.0
@@ -192,7 +196,8 @@ DEFAULT_MAX_COOLDOWN_S = 60.0
 probe a minute, fewer than a fixed 30 s cooldown would send."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class BreakerSettings:
     fail_threshold: int = 5
     cooldown_s: float = DEFAULT_COOLDOWN_S
@@ -214,7 +219,8 @@ class BreakerSettings:
         return max(DEFAULT_MAX_COOLDOWN_S, self.cooldown_s)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class BackpressureSettings:
     quota_full: Literal["wait", "fail_fast"] = "wait"
     stall_window_s: float = 300.0
@@ -236,7 +242,8 @@ loader produces), or a plain mapping (hand-built settings, or a factory register
 model; assembly validates a mapping with the model when there is one)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ComponentChoice:
     """A registered implementation picked by name, with its options."""
 
@@ -244,7 +251,8 @@ class ComponentChoice:
     options: ComponentOptionsValue = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class CacheSettings:
     backend: str = "memory"
     """Registered cache name, or ``none``."""
@@ -253,7 +261,8 @@ class CacheSettings:
     options: ComponentOptionsValue = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class TelemetrySettings:
     backend: str = "sqlite"
     """Registered telemetry recorder name, or ``none``; several names joined by ``,`` fan every
@@ -273,7 +282,8 @@ class TelemetrySettings:
     ``none`` (empty). Env ``PGW_TELEMETRY_CONTENT``, file ``[..telemetry].content``."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ScopeSettings:
     """Everything needed to assemble one client for one scope (logical role)."""
 
@@ -334,7 +344,8 @@ class ScopeSettings:
         raise KeyError(name)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class GatewaySettings:
     """All scopes found in env and the pipeline file."""
 

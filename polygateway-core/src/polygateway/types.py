@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias
 
 from typing_extensions import TypeVar
 
-from polygateway.frozen import fast_frozen_init
+from polygateway.frozen import fast_frozen_init, value_methods
 from polygateway.params import ChatParams
 
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ DataT = TypeVar("DataT", default=Any)
 ``Any`` for ``"json"``, ``None`` for raw text. A bare ``LLMResponse`` is ``LLMResponse[Any]``."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Usage:
     """Token usage of one call. OCR has no token billing: tokens are 0, elapsed is still set."""
 
@@ -44,7 +45,8 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ToolCall:
     """One function call the model asked for (OpenAI ``tool_calls[i]``, Anthropic
     ``tool_use``). ``arguments`` is the raw JSON text as the model wrote it."""
@@ -77,7 +79,8 @@ class ToolCall:
 DeltaKind: TypeAlias = Literal["content", "thinking", "tool_call", "restart"]
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class StreamDelta:
     """One piece of a streamed answer (``GatewayClient.stream``).
 
@@ -108,7 +111,8 @@ def assistant_message(response: LLMResponse) -> dict[str, Any]:
 # Not slotted: ``LLMResponse[Invoice](...)`` sets ``__orig_class__`` on the instance, which a
 # slotted frozen dataclass rejects with a TypeError on Python 3.11.
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class LLMResponse(Generic[DataT]):
     """The result of one governed chat call (ARCHITECTURE §5.1).
 
@@ -147,7 +151,8 @@ class LLMResponse(Generic[DataT]):
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class TransportResult:
     """What a transport returns for one attempt, before middleware adds provenance."""
 
@@ -173,7 +178,8 @@ class TransportResult:
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class ChatRequest:
     """One chat call as it travels through the middleware onion.
 
@@ -202,7 +208,8 @@ class ChatRequest:
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class TelemetryRecord:
     """One telemetry row: the 18 fields of ARCHITECTURE §7.8. One row per attempt or cache hit.
 
@@ -247,7 +254,8 @@ GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class GovernanceEvent:
     """A decision the governor made during one call, besides an attempt's outcome.
 
@@ -267,7 +275,8 @@ class GovernanceEvent:
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class CallStart:
     """What a recorder learns when one governed call starts (``SupportsCallTraces``).
 
@@ -291,7 +300,8 @@ def admitted_event(source: str, breaker_state: str, probe: bool) -> GovernanceEv
     return GovernanceEvent("admitted", source, breaker_state, probe)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class OcrTextResult:
     """``/ocr/text``: plain transcription. Empty text means "legitimately nothing found"."""
 
@@ -301,7 +311,8 @@ class OcrTextResult:
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class OcrElement:
     """One layout element in the OCR service's own page coordinates."""
 
@@ -314,7 +325,8 @@ class OcrElement:
     """Equations, and tables the service recognised as LaTeX instead of HTML."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class OcrBBoxIssue:
     """A layout element left out of ``OcrLayoutResult.elements`` because its bbox is unusable
     (not four finite numbers, ``x0 >= x1`` or ``y0 >= y1``, or outside the page beyond the
@@ -328,7 +340,8 @@ class OcrBBoxIssue:
     text: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class OcrLayoutResult:
     """``/parse``: structured elements with native bboxes and page sizes.
 
@@ -349,7 +362,8 @@ class OcrLayoutResult:
         return self.page_sizes[0] if self.page_sizes else None
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class EmbeddingTransportResult:
     """One embedding batch as returned by a transport (vectors ordered by input index)."""
 
@@ -361,7 +375,8 @@ class EmbeddingTransportResult:
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class EmbeddingResponse:
     """All batches of one ``EmbeddingClient.embed`` call merged (M2 §7.2)."""
 

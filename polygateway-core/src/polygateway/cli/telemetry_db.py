@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from polygateway.errors import ConfigError
+from polygateway.frozen import value_methods
 
 if TYPE_CHECKING:
     from polygateway.plugins import Registry
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
 DEFAULT_DB = "pgw_telemetry.db"
 
 
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class TelemetrySource:
     path: str
     """The SQLite file to read, or the ``--dsn`` URL."""

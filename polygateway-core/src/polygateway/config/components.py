@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from polygateway.config.guards import NameRegistry
 from polygateway.config.merge import Layer, Resolved, get_path, resolve_layers, with_env_refs
 from polygateway.config.models import Loc
+from polygateway.frozen import value_methods
 from polygateway.settings import ScopeSettings, TelemetrySettings
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ class ConfigRegistry(OptionsRegistry, NameRegistry, Protocol):
     """What ``load_settings(registry=...)`` needs: names (checked) and options models."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Slot:
     """Where a scope picks a component of one kind, and where its options live."""
 
@@ -80,7 +82,8 @@ SLOTS: tuple[Slot, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Picked:
     """One component a scope picks: kind, name, where its options live, what picked it."""
 
@@ -207,7 +210,8 @@ def _fallback_label(scope: str, picked: Picked) -> Callable[[Loc], str]:
     return label
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class ResolvedOptions:
     """What ``resolve`` produces for one scope."""
 

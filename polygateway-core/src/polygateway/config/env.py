@@ -31,6 +31,7 @@ from polygateway.config.kinds import CHAT_CALLS
 from polygateway.config.models import Loc
 from polygateway.config.suggest import closest, did_you_mean
 from polygateway.errors import ConfigError
+from polygateway.frozen import value_methods
 
 SOURCE_FIELDS: dict[str, str] = {
     "BASE_URL": "base_url",
@@ -220,7 +221,8 @@ def parse_plugins(raw: str | None) -> list[str] | None:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class EnvSource:
     """One ``{SCOPE}__{PROVIDER}__{N}`` family: raw field values and the key each came from."""
 
@@ -241,7 +243,8 @@ class EnvSource:
         return self.option_keys.get(option) or self.key_for("options")
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class EnvScope:
     name: str
     settings: dict[str, Any] = field(default_factory=dict)
@@ -257,7 +260,8 @@ class EnvScope:
         ]
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class EnvConfig:
     """Everything the env says, sorted by family."""
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from polygateway.config.kinds import CHAT_CALLS, CallKind
+from polygateway.frozen import value_methods
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 
 NO_BACKEND = "none"
@@ -63,7 +64,8 @@ def middleware_key(scope: str) -> str:
     return f"[scopes.{scope}].middleware"
 
 
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class WrittenKeys:
     """The keys the user actually wrote, when the loader knows them: problems then name
     ``LLM_TTFT_TIMEOUT`` or ``pgw.toml:[...].ttft_timeout_s`` rather than a spelling the user

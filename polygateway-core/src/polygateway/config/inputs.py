@@ -15,9 +15,11 @@ from polygateway.config.merge import Layer, rejected_names
 from polygateway.config.models import Loc, validate_layer
 from polygateway.config.scope import GUARD_FIELDS
 from polygateway.errors import ConfigError
+from polygateway.frozen import value_methods
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class Inputs:
     """Everything read once per load, shared by every scope."""
 

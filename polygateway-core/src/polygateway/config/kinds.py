@@ -12,13 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from polygateway.frozen import value_methods
 from polygateway.transports.engine_options import ENGINE_SOURCE_FIELDS
 
 if TYPE_CHECKING:
     from polygateway.settings import ScopeSettings
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class CallKind:
     transport_kind: str = "transport"
     """The registry kind of the call kind's transports."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from polygateway.frozen import value_methods
 from polygateway.options import (
     MAX_COUNT,
     MAX_DURATION_S,
@@ -38,7 +39,8 @@ class Unsure(Exception):
 Read = Callable[[Any], Any]
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class LayerSpec:
     """The fields of one layer model, in its field order, each with its plain reader; ``model``
     names the pydantic model (in ``layer_models``) that defines it."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polygateway.config.models import Loc
+from polygateway.frozen import value_methods
 
 STATE_TARGETS: dict[Loc, str] = {
     ("limiter", "name"): "limiter",
@@ -46,13 +47,15 @@ def rejected_names(raw: Mapping[str, Any], accepted: Mapping[str, Any]) -> set[s
     return names
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class Layer:
     data: dict[str, Any]
     label: Label
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class Resolved:
     """Merged values plus, for each leaf, the key that set it (for messages)."""
 

@@ -23,6 +23,7 @@ from typing import Any
 from polygateway.config.env import CONFIG_PATH_KEY
 from polygateway.config.models import Loc
 from polygateway.config.suggest import did_you_mean
+from polygateway.frozen import value_methods
 
 DEFAULT_FILE = "pgw.toml"
 TOP_LEVEL_KEYS: tuple[str, ...] = ("defaults", "ignore_keys", "plugins", "scopes")
@@ -30,7 +31,8 @@ _SCOPE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)*$")
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class FileScope:
     """One ``[scopes.X]`` table split into its settings and its source entries."""
 
@@ -43,7 +45,8 @@ class FileScope:
     """Source entries in file order; ``None`` for an entry that is not a table (reported)."""
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class PipelineFile:
     path: str
     """The path as given (how problems name the file)."""

@@ -19,6 +19,7 @@ from polygateway.config.kinds import CHAT_CALLS, CallKind
 from polygateway.config.layer_values import SOURCE
 from polygateway.config.merge import Label, Resolved, merge, with_env_refs
 from polygateway.config.models import Loc, MaskedOptions, validate_layer
+from polygateway.frozen import value_methods
 from polygateway.params import ChatParams
 from polygateway.settings import Limits, Secret, SourceConfig
 from polygateway.transports.engine_options import engine_option_problems
@@ -51,7 +52,8 @@ _PARAM_ARGS = (
 )
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class SourceDraft:
     name: str
     provider: str

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-from polygateway.frozen import fast_frozen_init
+from polygateway.frozen import fast_frozen_init, value_methods
 from polygateway.settings import SourceConfig
 from polygateway.types import GovernanceEvent
 
@@ -22,7 +22,8 @@ T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Attempted(Generic[T]):
     """The result of one successful attempt.
 
@@ -45,7 +46,8 @@ the call is decided by the governor. It must let ``asyncio.CancelledError`` thro
 
 
 @fast_frozen_init
-@dataclass(frozen=True)
+@value_methods
+@dataclass(frozen=True, repr=False, eq=False)
 class Outcome(Generic[T]):
     """What one governed call produced: the value of its successful attempt and where from."""
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polygateway.errors import ConfigError
+from polygateway.frozen import value_methods
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ CURRENCY_KEY = "currency"
 """Top-level key of a price table naming its currency (not a model)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ModelPrice:
     """Money per one million prompt / completion tokens (cache rates: ``None`` = input rate)."""
 

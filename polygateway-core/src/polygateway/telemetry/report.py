@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from polygateway.frozen import value_methods
+
 GroupBy = Literal["model", "source", "session", "scope", "namespace"]
 _GROUP_COLUMN: dict[str, str] = {
     "model": "model",
@@ -97,7 +99,8 @@ def call_of(row: Mapping[str, Any]) -> str:
     return str(row.get("root_call_id") or row.get("call_id") or "")
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class GroupStats:
     key: str
     rows: int = 0
@@ -182,7 +185,8 @@ class GroupStats:
         }
 
 
-@dataclass
+@value_methods
+@dataclass(repr=False, eq=False)
 class Report:
     total: GroupStats
     groups: list[GroupStats]

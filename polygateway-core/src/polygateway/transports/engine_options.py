@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from polygateway.errors import ConfigError
+from polygateway.frozen import value_methods
 from polygateway.options import MAX_COUNT, MAX_DURATION_S, parse_duration, parse_int
 
 ENGINE_SOURCE_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
@@ -72,7 +73,8 @@ _READERS: Final[Mapping[str, Callable[[object], object]]] = MappingProxyType(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class EngineOptions:
     """What a source's options say of its engine's pool and reads."""
 

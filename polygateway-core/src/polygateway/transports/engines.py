@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from polygateway.errors import ConfigError, ResponseClosedError, TransientError
+from polygateway.frozen import value_methods
 from polygateway.transports.errors import sanitize_message, wire_error
 
 ENGINE_NAMES: tuple[str, ...] = ("httptools", "aiohttp", "httpx", "httpx-aiohttp", "httpx2")
@@ -63,7 +64,8 @@ def default_engine(*, trust_env: bool) -> str:
     return PROXY_ENGINE if trust_env else DEFAULT_ENGINE
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class EngineConfig:
     """Per-source client settings (from ``SourceConfig`` and its ``options``)."""
 

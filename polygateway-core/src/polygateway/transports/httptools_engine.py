@@ -36,6 +36,7 @@ from urllib.parse import unquote, urlsplit
 import httptools
 
 from polygateway.errors import ConfigError, SourceDeadError, TransientError
+from polygateway.frozen import value_methods
 from polygateway.transports.engines import BodyReader, EngineConfig, EngineResponse
 from polygateway.transports.errors import sanitize_message, wire_error
 
@@ -351,7 +352,8 @@ def _wire_error(exc: Exception, config: EngineConfig) -> TransientError:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@value_methods
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class _Target:
     """What one URL resolves to, worked out once per URL."""
 
