@@ -2,6 +2,7 @@
 
     python tools/bench/floor.py [--seconds 1.0] [--rounds 3] [--conc 1,64,1024]
                                 [--modes stream,json] [--only name,name]
+                                [--engines httptools,aiohttp]
     python tools/bench/floor.py --callgrind [--calls-pair 200,600] [--only ...] [--global-limit N]
                                 [--engines aiohttp,httptools]
     python tools/bench/floor.py --startup [--runs 9] [--callgrind]
@@ -370,10 +371,14 @@ async def bench_governed_on(
     *,
     server: RedisServer | None,
     full: bool,
+    engine: str = "",
+    name: str = "",
 ) -> tuple[float, float, str]:
     with tempfile.TemporaryDirectory() as tmp:
         db = os.path.join(tmp, "bench.db")
-        client = make_client(url, db, redis_url=server.url if server else None, full=full)
+        client = make_client(
+            url, db, redis_url=server.url if server else None, full=full, engine=engine
+        )
         counter = iter(range(10**9))
         if server is not None:
             server.reset_stats()
@@ -387,7 +392,10 @@ async def bench_governed_on(
         finally:
             await client.aclose()
         if server is not None:
-            key = ("full-redis" if full else "governed-redis", "stream" if stream else "json")
+            key = (
+                name or ("full-redis" if full else "governed-redis"),
+                "stream" if stream else "json",
+            )
             SCRIPT_CALLS.setdefault((*key, load.concurrency), []).append(
                 server.commands_run() / made
             )
@@ -404,7 +412,11 @@ SCRIPT_CALLS: dict[tuple[str, str, int], list[float]] = {}
 """Script calls per governed call of every Redis round, by (client, mode, concurrency)."""
 
 
-def clients(url: str, stream: bool, load: Load, server: RedisServer) -> list[tuple[str, Measure]]:
+def clients(
+    url: str, stream: bool, load: Load, server: RedisServer, engines: Sequence[str] = ()
+) -> list[tuple[str, Measure]]:
+    """Every row's client; the governed and full ones once per engine of ``engines``, named
+    ``client[engine]`` (none given: once, on the default engine)."""
     import importlib.util
 
     host, port = url.removeprefix("http://").split("/")[0].split(":")
@@ -421,13 +433,29 @@ def clients(url: str, stream: bool, load: Load, server: RedisServer) -> list[tup
         out.append(("openai-sdk", partial(bench_openai_sdk, url, stream, load)))
     if sdk_rows and importlib.util.find_spec("litellm") is not None:
         out.append(("litellm-router", partial(bench_litellm_router, url, stream, load)))
-    for name, srv, full in (
+    for base, srv, full in (
         ("governed-memory", None, False),
         ("governed-redis", server, False),
         ("full-memory", None, True),
         ("full-redis", server, True),
     ):
-        out.append((name, partial(bench_governed_on, url, stream, load, server=srv, full=full)))
+        for engine in engines or ("",):
+            name = f"{base}[{engine}]" if engine else base
+            out.append(
+                (
+                    name,
+                    partial(
+                        bench_governed_on,
+                        url,
+                        stream,
+                        load,
+                        server=srv,
+                        full=full,
+                        engine=engine,
+                        name=name,
+                    ),
+                )
+            )
     return out
 
 
@@ -470,6 +498,15 @@ def report(rows: list[Row]) -> None:
         )
     print()
     print("Goals (medians of per-round paired ratios):")
+    suffixes = sorted({r.client.partition("[")[2] for r in rows if r.client.startswith("gov")})
+    for suffix in suffixes or [""]:
+        if suffix:
+            print(f"  engine {suffix.rstrip(']')}:")
+        goals(by_key, rows, f"[{suffix}" if suffix else "")
+
+
+def goals(by_key: dict[tuple[str, str, int], Row], rows: list[Row], tag: str) -> None:
+    """The goal lines of the governed and full rows named ``...{tag}``."""
     for mode in ("stream", "json"):
         for conc in sorted({r.concurrency for r in rows}):
 
@@ -478,25 +515,19 @@ def report(rows: list[Row]) -> None:
             ) -> None:
                 print(f"  {k[0]:6} c={k[1]:<4} {text}: {ratio(by_key, top, bottom, *k, field)}")
 
-            if ("governed-redis", mode, conc) not in by_key:
+            memory, redis = f"governed-memory{tag}", f"governed-redis{tag}"
+            if (redis, mode, conc) not in by_key:
                 continue
-            line(
-                "redis calls/s vs memory (>= 75%)",
-                "governed-redis",
-                "governed-memory",
-                "rate_by_round",
-            )
-            line(
-                "redis CPU vs memory (<= 1.5x)", "governed-redis", "governed-memory", "cpu_by_round"
-            )
-            line("governed-memory CPU vs floor", "governed-memory", "floor-aiohttp", "cpu_by_round")
+            line("redis calls/s vs memory (>= 75%)", redis, memory, "rate_by_round")
+            line("redis CPU vs memory (<= 1.5x)", redis, memory, "cpu_by_round")
+            line("governed-memory CPU vs floor", memory, "floor-aiohttp", "cpu_by_round")
             line(
                 "full-memory CPU vs governed-memory (<= 1.25x)",
-                "full-memory",
-                "governed-memory",
+                f"full-memory{tag}",
+                memory,
                 "cpu_by_round",
             )
-            line("full-redis CPU vs governed-redis", "full-redis", "governed-redis", "cpu_by_round")
+            line("full-redis CPU vs governed-redis", f"full-redis{tag}", redis, "cpu_by_round")
 
 
 # --------------------------------------------------------------------------- modes
@@ -508,6 +539,7 @@ async def bench_async(args: argparse.Namespace) -> list[Row]:
     server = RedisServer()
     url = f"http://127.0.0.1:{port}/v1"
     only = set(args.only.split(",")) if args.only else None
+    engines = [e for e in args.engines.split(",") if e]
     rows: list[Row] = []
     try:
         for mode in args.modes.split(","):
@@ -517,8 +549,8 @@ async def bench_async(args: argparse.Namespace) -> list[Row]:
                 load = Load(max(calls, 2 * conc), conc, args.seconds)
                 points = [
                     (name, factory)
-                    for name, factory in clients(url, stream, load, server)
-                    if only is None or name in only
+                    for name, factory in clients(url, stream, load, server, engines)
+                    if only is None or name.partition("[")[0] in only
                 ]
                 rows += await measure_point(points, mode, load, args.rounds)
     finally:
@@ -927,7 +959,8 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         default="",
-        help="--callgrind: run the governed and full clients on each of these engines",
+        help="run the governed and full clients on each of these engines (default: once, on "
+        "the default engine)",
     )
     parser.add_argument("--engine", default="", help=argparse.SUPPRESS)
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
