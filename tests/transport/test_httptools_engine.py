@@ -531,3 +531,31 @@ def test_proxies_and_broken_header_values_are_refused() -> None:
             source_at("http://127.0.0.1:9/v1", headers={"X-Token": f"{secret}\r\nX-Evil: 1"})
         )
     assert secret not in str(caught.value)
+
+
+class _RecordingTransport(asyncio.Transport):
+    """Keeps what is written, as the objects given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(data)  # type: ignore[arg-type]
+
+    def is_closing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("size", [10, 64 * 1024, 64 * 1024 + 1, 5 << 20])
+async def test_a_large_body_is_written_as_it_is_never_joined_to_its_head(size: int) -> None:
+    connection = httptools_engine._Connection(asyncio.get_running_loop())
+    transport = _RecordingTransport()
+    connection.connection_made(transport)
+    head, body = b"POST /v1 HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % size, b"x" * size
+    assert connection.send(head, body) is False
+    assert b"".join(transport.writes) == head + body
+    if size > 64 * 1024:  # an image's megabytes: the body object itself, no copy
+        assert len(transport.writes) == 2 and transport.writes[1] is body
+    else:  # one write, one system call
+        assert len(transport.writes) == 1

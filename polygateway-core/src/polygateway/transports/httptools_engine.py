@@ -48,6 +48,10 @@ _MAX_HEADER_BYTES = 64 * 1024
 
 _FORBIDDEN_IN_HEADERS = ("\r", "\n", "\0")
 
+_JOIN_BYTES = 64 * 1024
+"""A request body up to this size is joined to its head and written at once; a larger one is
+written on its own, not copied."""
+
 _MAX_TARGETS = 256
 """URLs whose request head is kept worked out; past this the cache starts afresh (URLs that
 vary per call, by their query, would otherwise grow it without end)."""
@@ -270,14 +274,22 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def send(self, request: bytes) -> bool:
+    def send(self, head: bytes, body: bytes) -> bool:
         """Write one request; ``True`` when the socket has not taken it all yet (then await
-        ``drain``). The response is read with ``wait_headers`` and ``read``."""
+        ``drain``). The response is read with ``wait_headers`` and ``read``.
+
+        A body up to ``_JOIN_BYTES`` goes out with its head in one write (one system call); a
+        larger one is written as it is, never copied to be joined (an image's megabytes)."""
         self._reset()
         self._keep_alive = True
         self._active = True
-        assert self.transport is not None
-        self.transport.write(request)
+        transport = self.transport
+        assert transport is not None
+        if len(body) <= _JOIN_BYTES:
+            transport.write(head + body)
+        else:
+            transport.write(head)
+            transport.write(body)
         if self._write_paused and not self.closed:
             return True
         self._check_sent()
@@ -610,13 +622,13 @@ class HttptoolsEngine:
             self._on_loop(loop)
         target = self._target(url)
         config = self._config
-        request = b"%b%d\r\n\r\n%b" % (target.head, len(body), body)
+        head = b"%b%d\r\n\r\n" % (target.head, len(body))
         connection: _Connection | None = None
         try:
             connection = await self._acquire(target, loop)
             connection.pool_key = target.key
             timeout = config.read_timeout_s
-            if connection.send(request):
+            if connection.send(head, body):
                 # A large body the socket takes slowly: bounded like the httpx engine's
                 # write timeout.
                 if timeout:
