@@ -1,10 +1,11 @@
 """The ``httptools`` engine: HTTP/1.1 on asyncio's ``Protocol``, parsed by ``httptools``.
 
-Optional (``pip install 'polygateway-core[httptools]'``). It does only what the transport asks of
-an engine: ``POST`` with a ``Content-Length`` body, responses with ``Content-Length``, chunked or
+The default engine (``engines.DEFAULT_ENGINE``). It does only what the transport asks of an
+engine: ``POST`` with a ``Content-Length`` body, responses with ``Content-Length``, chunked or
 ended by the server closing the connection, decoded (gzip, deflate) and capped by the shared
-``BodyReader``. Plain TCP or TLS through asyncio (``ssl.create_default_context()``: certificates
-and host names verified; ``server_hostname`` is the URL's host). No proxies (``trust_env`` is
+``BodyReader``. Plain TCP or TLS through asyncio (``ssl.create_default_context()``, made with the
+engine for an ``https`` source, off the event loop: certificates and host names verified;
+``server_hostname`` is the URL's host). No proxies (``trust_env`` is
 refused), no redirects, no HTTP/2.
 
 Connections are pooled per (scheme, host, port) with keep-alive: a response read to its end goes
@@ -478,7 +479,12 @@ class HttptoolsEngine:
         self._busy: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._permits: asyncio.Semaphore | None = None
-        self._ssl: ssl.SSLContext | None = None
+        # Built with the engine, when the client is built: reading the CA store takes about a
+        # quarter of a billion instructions (OpenSSL 3), which on the event loop would stall
+        # every call in flight at the first https connection.
+        self._ssl: ssl.SSLContext | None = (
+            None if config.plain_http else ssl.create_default_context()
+        )
 
     @property
     def idle_connections(self) -> int:
@@ -549,7 +555,7 @@ class HttptoolsEngine:
         self._permits = asyncio.Semaphore(limit) if limit > 0 else None
 
     def _ssl_context(self) -> ssl.SSLContext:
-        if self._ssl is None:
+        if self._ssl is None:  # an https URL on an engine configured for plain http
             self._ssl = ssl.create_default_context()
         return self._ssl
 
