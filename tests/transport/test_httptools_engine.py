@@ -562,3 +562,14 @@ async def test_a_large_body_is_written_as_it_is_never_joined_to_its_head(size: i
         assert len(transport.writes) == 2 and transport.writes[1] is body
     else:  # one write, one system call
         assert len(transport.writes) == 1
+
+
+def test_one_tls_context_serves_every_engine_of_a_ca_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Made once per CA store, not once per https source (each costs a read of the whole store).
+    first = httptools_engine.tls_context()
+    assert httptools_engine.tls_context() is first
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "other.pem"))
+    assert httptools_engine.tls_context() is not first  # another store, its own context

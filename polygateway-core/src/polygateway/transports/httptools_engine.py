@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
+import os
 import ssl
 import time
 from collections import deque
@@ -56,6 +58,20 @@ written on its own, not copied."""
 _MAX_TARGETS = 256
 """URLs whose request head is kept worked out; past this the cache starts afresh (URLs that
 vary per call, by their query, would otherwise grow it without end)."""
+
+
+def tls_context() -> ssl.SSLContext:
+    """The verifying client context (``ssl.create_default_context()``) of the CA store the
+    environment names now (``SSL_CERT_FILE``, ``SSL_CERT_DIR``, else OpenSSL's defaults): one
+    per store, shared by every engine, as aiohttp shares the one it makes at import. Nothing
+    changes a context after it is made."""
+    return _tls_context_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.lru_cache(maxsize=4)
+def _tls_context_for(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    # The arguments are the cache key only: OpenSSL reads the same variables itself.
+    return ssl.create_default_context()
 
 
 def _is_chunked(transfer_encoding: str) -> bool:
@@ -280,7 +296,8 @@ class _Connection(asyncio.Protocol):
         ``drain``). The response is read with ``wait_headers`` and ``read``.
 
         A body up to ``_JOIN_BYTES`` goes out with its head in one write (one system call); a
-        larger one is written as it is, never copied to be joined (an image's megabytes)."""
+        larger one is written as it is, not copied to be joined to its head (an image's
+        megabytes; asyncio still buffers what the socket does not take at once)."""
         self._reset()
         self._keep_alive = True
         self._active = True
@@ -479,12 +496,11 @@ class HttptoolsEngine:
         self._busy: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._permits: asyncio.Semaphore | None = None
-        # Built with the engine, when the client is built: reading the CA store takes about a
-        # quarter of a billion instructions (OpenSSL 3), which on the event loop would stall
-        # every call in flight at the first https connection.
-        self._ssl: ssl.SSLContext | None = (
-            None if config.plain_http else ssl.create_default_context()
-        )
+        # Made with the engine, when the client is built: reading the CA store takes about a
+        # quarter of a billion instructions (OpenSSL 3), which at the first https connection
+        # would stall every call in flight. One context serves every engine that reads the
+        # same CA store (``tls_context``).
+        self._ssl: ssl.SSLContext | None = None if config.plain_http else tls_context()
 
     @property
     def idle_connections(self) -> int:
@@ -556,7 +572,7 @@ class HttptoolsEngine:
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:  # an https URL on an engine configured for plain http
-            self._ssl = ssl.create_default_context()
+            self._ssl = tls_context()
         return self._ssl
 
     # ------------------------------------------------------------------ pool
