@@ -571,5 +571,7 @@ def test_one_tls_context_serves_every_engine_of_a_ca_store(
     first = httptools_engine.tls_context()
     assert httptools_engine.tls_context() is first
     assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
-    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "other.pem"))
+    other = tmp_path / "other.pem"
+    other.write_text("")  # a store of its own (empty: it trusts nothing)
+    monkeypatch.setenv("SSL_CERT_FILE", str(other))
     assert httptools_engine.tls_context() is not first  # another store, its own context

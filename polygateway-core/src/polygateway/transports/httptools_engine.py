@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-import os
 import ssl
 import time
 from collections import deque
@@ -53,7 +52,7 @@ _FORBIDDEN_IN_HEADERS = ("\r", "\n", "\0")
 
 _JOIN_BYTES = 64 * 1024
 """A request body up to this size is joined to its head and written at once; a larger one is
-written on its own, not copied."""
+written on its own rather than copied into one buffer with its head."""
 
 _MAX_TARGETS = 256
 """URLs whose request head is kept worked out; past this the cache starts afresh (URLs that
@@ -61,16 +60,17 @@ vary per call, by their query, would otherwise grow it without end)."""
 
 
 def tls_context() -> ssl.SSLContext:
-    """The verifying client context (``ssl.create_default_context()``) of the CA store the
-    environment names now (``SSL_CERT_FILE``, ``SSL_CERT_DIR``, else OpenSSL's defaults): one
-    per store, shared by every engine, as aiohttp shares the one it makes at import. Nothing
-    changes a context after it is made."""
-    return _tls_context_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    """The verifying client context (``ssl.create_default_context()``) of the CA store OpenSSL
+    would read now (``ssl.get_default_verify_paths()``: ``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
+    else its defaults): one per store, shared by every engine, as aiohttp shares the one it
+    makes at import. Nothing changes a context after it is made."""
+    paths = ssl.get_default_verify_paths()
+    return _tls_context_for(paths.cafile, paths.capath)
 
 
 @functools.lru_cache(maxsize=4)
 def _tls_context_for(cafile: str | None, capath: str | None) -> ssl.SSLContext:
-    # The arguments are the cache key only: OpenSSL reads the same variables itself.
+    # The arguments are the cache key only: the context reads the same store itself.
     return ssl.create_default_context()
 
 
