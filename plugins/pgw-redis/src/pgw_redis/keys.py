@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Final
 from urllib.parse import quote
 
 LIMIT_PREFIX = "pgw:limit:"
@@ -105,6 +106,19 @@ def gate_key(scope_tag_: str, source: str) -> str:
 
 
 def new_id() -> str:
-    """A fresh lease or probe id: 128 random bits as 32 hex digits, unique across processes
+    """A fresh probe id: 128 random bits as 32 hex digits, unique across processes
     (``uuid.uuid4().hex``, which adds only version bits, costs eight times the CPU)."""
     return os.urandom(16).hex()
+
+
+LEASE_ID_LENGTH: Final = 65
+"""One more than Redis's default ``zset-max-listpack-value`` (64 bytes). A member that long
+keeps a sorted set in its skiplist encoding, so the lease sets are found, added to and removed
+from in O(log n): in their compact listpack encoding every ZSCORE, ZADD and ZREM scans and
+decodes the whole set, which costs the server about a quarter more per governed call with 64
+calls in flight (``tools/bench/RESULTS.md``)."""
+
+
+def new_lease_id() -> str:
+    """A fresh lease id: 260 random bits as ``LEASE_ID_LENGTH`` hex digits."""
+    return os.urandom(33).hex()[1:]

@@ -107,7 +107,7 @@ from pgw_redis.connection import (
     ScriptClient,
     bulk,
 )
-from pgw_redis.keys import LimiterKeys, SourceKeys, new_id
+from pgw_redis.keys import LimiterKeys, SourceKeys, new_lease_id
 from pgw_redis.scripts import BATCH, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
 
 if TYPE_CHECKING:
@@ -511,7 +511,7 @@ class RedisLimiter:
         est_tokens = _checked_inputs(est_tokens, source_limits)
         # Made before sending, so a script that ran for a caller who never saw the reply can
         # still be released by id.
-        lease_id = new_id()
+        lease_id = new_lease_id()
         lease_arg = bulk(lease_id)
         window = self._guess_window()
         for _ in range(_WINDOW_ATTEMPTS):
@@ -558,7 +558,7 @@ class RedisLimiter:
         """
         est_tokens = _checked_inputs(est_tokens, source_limits)
         gate_key, owner, gate_args = gate.joint_enter_args(source)
-        lease_id = new_id()
+        lease_id = new_lease_id()
         lease_arg = bulk(lease_id)
         window = self._guess_window()
         answered = False  # a reply came: the gate may have made this caller the probe

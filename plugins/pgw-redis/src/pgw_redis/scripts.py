@@ -11,21 +11,221 @@ Conventions shared by every script:
   doubles and Redis truncates them to integers in replies, so no fraction ever crosses.
 - Every key a script touches arrives in ``KEYS`` and carries the scope's hash tag (one slot);
   the window id is chosen by the caller and verified against ``TIME`` by the script.
+- The limiter's operations reach keyed state through a few helpers (``counter``,
+  ``counter_add``, ``lease_add``, ``hold_ms``...). A script of one operation gets them as plain
+  commands (``_DIRECT``). The BATCH script, which runs many operations on the same few keys,
+  gets them with the batch's memory (``_BATCHED``): the clock, a counter or a gate hash is
+  read once per batch, and the writes whose order no operation can observe (increments of the
+  window counters, expiries, hold times, the progress mark) are applied once per key at the
+  end. What each operation decides and leaves behind is the same either way: the operations
+  run one after another on one view of the keys, as separate scripts would
+  (``tests/test_redis_batch_equivalence.py`` runs both on the same operations).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 _PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
+local function int(n) return string.format('%d', n) end
+local GATE_FIELDS = {'state', 'epoch', 'failures', 'open_until', 'probe_until', 'probe_owner',
+                     'abandoned_owner'}
+"""
+
+_ON_HELPERS = """
+-- A typical hold time moves toward the newest (moving average, weight 0.2 for the newest, as
+-- in the in-memory limiter's next_hold).
+local function hold_update(key, duration)
+  local previous = hold_ms(key)
+  local value = duration
+  if previous then value = previous + 0.2 * (duration - previous) end
+  hold_set(key, int(value))
+end
+"""
+
+_DIRECT = (
+    _PRELUDE
+    + """
+-- The helpers as plain commands: one operation per script.
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[1])
 end
-local function int(n) return string.format('%d', n) end
+-- Window counters: every write re-applies their expiry.
+local function counter(key) return tonumber(redis.call('GET', key)) or 0 end
+local function counter_add(key, n)
+  redis.call('INCRBY', key, n)
+  redis.call('EXPIRE', key, '120')
+end
+-- Lease sets: score = expiry (ms); the set lives as long as its newest lease.
+local function leases_pruned(key, now) redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
+local function lease_count(key) return redis.call('ZCARD', key) end
+local function lease_add(key, expires, id, ttl_ms)
+  redis.call('ZADD', key, expires, id)
+  redis.call('PEXPIRE', key, ttl_ms)
+end
+local function lease_remove(key, id) return redis.call('ZREM', key, id) end
+-- Lease ids given up by cancelled callers (usually none).
+local function abandoned_has(key, id) return redis.call('ZSCORE', key, id) end
+local function abandoned_add(key, now, id, ttl_ms)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZADD', key, int(now + tonumber(ttl_ms)), id)
+  redis.call('PEXPIRE', key, ttl_ms)
+end
+-- Typical hold times (ms, moving average), and the lease ids whose TPM delta was applied.
+local function hold_ms(key) return tonumber(redis.call('GET', key)) end
+local function hold_set(key, value) redis.call('SET', key, value, 'EX', '3600') end
+local function settled_add(key, id, window_end)
+  if redis.call('SADD', key, id) == 0 then return false end
+  redis.call('EXPIREAT', key, window_end)
+  return true
+end
+local function progress_set(key, ms) redis.call('SET', key, ms, 'EX', '3600') end
+local function gate_fields(key) return redis.call('HMGET', key, unpack(GATE_FIELDS)) end
+local function gate_changed(key) end
 """
+    + _ON_HELPERS
+)
+
+_BATCHED = (
+    _PRELUDE
+    + """
+-- The helpers with the batch's memory. Reads are made once per key and kept up to date by the
+-- batch's own writes; counter increments, expiries, hold times and progress marks are applied
+-- by flush() at the end, once per key, with the values the last of the operations left.
+local clock_ms, clock_s
+local function now_ms()
+  if not clock_ms then
+    local t = redis.call('TIME')
+    clock_s = tonumber(t[1])
+    clock_ms = clock_s * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return clock_ms, clock_s
+end
+local function keep(order, seen, key)
+  if not seen[key] then
+    seen[key] = true
+    order[#order + 1] = key
+  end
+end
+
+local counts, count_adds, count_order, count_seen = {}, {}, {}, {}
+local function counter(key)
+  local n = counts[key]
+  if n == nil then
+    n = tonumber(redis.call('GET', key)) or 0
+    counts[key] = n
+  end
+  return n + (count_adds[key] or 0)
+end
+local function counter_add(key, n)
+  count_adds[key] = (count_adds[key] or 0) + tonumber(n)
+  keep(count_order, count_seen, key)
+end
+
+local cards, pruned, lease_ttls, lease_order, lease_seen = {}, {}, {}, {}, {}
+local function leases_pruned(key, now)
+  if not pruned[key] then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    pruned[key] = true
+    cards[key] = nil
+  end
+end
+local function lease_count(key)
+  local n = cards[key]
+  if n == nil then
+    n = redis.call('ZCARD', key)
+    cards[key] = n
+  end
+  return n
+end
+local function lease_add(key, expires, id, ttl_ms)
+  if redis.call('ZADD', key, expires, id) == 1 and cards[key] then
+    cards[key] = cards[key] + 1
+  end
+  local ttl = tonumber(ttl_ms)
+  if (lease_ttls[key] or -1) < ttl then lease_ttls[key] = ttl end
+  keep(lease_order, lease_seen, key)
+end
+local function lease_remove(key, id)
+  local removed = redis.call('ZREM', key, id)
+  if removed == 1 and cards[key] then cards[key] = cards[key] - 1 end
+  return removed
+end
+
+local abandoned_present = {}
+local function abandoned_has(key, id)
+  local present = abandoned_present[key]
+  if present == nil then
+    present = redis.call('EXISTS', key) == 1
+    abandoned_present[key] = present
+  end
+  return present and redis.call('ZSCORE', key, id)
+end
+local function abandoned_add(key, now, id, ttl_ms)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZADD', key, int(now + tonumber(ttl_ms)), id)
+  redis.call('PEXPIRE', key, ttl_ms)
+  abandoned_present[key] = true
+end
+
+local holds, hold_values, hold_order, hold_seen = {}, {}, {}, {}
+local function hold_ms(key)
+  local h = holds[key]
+  if h == nil then
+    h = tonumber(redis.call('GET', key)) or false
+    holds[key] = h
+  end
+  return h or nil
+end
+local function hold_set(key, value)
+  holds[key] = tonumber(value)
+  hold_values[key] = value
+  keep(hold_order, hold_seen, key)
+end
+
+local settled_ends, settled_order, settled_seen = {}, {}, {}
+local function settled_add(key, id, window_end)
+  if redis.call('SADD', key, id) == 0 then return false end
+  local at = tonumber(window_end)
+  if (settled_ends[key] or -1) < at then settled_ends[key] = at end
+  keep(settled_order, settled_seen, key)
+  return true
+end
+
+local marks, mark_order, mark_seen = {}, {}, {}
+local function progress_set(key, ms)
+  marks[key] = ms
+  keep(mark_order, mark_seen, key)
+end
+
+local gates = {}
+local function gate_fields(key)
+  local f = gates[key]
+  if f == nil then
+    f = redis.call('HMGET', key, unpack(GATE_FIELDS))
+    gates[key] = f
+  end
+  return f
+end
+local function gate_changed(key) gates[key] = nil end
+
+local function flush()
+  for _, key in ipairs(count_order) do
+    redis.call('INCRBY', key, int(count_adds[key]))
+    redis.call('EXPIRE', key, '120')
+  end
+  for _, key in ipairs(lease_order) do redis.call('PEXPIRE', key, int(lease_ttls[key])) end
+  for _, key in ipairs(hold_order) do redis.call('SET', key, hold_values[key], 'EX', '3600') end
+  for _, key in ipairs(settled_order) do redis.call('EXPIREAT', key, int(settled_ends[key])) end
+  for _, key in ipairs(mark_order) do redis.call('SET', key, marks[key], 'EX', '3600') end
+end
+"""
+    + _ON_HELPERS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +266,11 @@ local est = tonumber(ARGV[3])
 -- Running twice for one lease id (a command re-sent after a lost reply) admits once.
 if redis.call('ZSCORE', KEYS[1], ARGV[2]) then return {1, now} end
 -- A caller cancelled after sending may have had its compensation run first: never admit it.
-if redis.call('ZSCORE', KEYS[7], ARGV[2]) then return {-2, now} end
+if abandoned_has(KEYS[7], ARGV[2]) then return {-2, now} end
 
 -- Dropping expired leases is the only change a refusal may make.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+leases_pruned(KEYS[1], now)
+leases_pruned(KEYS[2], now)
 
 -- A full concurrency gate's hint: the typical hold time of its released leases (1000 ms
 -- before any), floored at 10 ms and capped by its oldest lease's expiry: the in-memory
@@ -78,46 +278,38 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local function lease_wait(key, hold_key)
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   local expiry_in = tonumber(first[2]) - now
-  local hold = tonumber(redis.call('GET', hold_key))
+  local hold = hold_ms(hold_key)
   local estimate = 1000
   if hold then estimate = math.max(10, hold) end
   return math.max(0, math.min(expiry_in, estimate))
 end
-local function used(key) return tonumber(redis.call('GET', key)) or 0 end
-
 local limit = tonumber(ARGV[5])
-if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then
+if limit > 0 and lease_count(KEYS[1]) >= limit then
   return {0, 1, lease_wait(KEYS[1], KEYS[8])}
 end
 limit = tonumber(ARGV[6])
-if limit > 0 and redis.call('ZCARD', KEYS[2]) >= limit then
+if limit > 0 and lease_count(KEYS[2]) >= limit then
   return {0, 2, lease_wait(KEYS[2], KEYS[9])}
 end
 limit = tonumber(ARGV[7])
-if limit > 0 and used(KEYS[3]) >= limit then return {0, 3, window_left} end
+if limit > 0 and counter(KEYS[3]) >= limit then return {0, 3, window_left} end
 limit = tonumber(ARGV[8])
-if limit > 0 and used(KEYS[4]) >= limit then return {0, 4, window_left} end
+if limit > 0 and counter(KEYS[4]) >= limit then return {0, 4, window_left} end
 limit = tonumber(ARGV[9])
-if limit > 0 and used(KEYS[5]) + est > limit then return {0, 5, window_left} end
+if limit > 0 and counter(KEYS[5]) + est > limit then return {0, 5, window_left} end
 limit = tonumber(ARGV[10])
-if limit > 0 and used(KEYS[6]) + est > limit then return {0, 6, window_left} end
+if limit > 0 and counter(KEYS[6]) + est > limit then return {0, 6, window_left} end
 
 local expires = int(now + tonumber(ARGV[4]))
-redis.call('ZADD', KEYS[1], expires, ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('ZADD', KEYS[2], expires, ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('INCR', KEYS[3])
-redis.call('EXPIRE', KEYS[3], 120)
-redis.call('INCR', KEYS[4])
-redis.call('EXPIRE', KEYS[4], 120)
-redis.call('INCRBY', KEYS[5], est)
-redis.call('EXPIRE', KEYS[5], 120)
-redis.call('INCRBY', KEYS[6], est)
-redis.call('EXPIRE', KEYS[6], 120)
+lease_add(KEYS[1], expires, ARGV[2], ARGV[4])
+lease_add(KEYS[2], expires, ARGV[2], ARGV[4])
+counter_add(KEYS[3], 1)
+counter_add(KEYS[4], 1)
+counter_add(KEYS[5], est)
+counter_add(KEYS[6], est)
 return {1, now}
 """
-ACQUIRE = LuaScript("acquire", _PRELUDE + _ACQUIRE_BODY)
+ACQUIRE = LuaScript("acquire", _DIRECT + _ACQUIRE_BODY)
 
 _RELEASE_BODY = """
 -- Release a lease; optionally settle its TPM and mark progress in the same step.
@@ -131,41 +323,26 @@ _RELEASE_BODY = """
 -- nothing, and the delta is applied only by the run that adds the id to KEYS[7] (see SETTLE).
 -- Reply: 1 when the lease was held, else 0 (already released, expired, or never granted)
 local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
-local held = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
+local held = lease_remove(KEYS[1], ARGV[1])
+lease_remove(KEYS[2], ARGV[1])
 local released_at = now_ms()
 if held == 1 and expiry and tonumber(expiry) > released_at then
-  -- How long the lease was held feeds the concurrency gates' wait hints (moving average,
-  -- weight 0.2 for the newest, as in the in-memory limiter's next_hold); an expired lease
+  -- How long the lease was held feeds the concurrency gates' wait hints; an expired lease
   -- says nothing about how long calls take.
   local duration = math.max(0, released_at - (tonumber(expiry) - tonumber(ARGV[5])))
-  for _, key in ipairs({KEYS[8], KEYS[9]}) do
-    local previous = tonumber(redis.call('GET', key))
-    local value = duration
-    if previous then value = previous + 0.2 * (duration - previous) end
-    redis.call('SET', key, int(value), 'EX', 3600)
-  end
+  hold_update(KEYS[8], duration)
+  hold_update(KEYS[9], duration)
 end
 local delta = tonumber(ARGV[2])
-if delta ~= 0 and (ARGV[3] == '0' or held == 1) and redis.call('SADD', KEYS[7], ARGV[1]) == 1 then
-  redis.call('EXPIREAT', KEYS[7], ARGV[6])
-  redis.call('INCRBY', KEYS[3], delta)
-  redis.call('EXPIRE', KEYS[3], 120)
-  redis.call('INCRBY', KEYS[4], delta)
-  redis.call('EXPIRE', KEYS[4], 120)
+if delta ~= 0 and (ARGV[3] == '0' or held == 1) and settled_add(KEYS[7], ARGV[1], ARGV[6]) then
+  counter_add(KEYS[3], delta)
+  counter_add(KEYS[4], delta)
 end
-if held == 0 and ARGV[3] == '1' then
-  local now = now_ms()
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
-  redis.call('ZADD', KEYS[6], int(now + tonumber(ARGV[5])), ARGV[1])
-  redis.call('PEXPIRE', KEYS[6], ARGV[5])
-end
-if ARGV[4] == '1' then
-  redis.call('SET', KEYS[5], int(now_ms()), 'EX', 3600)
-end
+if held == 0 and ARGV[3] == '1' then abandoned_add(KEYS[6], now_ms(), ARGV[1], ARGV[5]) end
+if ARGV[4] == '1' then progress_set(KEYS[5], int(now_ms())) end
 return held
 """
-RELEASE = LuaScript("release", _PRELUDE + _RELEASE_BODY)
+RELEASE = LuaScript("release", _DIRECT + _RELEASE_BODY)
 
 _SETTLE_BODY = """
 -- Move TPM of the acquire-time window by actual - est (negative allowed; readers clamp).
@@ -175,19 +352,16 @@ _SETTLE_BODY = """
 -- lives until its window ends: after that, nothing reads the window's counters, so a late
 -- duplicate changes no decision (past its end EXPIREAT deletes the set at once). EXPIRE is
 -- re-applied: a settle arriving after its window expired must not leave a key without TTL.
-if redis.call('SADD', KEYS[3], ARGV[2]) == 0 then return 0 end
-redis.call('EXPIREAT', KEYS[3], ARGV[3])
-redis.call('INCRBY', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], 120)
-redis.call('INCRBY', KEYS[2], ARGV[1])
-redis.call('EXPIRE', KEYS[2], 120)
+if not settled_add(KEYS[3], ARGV[2], ARGV[3]) then return 0 end
+counter_add(KEYS[1], ARGV[1])
+counter_add(KEYS[2], ARGV[1])
 return 1
 """
-SETTLE = LuaScript("settle", _SETTLE_BODY)
+SETTLE = LuaScript("settle", _DIRECT + _SETTLE_BODY)
 
 SOURCE_STATS = LuaScript(
     "source_stats",
-    _PRELUDE
+    _DIRECT
     + """
 -- KEYS: 1 source lease, 2 source rpm, 3 source tpm (window ARGV[1]); ARGV: 1 window
 -- Reply: {1, inflight, rpm, tpm >= 0} or {-1, now} (wrong window)
@@ -203,7 +377,7 @@ return {1, inflight, rpm, tpm}
 
 INFLIGHT = LuaScript(
     "inflight",
-    _PRELUDE
+    _DIRECT
     + """
 -- KEYS: 1 global lease. Reply: leases not yet expired.
 local now = now_ms()
@@ -214,14 +388,14 @@ return redis.call('ZCOUNT', KEYS[1], '(' .. int(now), '+inf')
 _PROGRESS_MARK_BODY = """
 -- KEYS: 1 progress. The TTL (1 h) is far above any stall window: an expired key would read
 -- as "never progressed".
-redis.call('SET', KEYS[1], int(now_ms()), 'EX', 3600)
+progress_set(KEYS[1], int(now_ms()))
 return 1
 """
-PROGRESS_MARK = LuaScript("progress_mark", _PRELUDE + _PROGRESS_MARK_BODY)
+PROGRESS_MARK = LuaScript("progress_mark", _DIRECT + _PROGRESS_MARK_BODY)
 
 PROGRESS_AGE = LuaScript(
     "progress_age",
-    _PRELUDE
+    _DIRECT
     + """
 -- KEYS: 1 progress. Reply: ms since the mark, -1 when there is none; a clock that went back
 -- reads 0.
@@ -236,14 +410,13 @@ return age
 # --------------------------------------------------------------------------- breaker
 
 _GATE_STATE = """
-local F = redis.call('HMGET', KEYS[1], 'state', 'epoch', 'failures', 'open_until',
-                     'probe_until', 'probe_owner', 'abandoned_owner')
+local F = gate_fields(KEYS[1])
 local state = F[1] or 'closed'
 local epoch = tonumber(F[2]) or 0
 local failures = tonumber(F[3]) or 0
 local owner = F[6] or ''
 """
-_GATE_PRELUDE = _PRELUDE + _GATE_STATE
+_GATE_PRELUDE = _DIRECT + _GATE_STATE
 
 _GATE_HOLDS = """
 -- The fencing rule: a write-back speaks for the current state only with the current epoch
@@ -299,6 +472,7 @@ end
 redis.call('HSET', KEYS[1], 'state', 'half_open', 'probe_owner', ARGV[1],
            'probe_until', int(now + tonumber(ARGV[2])))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+gate_changed(KEYS[1])
 return {1, 'half_open', epoch, failures, ARGV[1], 0}
 """
 GATE_TRY_ENTER = LuaScript("gate_try_enter", _GATE_PRELUDE + _GATE_TRY_ENTER_BODY)
@@ -396,7 +570,7 @@ return {1, state, epoch, failures}
 
 GATE_RETRY_AFTER = LuaScript(
     "gate_retry_after",
-    _PRELUDE
+    _DIRECT
     + """
 -- KEYS: the gates of the sources asked about (one scope, one slot).
 -- Reply: ms until the first of them admits again, >= 0.
@@ -423,15 +597,22 @@ return shortest
 # --------------------------------------------------------------------------- batches
 
 
+_SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
+
+
 def _op(name: str, body: str) -> str:
-    # KEYS and ARGV as parameters shadow the script's own: each body runs unchanged on its
-    # slice of the batch, as it would as a script of its own.
-    return f"local function {name}(KEYS, ARGV)\n{body}\nend\n"
+    """A script's body as a function of the BATCH script, run on its slice of the batch's
+    ``KEYS`` and ``ARGV``: ``KEYS[n]`` reads ``KEYS[K + n]`` and ``ARGV[n]`` ``ARGV[A + n]``,
+    where ``K`` and ``A`` are where the operation's keys and arguments start. (Copying each
+    slice into tables of its own cost more than the rest of the dispatch together.)"""
+    offset = {"KEYS": "K", "ARGV": "A"}
+    shifted = _SLOT.sub(lambda m: f"{m[1]}[{offset[m[1]]} + {m[2]}]", body)
+    return f"local function {name}(K, A)\n{shifted}\nend\n"
 
 
 BATCH = LuaScript(
     "batch",
-    _PRELUDE
+    _BATCHED
     + _op("acquire", _ACQUIRE_BODY)
     + _op("release", _RELEASE_BODY)
     + _op("settle", _SETTLE_BODY)
@@ -441,10 +622,10 @@ BATCH = LuaScript(
 -- The breaker gate, then (if it lets the caller through) the admission: one step for a
 -- breaker and a limiter sharing the scope. KEYS: 1 gate, 2.. acquire's; ARGV: 1-3
 -- gate_try_enter's, 4.. acquire's. Reply: {gate reply, acquire reply or {}}.
-local function gate_acquire(KEYS, ARGV)
-  local gate = gate_try_enter({KEYS[1]}, {ARGV[1], ARGV[2], ARGV[3]})
+local function gate_acquire(K, A)
+  local gate = gate_try_enter(K, A)
   if gate[1] == 0 then return {gate, {}} end
-  return {gate, acquire({unpack(KEYS, 2)}, {unpack(ARGV, 4)})}
+  return {gate, acquire(K + 1, A + 3)}
 end
 
 -- Several operations in one script call, in order (accounting first, then admissions).
@@ -453,17 +634,20 @@ end
 -- KEYS: every operation's keys, in the same order. Reply: one entry per operation.
 local ops = {acquire, release, settle, progress_mark, gate_try_enter, gate_acquire}
 local out = {}
-local k, a = 1, 1
-while a <= #ARGV do
-  local code, nk, na = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  a = a + 3
-  local keys, args = {}, {}
-  for i = 1, nk do keys[i] = KEYS[k + i - 1] end
-  for i = 1, na do args[i] = ARGV[a + i - 1] end
-  k = k + nk
-  a = a + na
-  out[#out + 1] = ops[code](keys, args)
+local function run_all()
+  local k, a, last = 0, 0, #ARGV
+  while a < last do
+    local code, nk, na = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    out[#out + 1] = ops[code](k, a + 3)
+    k = k + nk
+    a = a + 3 + na
+  end
 end
+-- The deferred writes land even when an operation fails: what the operations before it
+-- wrote stays whole (no lease set or counter without its expiry).
+local ok, err = pcall(run_all)
+flush()
+if not ok then error(err, 0) end
 return out
 """,
 )
