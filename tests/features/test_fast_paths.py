@@ -46,7 +46,7 @@ from polygateway.types import (
     ToolCall,
     admitted_event,
 )
-from test_fast_frozen_init import definition
+from test_frozen_dataclass import definition
 
 # --------------------------------------------------------------------------- the references
 

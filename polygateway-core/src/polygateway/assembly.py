@@ -10,13 +10,12 @@ pluggy or this module: the result is a plain async callable.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from polygateway.chat.dispatcher import ChatDispatcher
 from polygateway.errors import ConfigError
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.governance.admission import scope_breaker
 from polygateway.middleware import PassThroughMiddleware, cache_problems
 from polygateway.ports import (
@@ -83,8 +82,7 @@ def _enabled(layer: str, backend: str, settings: ScopeSettings, injected: object
     return injected is not None or (layer in settings.middleware and backend != OFF)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Pipeline:
     """What assembly produces for one scope."""
 
@@ -96,8 +94,7 @@ class Pipeline:
     """The pinned innermost handler (its ``governor`` holds the per-source state)."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class GovernanceParts:
     """What a governed call of any kind runs on, for one scope (chat adds its layers)."""
 

@@ -11,10 +11,9 @@ certain of it (known keys, values in range) and ``None`` otherwise, for the mode
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.options import (
     MAX_COUNT,
     MAX_DURATION_S,
@@ -24,16 +23,14 @@ from polygateway.options import (
 )
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class MemoryCacheValues:
     """What ``MemoryCacheOptions`` holds."""
 
     max_entries: int = 10_000
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class SQLiteTelemetryValues:
     """What ``SQLiteTelemetryOptions`` holds."""
 

@@ -1,30 +1,36 @@
 """Cheaper dataclass machinery for the project's own dataclasses, same objects.
 
+Python 3.11 compiles every method ``@dataclass`` generates with an ``exec`` of its own (about
+0.6-0.9 M instructions each), and a default client defines some sixty dataclasses at start-up.
+
 ``value_methods``: the ``__repr__``, ``__eq__`` and ``__hash__`` that ``@dataclass`` generates,
-made as closures instead of compiled source text. Python 3.11 compiles every generated method
-with an ``exec`` of its own, and a default client defines some sixty dataclasses at start-up:
-these three methods of each were about 90 M of its instructions (``tools/bench/RESULTS.md``,
-section "start-up"). The results are the generated methods' (same fields, same order, same
-tuples hashed, ``NotImplemented`` for another class, ``...`` for a recursive repr).
+made as closures instead of compiled source text (they were about 90 M of the start-up's
+instructions; ``tools/bench/RESULTS.md``, section "start-up"). The results are the generated
+methods' (same fields, same order, same tuples hashed, ``NotImplemented`` for another class,
+``...`` for a recursive repr).
 
-``fast_frozen_init``: a cheaper ``__init__`` for the frozen dataclasses made on every call.
+``frozen_dataclass``: ``@value_methods`` over ``@dataclass(frozen=True, repr=False, eq=False)``
+(``slots`` as asked), with one compiled method instead of three: the frozen ``__setattr__`` and
+``__delattr__`` are closures doing what the generated ones do (another 70 M at start-up), and
+only ``__init__`` is compiled. The dataclass underneath is made with ``frozen=False`` and
+``init=False`` (nothing compiled), then gets the frozen parts: ``__dataclass_params__.frozen``,
+the two guards, and for ``slots`` the ``__getstate__`` and ``__setstate__`` that pickle it.
 
-A frozen dataclass's generated ``__init__`` sets each field with ``object.__setattr__`` (the
-class's own ``__setattr__`` raises): about 1,300 CPU instructions a field on Python 3.11, 31k
-for the 20 fields of ``LLMResponse``, and a governed call makes several such objects. The
-``__init__`` made here takes the same parameters (names, order, defaults, default factories),
-stores the fields into a new dict and makes it the instance's ``__dict__``: 11.7k for 20
-fields, the same object (equal fields in field order, same repr, hash, pickling and
-frozenness).
+Its ``__init__`` takes the dataclass's parameters (names, order, defaults, default factories)
+and calls ``__post_init__`` when the class has one. A slotted class's sets each field with
+``object.__setattr__``, as the dataclass's own does. A class with a ``__dict__`` gets its
+fields stored into a new dict made its ``__dict__`` at once: on Python 3.11 the generated
+``object.__setattr__`` per field costs about 1,300 instructions (31k for the 20 fields of
+``LLMResponse``, and a governed call makes several such objects), this 11.7k for 20 fields,
+the same object (equal fields in field order, same repr, hash, pickling and frozenness).
+Storing into ``self.__dict__`` (the class's shared-key dict) would be cheaper to build (8.7k),
+but attribute reads of a split dict are not specialised on 3.11 (380 instructions a read
+against 112), and these objects are read 20 to 80 times a call. A dict display of more than
+15 pairs is no faster: it grows one ``MAP_ADD`` at a time.
 
-Why a dict of its own: storing into ``self.__dict__`` (the class's shared-key dict) is cheaper
-to build (8.7k), but attribute reads of a split dict are not specialised on 3.11 (380
-instructions a read against 112), and these objects are read 20 to 80 times a call. A dict
-display of more than 15 pairs is no faster: it grows one ``MAP_ADD`` at a time.
-
-The dataclass's own ``__init__`` stays the definition: the decorator refuses every class whose
-``__init__`` does more than assign its fields (``__post_init__``, ``InitVar``, keyword-only or
-``init=False`` fields) or has no ``__dict__`` (``__slots__``).
+The decorator refuses what it does not make the dataclass way: a dataclass base class, a field
+outside ``__init__`` (``init=False``, ``kw_only``, ``InitVar``), a field named ``self`` or
+``__...__``, a class defining ``__setattr__`` or ``__delattr__`` itself.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import dataclasses
 import reprlib
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform, overload
 
 T = TypeVar("T")
 
@@ -51,36 +57,96 @@ class _Factory:
 _FACTORY = _Factory()
 
 
-def fast_frozen_init(cls: type[T]) -> type[T]:
-    """Give the frozen dataclass ``cls`` an ``__init__`` that writes its ``__dict__`` at once.
+@overload
+def frozen_dataclass(cls: type[T], /) -> type[T]: ...
 
-    Apply it above ``@dataclass(frozen=True)``; raises ``TypeError`` for a class whose fields
-    are not all plain positional-or-keyword ``__init__`` parameters."""
-    params = getattr(cls, "__dataclass_params__", None)
-    if params is None or not params.frozen:
-        raise TypeError(f"{cls.__qualname__}: fast_frozen_init takes a frozen dataclass")
-    if "__slots__" in cls.__dict__ or hasattr(cls, "__post_init__"):
-        raise TypeError(
-            f"{cls.__qualname__}: fast_frozen_init needs a class with a __dict__ and no "
-            "__post_init__"
-        )
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+
+@overload
+def frozen_dataclass(*, slots: bool = False) -> Callable[[type[T]], type[T]]: ...
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, dataclasses.Field))
+def frozen_dataclass(
+    cls: type[T] | None = None, /, *, slots: bool = False
+) -> type[T] | Callable[[type[T]], type[T]]:
+    """``@value_methods`` over ``@dataclass(frozen=True, slots=slots, repr=False, eq=False)``,
+    the same class, with only ``__init__`` compiled (see the module's docstring)."""
+
+    def wrap(cls: type[T]) -> type[T]:
+        return _frozen_dataclass(cls, slots)
+
+    return wrap if cls is None else wrap(cls)
+
+
+def _frozen_dataclass(cls: type[T], slots: bool) -> type[T]:
+    own = cls.__dict__
+    if any(dataclasses.is_dataclass(base) for base in cls.__mro__[1:]):
+        raise TypeError(f"{cls.__qualname__}: frozen_dataclass takes no dataclass base class")
+    for name in ("__setattr__", "__delattr__"):
+        if name in own:
+            # What ``@dataclass(frozen=True)`` raises for it.
+            raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
+    documented = bool(own.get("__doc__"))
+    # The class the generated guards name: the one given, before ``slots`` remakes it.
+    given = cls
+    made: type[T] = dataclasses.dataclass(
+        cls, init=False, repr=False, eq=False, frozen=False, slots=slots
+    )
+    fields = dataclasses.fields(made)  # type: ignore[arg-type]
+    _check_init_fields(made, fields)
+    params = made.__dataclass_params__  # type: ignore[attr-defined]
+    params.frozen = True
+    params.init = True
+    names = tuple(field.name for field in fields)
+    setattr_, delattr_ = _frozen_guards(given, names)
+    for method in (setattr_, delattr_, _init(made, fields, slots)):
+        method.__qualname__ = f"{made.__qualname__}.{method.__name__}"
+        method.__module__ = made.__module__
+        type.__setattr__(made, method.__name__, method)
+    if slots:
+        # What ``@dataclass(frozen=True, slots=True)`` adds so that pickling sets the slots.
+        if "__getstate__" not in own:
+            type.__setattr__(made, "__getstate__", _getstate)
+        if "__setstate__" not in own:
+            type.__setattr__(made, "__setstate__", _setstate)
+    if not documented:
+        import inspect  # as ``@dataclass`` names an undocumented class (rare: not at start-up)
+
+        try:
+            text_sig = str(inspect.signature(made)).replace(" -> None", "")
+        except (TypeError, ValueError):
+            text_sig = ""
+        made.__doc__ = made.__name__ + text_sig
+    return value_methods(made)
+
+
+def _check_init_fields(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> None:
     names = [field.name for field in fields]
-    plain = cls.__init__.__code__
-    if (
-        plain.co_varnames[1 : plain.co_argcount] != tuple(names)
-        or plain.co_kwonlyargcount
-        or any(not field.init for field in fields)
+    pseudo = [f for name, f in cls.__dataclass_fields__.items() if name not in names]  # type: ignore[attr-defined]
+    if any(not field.init or field.kw_only is True for field in fields) or any(
+        _is_init_var(field.type) for field in pseudo
     ):
         raise TypeError(
-            f"{cls.__qualname__}: fast_frozen_init needs every field, and only the fields, as "
+            f"{cls.__qualname__}: frozen_dataclass needs every field, and only the fields, as "
             "positional-or-keyword __init__ parameters (no InitVar, kw_only or init=False)"
         )
     if "self" in names or any(name.startswith("__") and name.endswith("__") for name in names):
         raise TypeError(
-            f"{cls.__qualname__}: fast_frozen_init takes no field named 'self' or '__...__'"
+            f"{cls.__qualname__}: frozen_dataclass takes no field named 'self' or '__...__'"
         )
-    # The generated function's own names are dunders: no field (refused above) can shadow them.
+
+
+def _is_init_var(annotation: object) -> bool:
+    if isinstance(annotation, str):  # postponed annotations: ``InitVar[int]``, ``dc.InitVar``
+        return "InitVar" in annotation
+    return annotation is dataclasses.InitVar or isinstance(annotation, dataclasses.InitVar)
+
+
+def _init(
+    cls: type, fields: tuple[dataclasses.Field[Any], ...], slots: bool
+) -> Callable[..., None]:
+    """The dataclass's ``__init__``: one ``exec``, as the dataclass module makes its own. The
+    generated function's own names are dunders: no field (refused above) can shadow them."""
     namespace: dict[str, Any] = {"__factory__": _FACTORY, "__set__": object.__setattr__}
     parameters: list[str] = []
     factories: list[str] = []
@@ -97,19 +163,57 @@ def fast_frozen_init(cls: type[T]) -> type[T]:
             )
         else:
             parameters.append(name)
+    names = [field.name for field in fields]
+    if slots:
+        stores = "".join(f"    __set__(self, {name!r}, {name})\n" for name in names)
+    else:
+        stores = (
+            "    __values__ = {}\n"
+            + "".join(f"    __values__[{name!r}] = {name}\n" for name in names)
+            + "    __set__(self, '__dict__', __values__)\n"
+        )
+    post_init = "    self.__post_init__()\n" if hasattr(cls, "__post_init__") else ""
     source = (
         f"def __init__(self, {', '.join(parameters)}):\n"
         + "".join(factories)
-        + "    __values__ = {}\n"
-        + "".join(f"    __values__[{name!r}] = {name}\n" for name in names)
-        + "    __set__(self, '__dict__', __values__)\n"
+        + stores
+        + post_init
+        + ("" if fields or post_init else "    pass\n")
     )
-    exec(source, namespace)  # the dataclass module makes its __init__ the same way
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
-    cls.__init__ = init  # type: ignore[method-assign]
-    return cls
+    exec(source, namespace)
+    init: Callable[..., None] = namespace["__init__"]
+    init.__annotations__ = {field.name: field.type for field in fields} | {"return": None}
+    return init
+
+
+def _frozen_guards(
+    cls: type[Any], names: tuple[str, ...]
+) -> tuple[Callable[[Any, str, Any], None], Callable[[Any, str], None]]:
+    """The ``__setattr__`` and ``__delattr__`` that ``@dataclass(frozen=True)`` generates for
+    ``cls`` with fields ``names``, as closures."""
+    frozen_error = dataclasses.FrozenInstanceError
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        if type(self) is cls or name in names:
+            raise frozen_error(f"cannot assign to field {name!r}")
+        super(cls, self).__setattr__(name, value)
+
+    def __delattr__(self: Any, name: str) -> None:
+        if type(self) is cls or name in names:
+            raise frozen_error(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
+
+    return __setattr__, __delattr__
+
+
+def _getstate(self: Any) -> list[Any]:
+    return [getattr(self, field.name) for field in dataclasses.fields(self)]
+
+
+def _setstate(self: Any, state: list[Any]) -> None:
+    for field, value in zip(dataclasses.fields(self), state, strict=False):
+        # Past the frozen guard, as unpickling must.
+        object.__setattr__(self, field.name, value)
 
 
 def _values_of(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:

@@ -38,10 +38,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.options_ref import OptionsRef
 from polygateway.validation import MAX_TOKENS
 
@@ -176,8 +175,7 @@ MAX_DURATION_S = 366 * 86400.0
 its milliseconds fit every timer and Redis expiry."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class EnvKey:
     """Field metadata: a flat env key (``REDIS_URL``) that sets this option for every scope.
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class OptionsRef:
     """A component's options model named by import path (``"package.module:ClassName"``).
 

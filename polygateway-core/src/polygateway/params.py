@@ -17,19 +17,18 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 from polygateway.errors import RequestRejectedError
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 
 __all__ = ["ChatParams", "body_fields", "check_params", "identity", "params_problems"]
 
 TOOL_CHOICES = ("none", "auto", "required")
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class ChatParams:
     """Generation parameters of one call (or a source's defaults); ``None`` = not set."""
 

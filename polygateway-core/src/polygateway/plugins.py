@@ -26,7 +26,7 @@ import pluggy
 
 from polygateway import __version__, builtin, hookspecs, ports
 from polygateway.errors import ConfigError, PluginError
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass, value_methods
 from polygateway.hookspecs import HOOK_KINDS, PROJECT_NAME
 from polygateway.options import OptionsRef
 from polygateway.ports import ComponentContext
@@ -93,8 +93,7 @@ _PROTOCOLS: dict[str, tuple[type, ...]] = {
 }
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Registration:
     """One registered thing: the object, the distribution that registered it, its options model
     (a class, or an ``OptionsRef`` naming one)."""
@@ -104,8 +103,7 @@ class Registration:
     options: type[BaseModel] | OptionsRef | None = None
 
 
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class PluginInfo:
     """What one plugin is and what it provides (one row of ``pgw plugins list``)."""
 
@@ -577,8 +575,7 @@ def _pip_hint(requirements: Sequence[str]) -> str:
     return "pip install " + " ".join(quoted)
 
 
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class _Found:
     """One entry point of group ``polygateway`` with its distribution's metadata, read once
     (each read parses the distribution's ``METADATA`` file)."""

@@ -7,7 +7,6 @@ in ``polygateway.testing.contracts``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -19,7 +18,7 @@ from typing import (
     runtime_checkable,
 )
 
-from polygateway.frozen import fast_frozen_init, value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.settings import Limits, ScopeSettings, SourceConfig
 from polygateway.types import (
     CallStart,
@@ -194,8 +193,7 @@ ErrorVerdict: TypeAlias = Literal["source_dead", "transient", "rejected"]
 ERROR_VERDICTS: tuple[str, ...] = ("source_dead", "transient", "rejected")
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class ErrorRule:
     """One provider's error answer and the error class it stands for, as data (D11).
 
@@ -251,8 +249,7 @@ class ErrorRule:
         return not self.messages or any(m in lowered for m in self.messages)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class ProviderProfile:
     """What differs between OpenAI-compatible providers (ARCHITECTURE D11), declared not guessed.
 
@@ -277,9 +274,7 @@ class ProviderProfile:
 # --------------------------------------------------------------------------- limiter
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class Denial:
     """A refused admission: which gate said no and how long until it may say yes."""
 
@@ -316,8 +311,7 @@ class Permit(Protocol):
         ...
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class SourceStats:
     inflight: int
     rpm_used: int
@@ -360,9 +354,7 @@ class RateLimiter(Protocol):
 GateState: TypeAlias = Literal["closed", "open", "half_open"]
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class GateDecision:
     """The answer of ``try_enter``. Write-backs quote it so stale epochs can be fenced."""
 
@@ -378,9 +370,7 @@ class GateDecision:
         return self.probe_owner is not None
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class GateUpdate:
     """The result of a write-back. ``applied=False`` means the decision was stale (fenced)."""
 
@@ -637,8 +627,7 @@ class StructuredOutputStrategy(Protocol):
 # --------------------------------------------------------------------------- assembly
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Components:
     """The parts one client is assembled from; middleware factories receive them."""
 
@@ -660,8 +649,7 @@ OptionsT = TypeVar("OptionsT", covariant=True)
 
 # No slots: ``BuildContext(...)`` instantiates through the generic alias, which records
 # ``__orig_class__`` on the instance (refused quietly by a frozen dataclass, not by slots).
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class ComponentContext(Generic[OptionsT]):
     """What a component factory gets: the resolved scope, its own options, the clock.
 

@@ -8,11 +8,11 @@ importing the loader. Secrets are held in ``Secret`` so that no repr, log line o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, Protocol, TypeAlias
 
 from polygateway.errors import ConfigError
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.params import ChatParams
 
 
@@ -66,8 +66,7 @@ TelemetryContent = Literal["full", "digest", "none"]
 """How much of prompts and answers telemetry rows keep."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Limits:
     """Concurrency / requests per minute / tokens per minute. 0 disables that gate."""
 
@@ -84,8 +83,7 @@ DEFAULT_INTER_TOKEN_TIMEOUT_S = 20.0
 ``inter_token < ttft < timeout``)."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class SourceConfig:
     """One upstream account: ``{SCOPE}__{PROVIDER}__{N}__{FIELD}`` aggregated.
 
@@ -169,8 +167,7 @@ def _fits(default: float, outer: object) -> bool:
     return isinstance(outer, int | float) and default < outer
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class RetrySettings:
     max_attempts: int = 3
     base_delay_s: float = 1.0
@@ -196,8 +193,7 @@ DEFAULT_MAX_COOLDOWN_S = 60.0
 probe a minute, fewer than a fixed 30 s cooldown would send."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class BreakerSettings:
     fail_threshold: int = 5
     cooldown_s: float = DEFAULT_COOLDOWN_S
@@ -219,8 +215,7 @@ class BreakerSettings:
         return max(DEFAULT_MAX_COOLDOWN_S, self.cooldown_s)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class BackpressureSettings:
     quota_full: Literal["wait", "fail_fast"] = "wait"
     stall_window_s: float = 300.0
@@ -242,8 +237,7 @@ loader produces), or a plain mapping (hand-built settings, or a factory register
 model; assembly validates a mapping with the model when there is one)."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class ComponentChoice:
     """A registered implementation picked by name, with its options."""
 
@@ -251,8 +245,7 @@ class ComponentChoice:
     options: ComponentOptionsValue = field(default_factory=dict)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class CacheSettings:
     backend: str = "memory"
     """Registered cache name, or ``none``."""
@@ -261,8 +254,7 @@ class CacheSettings:
     options: ComponentOptionsValue = field(default_factory=dict)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class TelemetrySettings:
     backend: str = "sqlite"
     """Registered telemetry recorder name, or ``none``; several names joined by ``,`` fan every
@@ -282,8 +274,7 @@ class TelemetrySettings:
     ``none`` (empty). Env ``PGW_TELEMETRY_CONTENT``, file ``[..telemetry].content``."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class ScopeSettings:
     """Everything needed to assemble one client for one scope (logical role)."""
 
@@ -344,8 +335,7 @@ class ScopeSettings:
         raise KeyError(name)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class GatewaySettings:
     """All scopes found in env and the pipeline file."""
 

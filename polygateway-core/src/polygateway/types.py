@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias
 
 from typing_extensions import TypeVar
 
-from polygateway.frozen import fast_frozen_init, value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.params import ChatParams
 
 if TYPE_CHECKING:
@@ -30,8 +30,7 @@ DataT = TypeVar("DataT", default=Any)
 ``Any`` for ``"json"``, ``None`` for raw text. A bare ``LLMResponse`` is ``LLMResponse[Any]``."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Usage:
     """Token usage of one call. OCR has no token billing: tokens are 0, elapsed is still set."""
 
@@ -45,8 +44,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class ToolCall:
     """One function call the model asked for (OpenAI ``tool_calls[i]``, Anthropic
     ``tool_use``). ``arguments`` is the raw JSON text as the model wrote it."""
@@ -79,8 +77,7 @@ class ToolCall:
 DeltaKind: TypeAlias = Literal["content", "thinking", "tool_call", "restart"]
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class StreamDelta:
     """One piece of a streamed answer (``GatewayClient.stream``).
 
@@ -110,9 +107,7 @@ def assistant_message(response: LLMResponse) -> dict[str, Any]:
 
 # Not slotted: ``LLMResponse[Invoice](...)`` sets ``__orig_class__`` on the instance, which a
 # slotted frozen dataclass rejects with a TypeError on Python 3.11.
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class LLMResponse(Generic[DataT]):
     """The result of one governed chat call (ARCHITECTURE §5.1).
 
@@ -150,9 +145,7 @@ class LLMResponse(Generic[DataT]):
     """The tools the model called (``finish_reason="tool_calls"``); ``content`` may be empty."""
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class TransportResult:
     """What a transport returns for one attempt, before middleware adds provenance."""
 
@@ -177,9 +170,7 @@ class TransportResult:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class ChatRequest:
     """One chat call as it travels through the middleware onion.
 
@@ -207,14 +198,12 @@ class ChatRequest:
     ``GatewayClient.chat``, kept by every derived request. Must stay the last field."""
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class TelemetryRecord:
     """One telemetry row: the 18 fields of ARCHITECTURE §7.8. One row per attempt or cache hit.
 
     No ``__slots__``: its ``__init__`` writes the row's ``__dict__`` at once
-    (``polygateway.frozen.fast_frozen_init``)."""
+    (``polygateway.frozen.frozen_dataclass``)."""
 
     call_id: str
     parent_call_id: str | None
@@ -253,9 +242,7 @@ class TelemetryRecord:
 GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class GovernanceEvent:
     """A decision the governor made during one call, besides an attempt's outcome.
 
@@ -274,9 +261,7 @@ class GovernanceEvent:
     wait_s: float = 0.0
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class CallStart:
     """What a recorder learns when one governed call starts (``SupportsCallTraces``).
 
@@ -300,8 +285,7 @@ def admitted_event(source: str, breaker_state: str, probe: bool) -> GovernanceEv
     return GovernanceEvent("admitted", source, breaker_state, probe)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class OcrTextResult:
     """``/ocr/text``: plain transcription. Empty text means "legitimately nothing found"."""
 
@@ -311,8 +295,7 @@ class OcrTextResult:
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class OcrElement:
     """One layout element in the OCR service's own page coordinates."""
 
@@ -325,8 +308,7 @@ class OcrElement:
     """Equations, and tables the service recognised as LaTeX instead of HTML."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class OcrBBoxIssue:
     """A layout element left out of ``OcrLayoutResult.elements`` because its bbox is unusable
     (not four finite numbers, ``x0 >= x1`` or ``y0 >= y1``, or outside the page beyond the
@@ -340,8 +322,7 @@ class OcrBBoxIssue:
     text: str = ""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class OcrLayoutResult:
     """``/parse``: structured elements with native bboxes and page sizes.
 
@@ -362,8 +343,7 @@ class OcrLayoutResult:
         return self.page_sizes[0] if self.page_sizes else None
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class EmbeddingTransportResult:
     """One embedding batch as returned by a transport (vectors ordered by input index)."""
 
@@ -375,8 +355,7 @@ class EmbeddingTransportResult:
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class EmbeddingResponse:
     """All batches of one ``EmbeddingClient.embed`` call merged (M2 §7.2)."""
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from polygateway.config.guards import NameRegistry
 from polygateway.config.merge import Layer, Resolved, get_path, resolve_layers, with_env_refs
 from polygateway.config.models import Loc
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass, value_methods
 from polygateway.settings import ScopeSettings, TelemetrySettings
 
 if TYPE_CHECKING:
@@ -56,8 +56,7 @@ class ConfigRegistry(OptionsRegistry, NameRegistry, Protocol):
     """What ``load_settings(registry=...)`` needs: names (checked) and options models."""
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Slot:
     """Where a scope picks a component of one kind, and where its options live."""
 
@@ -82,8 +81,7 @@ SLOTS: tuple[Slot, ...] = (
 )
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Picked:
     """One component a scope picks: kind, name, where its options live, what picked it."""
 

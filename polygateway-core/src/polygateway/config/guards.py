@@ -21,11 +21,11 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from polygateway.config.kinds import CHAT_CALLS, CallKind
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.settings import GatewaySettings, ScopeSettings, SourceConfig
 
 NO_BACKEND = "none"
@@ -64,8 +64,7 @@ def middleware_key(scope: str) -> str:
     return f"[scopes.{scope}].middleware"
 
 
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class WrittenKeys:
     """The keys the user actually wrote, when the loader knows them: problems then name
     ``LLM_TTFT_TIMEOUT`` or ``pgw.toml:[...].ttft_timeout_s`` rather than a spelling the user

@@ -9,18 +9,17 @@ options that may be written as source fields (``OCR__MONKEY__1__MODE=split`` for
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Final
 
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.transports.engine_options import ENGINE_SOURCE_FIELDS
 
 if TYPE_CHECKING:
     from polygateway.settings import ScopeSettings
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class CallKind:
     transport_kind: str = "transport"
     """The registry kind of the call kind's transports."""

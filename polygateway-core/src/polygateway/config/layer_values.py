@@ -17,11 +17,10 @@ import copy
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.options import (
     MAX_COUNT,
     MAX_DURATION_S,
@@ -39,8 +38,7 @@ class Unsure(Exception):
 Read = Callable[[Any], Any]
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class LayerSpec:
     """The fields of one layer model, in its field order, each with its plain reader; ``model``
     names the pydantic model (in ``layer_models``) that defines it."""

@@ -9,10 +9,9 @@ means, when to try again) is the governor's.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-from polygateway.frozen import fast_frozen_init, value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.settings import SourceConfig
 from polygateway.types import GovernanceEvent
 
@@ -22,8 +21,7 @@ T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class Attempted(Generic[T]):
     """The result of one successful attempt.
 
@@ -45,9 +43,7 @@ the call is decided by the governor. It must let ``asyncio.CancelledError`` thro
 """
 
 
-@fast_frozen_init
-@value_methods
-@dataclass(frozen=True, repr=False, eq=False)
+@frozen_dataclass
 class Outcome(Generic[T]):
     """What one governed call produced: the value of its successful attempt and where from."""
 

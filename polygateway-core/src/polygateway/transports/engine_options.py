@@ -11,12 +11,11 @@ Durations take the forms of every other duration of the configuration (``15``, `
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
 from polygateway.errors import ConfigError
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.options import MAX_COUNT, MAX_DURATION_S, parse_duration, parse_int
 
 ENGINE_SOURCE_FIELDS: Final[Mapping[str, str]] = MappingProxyType(
@@ -73,8 +72,7 @@ _READERS: Final[Mapping[str, Callable[[object], object]]] = MappingProxyType(
 )
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class EngineOptions:
     """What a source's options say of its engine's pool and reads."""
 

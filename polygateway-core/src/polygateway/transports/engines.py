@@ -35,11 +35,11 @@ import asyncio
 import importlib
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from polygateway.errors import ConfigError, ResponseClosedError, TransientError
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.transports.errors import sanitize_message, wire_error
 
 ENGINE_NAMES: tuple[str, ...] = ("httptools", "aiohttp", "httpx", "httpx-aiohttp", "httpx2")
@@ -64,8 +64,7 @@ def default_engine(*, trust_env: bool) -> str:
     return PROXY_ENGINE if trust_env else DEFAULT_ENGINE
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class EngineConfig:
     """Per-source client settings (from ``SourceConfig`` and its ``options``)."""
 

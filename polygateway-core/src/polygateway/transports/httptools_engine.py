@@ -32,13 +32,13 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from urllib.parse import unquote, urlsplit
 
 import httptools
 
 from polygateway.errors import ConfigError, SourceDeadError, TransientError
-from polygateway.frozen import value_methods
+from polygateway.frozen import frozen_dataclass
 from polygateway.transports.engines import BodyReader, EngineConfig, EngineResponse
 from polygateway.transports.errors import sanitize_message, wire_error
 
@@ -382,8 +382,7 @@ def _wire_error(exc: Exception, config: EngineConfig) -> TransientError:
     )
 
 
-@value_methods
-@dataclass(frozen=True, slots=True, repr=False, eq=False)
+@frozen_dataclass(slots=True)
 class _Target:
     """What one URL resolves to, worked out once per URL."""
 
