@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from polygateway.errors import ConfigError, TransientError
+from polygateway.errors import ConfigError, SourceDeadError, TransientError
 from polygateway.settings import Secret, SourceConfig
 from polygateway.testing import FakeUpstream, Reply
 from polygateway.testing.contracts.transport import MESSAGES, wait_until
@@ -501,13 +501,13 @@ async def test_tls_verifies_the_certificate_by_default(tls_upstream: int, engine
 async def test_tls_with_a_trusted_certificate_streams_and_checks_the_host_name(
     tls_upstream: int, certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The engine's default context, made with the engine, trusts what this names (aiohttp
+    # The engine's default context, begun with the engine, trusts what this names (aiohttp
     # builds its context when imported, so it cannot be shown the same way).
     monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
     source = source_at(f"https://localhost:{tls_upstream}/v1")
     transport = OpenAICompatTransport(source)
-    # Made already, off the event loop: what the store holds from now on is not read again
-    # (a context made at the first connection would trust nothing here).
+    # The store named when the engine was made is the one read, in its thread, whenever that
+    # runs (a context made at the first connection would trust nothing here).
     monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0].with_name("absent.pem")))
     try:
         streamed = await transport.send(chat(), source, call_id="c")
@@ -564,14 +564,60 @@ async def test_a_large_body_is_written_as_it_is_never_joined_to_its_head(size: i
         assert len(transport.writes) == 1
 
 
+@needs_openssl
 def test_one_tls_context_serves_every_engine_of_a_ca_store(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, certificate: tuple[Path, Path]
 ) -> None:
     # Made once per CA store, not once per https source (each costs a read of the whole store).
     first = httptools_engine.tls_context()
     assert httptools_engine.tls_context() is first
-    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
-    other = tmp_path / "other.pem"
-    other.write_text("")  # a store of its own (empty: it trusts nothing)
-    monkeypatch.setenv("SSL_CERT_FILE", str(other))
-    assert httptools_engine.tls_context() is not first  # another store, its own context
+    context = first.result(timeout=60)  # made in a thread of its own
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))  # a store of its own
+    other = httptools_engine.tls_context()
+    assert other is not first and other.result(timeout=60) is not context
+    assert [cert["subject"] for cert in other.result().get_ca_certs()] == [
+        ((("commonName", "localhost"),),)
+    ]
+
+
+@needs_openssl
+async def test_a_call_that_stops_waiting_leaves_the_shared_context_to_be_made(
+    certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    store = tmp_path / "store.pem"  # a store of its own: its context is only now begun
+    store.write_bytes(certificate[0].read_bytes())
+    made = httptools_engine.tls_context_of(str(store), None)
+    waiting = asyncio.wrap_future(made)
+    waiting.cancel()  # a cancelled call: what it waited on is every engine's
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not made.cancelled()
+    assert isinstance(made.result(timeout=60), ssl.SSLContext)
+    assert httptools_engine.tls_context_of(str(store), None) is made
+
+
+@needs_openssl
+async def test_a_ca_store_that_cannot_be_read_fails_the_https_calls_not_the_build(
+    tls_upstream: int,
+    certificate: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    broken = tmp_path / "broken.pem"
+    broken.write_text("not a certificate\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(broken))
+    source = source_at(f"https://localhost:{tls_upstream}/v1")
+    transport = OpenAICompatTransport(source)  # the store is read in a thread: no error yet
+    try:
+        for _ in range(2):  # every call says so, not only the first
+            with pytest.raises(SourceDeadError) as caught:
+                await transport.send(chat(), source, call_id="c")
+            text = str(caught.value)
+            assert "no TLS context could be made" in text and str(broken) in text
+            assert caught.value.source_name == "ht" and caught.value.__cause__ is None
+        # Repaired, the same engine reads the store again at its next connection.
+        monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
+        assert (await transport.send(chat(), source, call_id="c")).content == "over tls"
+    finally:
+        await transport.aclose()

@@ -3,10 +3,10 @@
 The default engine (``engines.DEFAULT_ENGINE``). It does only what the transport asks of an
 engine: ``POST`` with a ``Content-Length`` body, responses with ``Content-Length``, chunked or
 ended by the server closing the connection, decoded (gzip, deflate) and capped by the shared
-``BodyReader``. Plain TCP or TLS through asyncio (``ssl.create_default_context()``, made with the
-engine for an ``https`` source, off the event loop: certificates and host names verified;
-``server_hostname`` is the URL's host). No proxies (``trust_env`` is
-refused), no redirects, no HTTP/2.
+``BodyReader``. Plain TCP or TLS through asyncio (``ssl.create_default_context()`` of the CA
+store, begun in a thread of its own when the engine of an ``https`` source is made and awaited
+at the first TLS connection: certificates and host names verified; ``server_hostname`` is the
+URL's host). No proxies (``trust_env`` is refused), no redirects, no HTTP/2.
 
 Connections are pooled per (scheme, host, port) with keep-alive: a response read to its end goes
 back to the pool unless the server said ``Connection: close``; an idle connection older than
@@ -19,9 +19,10 @@ values of ``Transfer-Encoding``, ``Connection`` and ``Content-Encoding`` are com
 case-insensitively (RFC 9110 sec. 5.1, 7.6.1, 8.4; RFC 9112 sec. 6.1): a chunked body the server
 ends by closing the connection before its last chunk is a ``TransientError``, whatever its
 spelling. Errors are the other engines' classes: connection, TLS, parse and read failures
-``TransientError(reason="network_error")``, timeouts ``reason="timeout"``, an unusable URL
-``SourceDeadError``; a response closed before its end, or a call cancelled anywhere, aborts its
-connection, which never returns to the pool."""
+``TransientError(reason="network_error")``, timeouts ``reason="timeout"``, an unusable URL or a
+TLS context that could not be made from the CA store ``SourceDeadError``; a response closed
+before its end, or a call cancelled anywhere, aborts its connection, which never returns to the
+pool."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ import asyncio
 import base64
 import functools
 import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import field
 from urllib.parse import unquote, urlsplit
 
@@ -59,19 +62,49 @@ _MAX_TARGETS = 256
 vary per call, by their query, would otherwise grow it without end)."""
 
 
-def tls_context() -> ssl.SSLContext:
+def tls_context() -> Future[ssl.SSLContext]:
     """The verifying client context (``ssl.create_default_context()``) of the CA store OpenSSL
     would read now (``ssl.get_default_verify_paths()``: ``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
-    else its defaults): one per store, shared by every engine, as aiohttp shares the one it
-    makes at import. Nothing changes a context after it is made."""
+    else its defaults), being made in a thread of its own: one per store, shared by every
+    engine, as aiohttp shares the one it makes at import. Nothing changes a context after it
+    is made; a store that could not be read is tried again by the next caller.
+
+    Reading the store takes about a quarter of a billion instructions (OpenSSL 3), about
+    100 ms: in a thread it is off the event loop, and off the start-up's path until the first
+    TLS connection. CPython releases the GIL while OpenSSL loads verify locations (since
+    3.11.0, gh-94637)."""
     paths = ssl.get_default_verify_paths()
-    return _tls_context_for(paths.cafile, paths.capath)
+    return tls_context_of(paths.cafile, paths.capath)
+
+
+def tls_context_of(cafile: str | None, capath: str | None) -> Future[ssl.SSLContext]:
+    """``tls_context()`` of the CA store named (``ssl.get_default_verify_paths()``'s parts)."""
+    made = _tls_context_for(cafile, capath)
+    if made.done() and made.exception() is not None:
+        _tls_context_for.cache_clear()  # only the callers holding it see that failure
+    return made
 
 
 @functools.lru_cache(maxsize=4)
-def _tls_context_for(cafile: str | None, capath: str | None) -> ssl.SSLContext:
-    # The arguments are the cache key only: the context reads the same store itself.
-    return ssl.create_default_context()
+def _tls_context_for(cafile: str | None, capath: str | None) -> Future[ssl.SSLContext]:
+    made: Future[ssl.SSLContext] = Future()
+    # Running from now on: a caller that stops waiting (a cancelled call) cannot cancel it.
+    made.set_running_or_notify_cancel()
+
+    def make() -> None:
+        try:
+            # The store of the cache key, named: the environment may change before this runs.
+            context = ssl.create_default_context(cafile=cafile, capath=capath)
+        except BaseException as exc:  # noqa: BLE001 - kept for the first TLS connection
+            made.set_exception(exc)
+        else:
+            made.set_result(context)
+
+    try:
+        threading.Thread(target=make, name="polygateway-tls-context").start()
+    except RuntimeError as exc:  # no thread to be had (interpreter exit, resource limits)
+        made.set_exception(exc)
+    return made
 
 
 def _is_chunked(transfer_encoding: str) -> bool:
@@ -495,11 +528,14 @@ class HttptoolsEngine:
         self._busy: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._permits: asyncio.Semaphore | None = None
-        # Made with the engine, when the client is built: reading the CA store takes about a
-        # quarter of a billion instructions (OpenSSL 3), which at the first https connection
-        # would stall every call in flight. One context serves every engine that reads the
-        # same CA store (``tls_context``).
-        self._ssl: ssl.SSLContext | None = None if config.plain_http else tls_context()
+        # Begun with the engine, when the client is built, in a thread (``tls_context``): made
+        # at the first https connection on the event loop, the CA store's read would stall
+        # every call in flight. One context serves every engine that reads the same store.
+        self._tls: Future[ssl.SSLContext] | None = None
+        self._ca_store = ""
+        self._ssl: ssl.SSLContext | None = None
+        if not config.plain_http:
+            self._tls = self._begin_tls()
 
     @property
     def idle_connections(self) -> int:
@@ -569,10 +605,42 @@ class HttptoolsEngine:
         limit = self._config.max_connections
         self._permits = asyncio.Semaphore(limit) if limit > 0 else None
 
-    def _ssl_context(self) -> ssl.SSLContext:
-        if self._ssl is None:  # an https URL on an engine configured for plain http
-            self._ssl = tls_context()
-        return self._ssl
+    async def _ssl_context(self) -> ssl.SSLContext:
+        """The TLS context, waiting (off the event loop) for the thread making it if it has
+        not finished yet; a context that could not be made is a ``SourceDeadError``."""
+        context = self._ssl
+        if context is not None:
+            return context
+        made = self._tls
+        if made is None:  # an https URL on an engine configured for plain http, or a retry
+            made = self._tls = self._begin_tls()
+        try:
+            context = made.result() if made.done() else await asyncio.wrap_future(made)
+        except Exception as exc:  # noqa: BLE001 - whatever OpenSSL raised, the source's error
+            self._tls = None  # the next connection asks for the store again
+            error = self._tls_error(exc)
+        else:
+            self._ssl = context
+            return context
+        raise error  # outside the handler: no OpenSSL exception in the chain
+
+    def _begin_tls(self) -> Future[ssl.SSLContext]:
+        """The context of the CA store OpenSSL would read now, remembered by name for an
+        error message."""
+        paths = ssl.get_default_verify_paths()
+        self._ca_store = " and ".join(p for p in (paths.cafile, paths.capath) if p) or "none"
+        return tls_context_of(paths.cafile, paths.capath)
+
+    def _tls_error(self, exc: Exception) -> SourceDeadError:
+        config = self._config
+        return SourceDeadError(
+            sanitize_message(
+                f"source {config.source_name!r}: no TLS context could be made from the CA "
+                f"store ({self._ca_store}): {type(exc).__name__}: {exc}",
+                config.secret,
+            ),
+            source_name=config.source_name,
+        )
 
     # ------------------------------------------------------------------ pool
 
@@ -591,7 +659,7 @@ class HttptoolsEngine:
             lambda: _Connection(loop),
             target.host,
             target.port,
-            ssl=self._ssl_context() if target.tls else None,
+            ssl=await self._ssl_context() if target.tls else None,
             server_hostname=target.host if target.tls else None,
         )
         return connection
