@@ -134,13 +134,18 @@ def build_ops(rng: random.Random, scenario: Scenario, ids: list[str]) -> list[Op
 
 
 async def run_as_batch(redis: Any, ops: list[Op]) -> list[Any]:
+    """One BATCH call: per operation its code, its arguments and where its keys start; each
+    group of keys once."""
     keys: list[str] = []
     args: list[str] = []
     for op in ops:
-        op_keys = op.keys + op.acquire_keys
-        op_args = op.args + op.acquire_args
-        keys += op_keys
-        args += [str(op.code), str(len(op_keys)), str(len(op_args)), *op_args]
+        op_keys = list(op.keys + op.acquire_keys)
+        start = next(
+            (i for i in range(len(keys)) if keys[i : i + len(op_keys)] == op_keys), len(keys)
+        )
+        if start == len(keys):
+            keys += op_keys
+        args += [str(op.code), *op.args, *op.acquire_args, str(start)]
     return list(await _run(redis, BATCH, keys, args))
 
 

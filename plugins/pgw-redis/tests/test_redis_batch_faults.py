@@ -18,7 +18,7 @@ import pytest
 from pgw_redis.breaker import RedisGate
 from pgw_redis.connection import ScriptCall, ScriptClient, connect
 from pgw_redis.limiter import MAX_BATCH_ACCOUNTING, MAX_BATCH_ADMISSIONS, RedisLimiter
-from pgw_redis.scripts import BATCH
+from pgw_redis.scripts import BATCH, BATCH_ARG_COUNTS
 from pgw_redis_test_helpers import RedisServer, wait_until
 from polygateway.errors import GovernanceBackendError
 from polygateway.ports import Denial, Permit
@@ -65,11 +65,11 @@ async def _connected_clients(admin: Any) -> int:
 
 
 def _operations(call: ScriptCall) -> int:
-    """Operations in one call of the BATCH script (each: code, key count, argument count,
-    then its arguments)."""
+    """Operations in one call of the BATCH script (each: code, its arguments, where its keys
+    start)."""
     args, count, at = call.args, 0, 0
     while at < len(args):
-        at += 3 + int(args[at + 2])
+        at += 2 + BATCH_ARG_COUNTS[int(args[at])]
         count += 1
     return count
 

@@ -108,7 +108,7 @@ from pgw_redis.connection import (
     bulk,
 )
 from pgw_redis.keys import LimiterKeys, SourceKeys, new_lease_id
-from pgw_redis.scripts import BATCH, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
+from pgw_redis.scripts import BATCH, BATCH_ARG_COUNTS, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
 
 if TYPE_CHECKING:
     from pgw_redis.breaker import RedisGate
@@ -180,43 +180,55 @@ argument count and its arguments, the BATCH script's three of each operation (co
 argument count) included."""
 
 
-def _head(code: int, key_count: int, arg_count: int) -> bytes:
-    """The three arguments in front of an operation's own in the BATCH script."""
-    return bulk(code) + bulk(key_count) + bulk(arg_count)
-
-
-# Operations of the BATCH script: code, keys, arguments (see scripts.BATCH).
+# Operations of the BATCH script: code, keys, arguments (see scripts.BATCH). An operation's
+# arguments are its code and its script's own; _batch_call appends where its keys start.
 _ACQUIRE_KEYS: Final = 9
-_ACQUIRE_ARGS: Final = 3 + 10
-_ACQUIRE_HEAD: Final = _head(1, _ACQUIRE_KEYS, 10)
+_ACQUIRE_ARGS: Final = 1 + BATCH_ARG_COUNTS[1]
+_ACQUIRE_HEAD: Final = bulk(1)
 _GATE_ACQUIRE_KEYS: Final = 1 + _ACQUIRE_KEYS
-_GATE_ACQUIRE_ARGS: Final = 3 + 3 + 10
-_GATE_ACQUIRE_HEAD: Final = _head(6, _GATE_ACQUIRE_KEYS, 3 + 10)
+_GATE_ACQUIRE_ARGS: Final = 1 + BATCH_ARG_COUNTS[6]
+_GATE_ACQUIRE_HEAD: Final = bulk(6)
 _RELEASE_KEYS: Final = 9
-_RELEASE_ARGS: Final = 3 + 6
-_RELEASE_HEAD: Final = _head(2, _RELEASE_KEYS, 6)
+_RELEASE_ARGS: Final = 1 + BATCH_ARG_COUNTS[2]
+_RELEASE_HEAD: Final = bulk(2)
 _SETTLE_KEYS: Final = 3
-_SETTLE_ARGS: Final = 3 + 3
-_SETTLE_HEAD: Final = _head(3, _SETTLE_KEYS, 3)
-_PROGRESS_HEAD: Final = _head(4, 1, 0)
+_SETTLE_ARGS: Final = 1 + BATCH_ARG_COUNTS[3]
+_SETTLE_HEAD: Final = bulk(3)
+_PROGRESS_HEAD: Final = bulk(4)
+_KEY_OFFSETS: Final = tuple(bulk(n) for n in range(1024))
+"""Where an operation's keys start, encoded once (a batch's distinct keys stay far below)."""
 _TRUE: Final = bulk(1)
 _FALSE: Final = bulk(0)
 
-_key_count = itemgetter(0)
-_keys = itemgetter(1)
 _arg_count = itemgetter(2)
-_args = itemgetter(3)
 _op_of = attrgetter("op")
 
 
 def _batch_call(ops: Sequence[_Op]) -> PackedCall:
-    """Every operation of ``ops`` as one call of the BATCH script (they run in order)."""
+    """Every operation of ``ops`` as one call of the BATCH script (they run in order).
+
+    Operations on the same keys (one source's, in one window: the same encoded bytes) send
+    them once, and each operation says where its keys start: the server converts every
+    argument it receives, so ten keys repeated by each operation cost it more than the
+    operation's own work."""
+    offsets: dict[bytes, bytes] = {}
+    key_count = 0
+    args: list[bytes] = []
+    for op_key_count, op_keys, _op_arg_count, op_args in ops:
+        offset = offsets.get(op_keys)
+        if offset is None:
+            offset = offsets[op_keys] = (
+                _KEY_OFFSETS[key_count] if key_count < len(_KEY_OFFSETS) else bulk(key_count)
+            )
+            key_count += op_key_count
+        args.append(op_args)
+        args.append(offset)
     return PackedCall(
         BATCH,
-        sum(map(_key_count, ops)),
-        b"".join(map(_keys, ops)),
-        sum(map(_arg_count, ops)),
-        b"".join(map(_args, ops)),
+        key_count,
+        b"".join(offsets),
+        sum(map(_arg_count, ops)) + len(ops),
+        b"".join(args),
     )
 
 
@@ -478,7 +490,7 @@ class RedisLimiter:
         self._made_keys_window = -1
         self._fixed_args = (self._lease_ttl_ms, global_limits)
         self._lease_ttl_arg = bulk(self._lease_ttl_ms)
-        self._progress_op: _Op = (1, bulk(self._keys.progress), 3, _PROGRESS_HEAD)
+        self._progress_op: _Op = (1, bulk(self._keys.progress), 1, _PROGRESS_HEAD)
         self._progress_pending = False
         self._flush_tasks: set[asyncio.Task[None]] = set()
         self._forming: asyncio.Task[None] | None = None

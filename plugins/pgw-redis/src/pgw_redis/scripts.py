@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 _PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
-local function int(n) return string.format('%d', n) end
 local GATE_FIELDS = {'state', 'epoch', 'failures', 'open_until', 'probe_until', 'probe_owner',
                      'abandoned_owner'}
 """
@@ -42,7 +41,7 @@ local function hold_update(key, duration)
   local previous = hold_ms(key)
   local value = duration
   if previous then value = previous + 0.2 * (duration - previous) end
-  hold_set(key, int(value))
+  hold_set(key, math.floor(value))
 end
 """
 
@@ -50,6 +49,8 @@ _DIRECT = (
     _PRELUDE
     + """
 -- The helpers as plain commands: one operation per script.
+local function int(n) return string.format('%d', n) end
+local num = tonumber
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), tonumber(t[1])
@@ -77,7 +78,7 @@ local function abandoned_add(key, now, id, ttl_ms)
 end
 -- Typical hold times (ms, moving average), and the lease ids whose TPM delta was applied.
 local function hold_ms(key) return tonumber(redis.call('GET', key)) end
-local function hold_set(key, value) redis.call('SET', key, value, 'EX', '3600') end
+local function hold_set(key, value) redis.call('SET', key, int(value), 'EX', '3600') end
 local function settled_add(key, id, window_end)
   if redis.call('SADD', key, id) == 0 then return false end
   redis.call('EXPIREAT', key, window_end)
@@ -96,6 +97,26 @@ _BATCHED = (
 -- The helpers with the batch's memory. Reads are made once per key and kept up to date by the
 -- batch's own writes; counter increments, expiries, hold times and progress marks are applied
 -- by flush() at the end, once per key, with the values the last of the operations left.
+-- Numbers and their decimal strings, converted once per batch (a conversion costs as much as
+-- a command): the operations' limits, TTLs and times are mostly the same few values.
+local nums, ints = {}, {}
+local function num(s)
+  if s == nil then return nil end
+  local n = nums[s]
+  if n == nil then
+    n = tonumber(s)
+    if n ~= nil then nums[s] = n end
+  end
+  return n
+end
+local function int(n)
+  local s = ints[n]
+  if s == nil then
+    s = string.format('%d', n)
+    ints[n] = s
+  end
+  return s
+end
 local clock_ms, clock_s
 local function now_ms()
   if not clock_ms then
@@ -122,7 +143,7 @@ local function counter(key)
   return n + (count_adds[key] or 0)
 end
 local function counter_add(key, n)
-  count_adds[key] = (count_adds[key] or 0) + tonumber(n)
+  count_adds[key] = (count_adds[key] or 0) + num(n)
   keep(count_order, count_seen, key)
 end
 
@@ -146,7 +167,7 @@ local function lease_add(key, expires, id, ttl_ms)
   if redis.call('ZADD', key, expires, id) == 1 and cards[key] then
     cards[key] = cards[key] + 1
   end
-  local ttl = tonumber(ttl_ms)
+  local ttl = num(ttl_ms)
   if (lease_ttls[key] or -1) < ttl then lease_ttls[key] = ttl end
   keep(lease_order, lease_seen, key)
 end
@@ -167,12 +188,12 @@ local function abandoned_has(key, id)
 end
 local function abandoned_add(key, now, id, ttl_ms)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  redis.call('ZADD', key, int(now + tonumber(ttl_ms)), id)
+  redis.call('ZADD', key, int(now + num(ttl_ms)), id)
   redis.call('PEXPIRE', key, ttl_ms)
   abandoned_present[key] = true
 end
 
-local holds, hold_values, hold_order, hold_seen = {}, {}, {}, {}
+local holds, hold_order, hold_seen = {}, {}, {}
 local function hold_ms(key)
   local h = holds[key]
   if h == nil then
@@ -182,15 +203,14 @@ local function hold_ms(key)
   return h or nil
 end
 local function hold_set(key, value)
-  holds[key] = tonumber(value)
-  hold_values[key] = value
+  holds[key] = value
   keep(hold_order, hold_seen, key)
 end
 
 local settled_ends, settled_order, settled_seen = {}, {}, {}
 local function settled_add(key, id, window_end)
   if redis.call('SADD', key, id) == 0 then return false end
-  local at = tonumber(window_end)
+  local at = num(window_end)
   if (settled_ends[key] or -1) < at then settled_ends[key] = at end
   keep(settled_order, settled_seen, key)
   return true
@@ -219,7 +239,7 @@ local function flush()
     redis.call('EXPIRE', key, '120')
   end
   for _, key in ipairs(lease_order) do redis.call('PEXPIRE', key, int(lease_ttls[key])) end
-  for _, key in ipairs(hold_order) do redis.call('SET', key, hold_values[key], 'EX', '3600') end
+  for _, key in ipairs(hold_order) do redis.call('SET', key, int(holds[key]), 'EX', '3600') end
   for _, key in ipairs(settled_order) do redis.call('EXPIREAT', key, int(settled_ends[key])) end
   for _, key in ipairs(mark_order) do redis.call('SET', key, marks[key], 'EX', '3600') end
 end
@@ -260,9 +280,9 @@ _ACQUIRE_BODY = """
 --        {-2, now}           the caller gave this lease id up before the script ran
 local now, sec = now_ms()
 local window = math.floor(sec / 60)
-if window ~= tonumber(ARGV[1]) then return {-1, now} end
+if window ~= num(ARGV[1]) then return {-1, now} end
 local window_left = (window + 1) * 60000 - now
-local est = tonumber(ARGV[3])
+local est = num(ARGV[3])
 -- Running twice for one lease id (a command re-sent after a lost reply) admits once.
 if redis.call('ZSCORE', KEYS[1], ARGV[2]) then return {1, now} end
 -- A caller cancelled after sending may have had its compensation run first: never admit it.
@@ -283,24 +303,24 @@ local function lease_wait(key, hold_key)
   if hold then estimate = math.max(10, hold) end
   return math.max(0, math.min(expiry_in, estimate))
 end
-local limit = tonumber(ARGV[5])
+local limit = num(ARGV[5])
 if limit > 0 and lease_count(KEYS[1]) >= limit then
   return {0, 1, lease_wait(KEYS[1], KEYS[8])}
 end
-limit = tonumber(ARGV[6])
+limit = num(ARGV[6])
 if limit > 0 and lease_count(KEYS[2]) >= limit then
   return {0, 2, lease_wait(KEYS[2], KEYS[9])}
 end
-limit = tonumber(ARGV[7])
+limit = num(ARGV[7])
 if limit > 0 and counter(KEYS[3]) >= limit then return {0, 3, window_left} end
-limit = tonumber(ARGV[8])
+limit = num(ARGV[8])
 if limit > 0 and counter(KEYS[4]) >= limit then return {0, 4, window_left} end
-limit = tonumber(ARGV[9])
+limit = num(ARGV[9])
 if limit > 0 and counter(KEYS[5]) + est > limit then return {0, 5, window_left} end
-limit = tonumber(ARGV[10])
+limit = num(ARGV[10])
 if limit > 0 and counter(KEYS[6]) + est > limit then return {0, 6, window_left} end
 
-local expires = int(now + tonumber(ARGV[4]))
+local expires = int(now + num(ARGV[4]))
 lease_add(KEYS[1], expires, ARGV[2], ARGV[4])
 lease_add(KEYS[2], expires, ARGV[2], ARGV[4])
 counter_add(KEYS[3], 1)
@@ -326,14 +346,15 @@ local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local held = lease_remove(KEYS[1], ARGV[1])
 lease_remove(KEYS[2], ARGV[1])
 local released_at = now_ms()
-if held == 1 and expiry and tonumber(expiry) > released_at then
+expiry = num(expiry)
+if held == 1 and expiry and expiry > released_at then
   -- How long the lease was held feeds the concurrency gates' wait hints; an expired lease
   -- says nothing about how long calls take.
-  local duration = math.max(0, released_at - (tonumber(expiry) - tonumber(ARGV[5])))
+  local duration = math.max(0, released_at - (expiry - num(ARGV[5])))
   hold_update(KEYS[8], duration)
   hold_update(KEYS[9], duration)
 end
-local delta = tonumber(ARGV[2])
+local delta = num(ARGV[2])
 if delta ~= 0 and (ARGV[3] == '0' or held == 1) and settled_add(KEYS[7], ARGV[1], ARGV[6]) then
   counter_add(KEYS[3], delta)
   counter_add(KEYS[4], delta)
@@ -412,8 +433,8 @@ return age
 _GATE_STATE = """
 local F = gate_fields(KEYS[1])
 local state = F[1] or 'closed'
-local epoch = tonumber(F[2]) or 0
-local failures = tonumber(F[3]) or 0
+local epoch = num(F[2]) or 0
+local failures = num(F[3]) or 0
 local owner = F[6] or ''
 """
 _GATE_PRELUDE = _DIRECT + _GATE_STATE
@@ -460,17 +481,17 @@ end
 if F[7] == ARGV[1] then return {0, state, epoch, failures, '', 0} end
 local now = now_ms()
 if state == 'open' then
-  local open_until = tonumber(F[4]) or 0
+  local open_until = num(F[4]) or 0
   if now < open_until then return {0, 'open', epoch, failures, '', open_until - now} end
 else
-  local probe_until = tonumber(F[5]) or 0
+  local probe_until = num(F[5]) or 0
   if owner ~= '' and now < probe_until then
     return {0, 'half_open', epoch, failures, '', probe_until - now}
   end
 end
 -- Cooldown over, or the probe lease is free or lapsed: this caller is the probe.
 redis.call('HSET', KEYS[1], 'state', 'half_open', 'probe_owner', ARGV[1],
-           'probe_until', int(now + tonumber(ARGV[2])))
+           'probe_until', int(now + num(ARGV[2])))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 gate_changed(KEYS[1])
 return {1, 'half_open', epoch, failures, ARGV[1], 0}
@@ -600,6 +621,12 @@ return shortest
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
 
 
+BATCH_ARG_COUNTS: dict[int, int] = {1: 10, 2: 6, 3: 3, 4: 0, 5: 3, 6: 13}
+"""The BATCH script's operation codes and how many arguments of its own each takes (those of
+the script it runs: acquire, release, settle, progress mark, gate_try_enter, and gate_try_enter
+then acquire)."""
+
+
 def _op(name: str, body: str) -> str:
     """A script's body as a function of the BATCH script, run on its slice of the batch's
     ``KEYS`` and ``ARGV``: ``KEYS[n]`` reads ``KEYS[K + n]`` and ``ARGV[n]`` ``ARGV[A + n]``,
@@ -630,17 +657,23 @@ end
 
 -- Several operations in one script call, in order (accounting first, then admissions).
 -- ARGV: per operation its code (1 acquire, 2 release, 3 settle, 4 progress mark,
--- 5 gate_try_enter, 6 gate_acquire), its key count, its argument count, then its arguments;
--- KEYS: every operation's keys, in the same order. Reply: one entry per operation.
-local ops = {acquire, release, settle, progress_mark, gate_try_enter, gate_acquire}
-local out = {}
+-- 5 gate_try_enter, 6 gate_acquire), its arguments (as many as the script of its own takes),
+-- then where its keys start in KEYS (0-based). KEYS: each group of keys once: operations on
+-- the same keys (one source's, in one window) share them. Reply: one entry per operation.
+local ops = {['1'] = acquire, ['2'] = release, ['3'] = settle, ['4'] = progress_mark,
+             ['5'] = gate_try_enter, ['6'] = gate_acquire}
+"""
+    + "local arg_counts = {"
+    + ", ".join(f"['{code}'] = {count}" for code, count in BATCH_ARG_COUNTS.items())
+    + "}\n"
+    + """local out = {}
 local function run_all()
-  local k, a, last = 0, 0, #ARGV
+  local a, last = 0, #ARGV
   while a < last do
-    local code, nk, na = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    out[#out + 1] = ops[code](k, a + 3)
-    k = k + nk
-    a = a + 3 + na
+    local code = ARGV[a + 1]
+    local na = arg_counts[code]
+    out[#out + 1] = ops[code](num(ARGV[a + na + 2]), a + 1)
+    a = a + na + 2
   end
 end
 -- The deferred writes land even when an operation fails: what the operations before it
