@@ -13,7 +13,6 @@ so a bad factory fails at startup with a ``PluginError`` naming the plugin.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import inspect
 import logging
 import re
@@ -28,6 +27,7 @@ from polygateway import __version__, builtin, hookspecs, ports
 from polygateway.errors import ConfigError, PluginError
 from polygateway.frozen import frozen_dataclass, value_methods
 from polygateway.hookspecs import HOOK_KINDS, PROJECT_NAME
+from polygateway.installed import FoundEntryPoint, Installed, scan
 from polygateway.options import OptionsRef
 from polygateway.ports import ComponentContext
 
@@ -529,17 +529,18 @@ class _Candidate:
         )
 
 
-def _distribution_version(dist: str, fallback: str) -> str:
+def _distribution_version(installed: Installed, dist: str, fallback: str) -> str:
     try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
+        version = installed.version(dist)
+    except LookupError:
         return fallback
+    return fallback if version is None else version
 
 
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def _missing_requirements(requirements: Iterable[str]) -> list[str]:
+def _missing_requirements(installed: Installed, requirements: Iterable[str]) -> list[str]:
     """The declared dependencies (``Requires-Dist`` lines) that are not installed
     (unconditional ones only: a requirement with an environment marker or an extra is not
     judged here).
@@ -552,9 +553,7 @@ def _missing_requirements(requirements: Iterable[str]) -> list[str]:
         match = _REQUIREMENT.match(requirement)
         if match is None or ";" in requirement:
             continue
-        try:
-            importlib.metadata.distribution(match.group(1))
-        except importlib.metadata.PackageNotFoundError:
+        if not installed.has(match.group(1)):
             missing.append(requirement.strip())
     return missing
 
@@ -575,44 +574,21 @@ def _pip_hint(requirements: Sequence[str]) -> str:
     return "pip install " + " ".join(quoted)
 
 
-@frozen_dataclass
-class _Found:
-    """One entry point of group ``polygateway`` with its distribution's metadata, read once
-    (each read parses the distribution's ``METADATA`` file)."""
-
-    entry_point: importlib.metadata.EntryPoint
-    dist: str
-    version: str
-    requirements: tuple[str, ...]
-
-
-def _found(ep: importlib.metadata.EntryPoint) -> _Found:
-    if ep.dist is None:
-        return _Found(ep, ep.name, "unknown", ())
-    metadata = ep.dist.metadata
-    return _Found(
-        ep,
-        metadata["Name"],
-        metadata["Version"],
-        # An egg-info distribution keeps them in requires.txt, which ``requires`` reads.
-        tuple(metadata.get_all("Requires-Dist") or ep.dist.requires or ()),
-    )
-
-
 def _discover(
-    allowed: Sequence[str] | None,
-) -> tuple[list[tuple[_Candidate, _Found]], list[tuple[str, str]]]:
+    installed: Installed, allowed: Sequence[str] | None
+) -> tuple[list[tuple[_Candidate, FoundEntryPoint]], list[tuple[str, str]]]:
     """Entry points of group ``polygateway`` that pass the filter, and the names left out."""
     allowed_set = None if allowed is None else {_canonical(a) for a in allowed}
-    chosen: list[tuple[_Candidate, _Found]] = []
+    chosen: list[tuple[_Candidate, FoundEntryPoint]] = []
     excluded: list[tuple[str, str]] = []
     matched: set[str] = set()
-    found = [_found(ep) for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
-    for item in sorted(
-        found,
-        key=lambda f: (f.dist if f.entry_point.dist else "", f.entry_point.name),
+    for ep in sorted(
+        installed.entry_points(ENTRY_POINT_GROUP),
+        key=lambda ep: (ep.dist or "", ep.name),
     ):
-        dist, ep = item.dist, item.entry_point
+        # An entry point of no distribution is named by itself.
+        dist = ep.name if ep.dist is None else ep.dist
+        version = "unknown" if ep.dist is None or ep.version is None else ep.version
         if _canonical(dist) == BUILTIN_DISTRIBUTION:
             continue  # the builtin plugin is always registered directly
         if allowed_set is not None and not any(
@@ -621,7 +597,7 @@ def _discover(
             excluded.append((dist, ep.name))
             continue
         matched.update({_canonical(ep.name), _canonical(dist)})
-        chosen.append((_Candidate(dist=dist, version=item.version, entry_point=ep.name), item))
+        chosen.append((_Candidate(dist=dist, version=version, entry_point=ep.name), ep))
     if allowed_set:
         unmatched = sorted(allowed_set - matched - {BUILTIN_DISTRIBUTION})
         if unmatched:
@@ -776,26 +752,27 @@ def load_registry(
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
 
+    installed = scan()
     builtin_candidate = _Candidate(
         dist=BUILTIN_DISTRIBUTION,
-        version=_distribution_version(BUILTIN_DISTRIBUTION, __version__),
+        version=_distribution_version(installed, BUILTIN_DISTRIBUTION, __version__),
         entry_point="",
     )
     staged: list[tuple[_Candidate, object | None]] = [(builtin_candidate, builtin)]
 
     excluded: list[tuple[str, str]] = []
     if autoload:
-        discovered, excluded = _discover(allowed)
+        discovered, excluded = _discover(installed, allowed)
         for candidate, item in discovered:
             try:
-                plugin = item.entry_point.load()
+                plugin = item.load()
             # Importing a plugin runs third-party code: any failure is that plugin's alone.
             except Exception as exc:
                 logger.debug("plugin %s failed to import", candidate.dist, exc_info=True)
                 candidate.errors.append(_one_line(exc))
                 candidate.hint = _module_hint(exc) or candidate.hint
                 plugin = None
-            missing = _missing_requirements(item.requirements)
+            missing = _missing_requirements(installed, item.requirements)
             if missing:
                 if plugin is not None:
                     candidate.errors.append(
