@@ -36,7 +36,6 @@ and truncated.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import math
 import re
@@ -118,7 +117,9 @@ COMMON_ERROR_RULES: tuple[ErrorRule, ...] = (
 MAX_MESSAGE_CHARS = 300
 """Upstream messages are cut to this length (bodies can be whole HTML error pages)."""
 
-_KEY_LIKE = re.compile(
+# Compiled at its first use, through ``re``'s cache: compiling it costs about 8 M instructions,
+# and a start-up that meets no error never needs it.
+_KEY_LIKE = (
     r"(?i)\b(bearer\s+)[^\s\"',;]+"
     r"|\b((?:api[_-]?key|authorization|access[_-]?token|token)\s*[:=]\s*[\"']?)"
     r"(?:(?:bearer|basic)\s+)?[^\s\"',;]+"
@@ -138,7 +139,7 @@ def sanitize_message(text: str, secret: Secrets = None, *, limit: int = MAX_MESS
     for value in (secret,) if isinstance(secret, str) else secret or ():
         if value:
             text = text.replace(value, "***")
-    text = _KEY_LIKE.sub(_mask, text)
+    text = re.sub(_KEY_LIKE, _mask, text)
     text = " ".join(text.split())
     if len(text) > limit:
         text = text[: limit - 3] + "..."
@@ -216,6 +217,8 @@ def _seconds(value: str | None, now: float | None = None) -> float | None:
     except ValueError:
         if now is None:
             return None
+        import email.utils  # only for this rare form: not on every start (~10 M instructions)
+
         try:  # the HTTP-date form: seconds from now (a date in the past is "retry now")
             when = email.utils.parsedate_to_datetime(value.strip())
         except (TypeError, ValueError, IndexError):
