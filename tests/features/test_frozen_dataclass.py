@@ -85,7 +85,8 @@ def test_the_init_makes_what_the_dataclass_init_makes(
 
 
 def test_the_classes_with_a_dict_write_it_at_once() -> None:
-    for cls, _, _ in CASES:
+    for cls, args, kwargs in CASES:
+        cls(*args, **kwargs)  # the first instance compiles the class's own __init__
         assert cls.__init__.__qualname__ == f"{cls.__qualname__}.__init__"
         assert "__values__" in cls.__init__.__code__.co_varnames, cls
 
@@ -267,6 +268,23 @@ def test_pickle_copy_and_replace_give_the_same_values(slots: bool) -> None:
         assert _state(dataclasses.replace(obj, size=9))[1] == ("size", 9)
     finally:
         del globals()["Toy"]
+
+
+@pytest.mark.parametrize("slots", [False, True])
+def test_the_init_is_compiled_at_the_first_instance_and_shows_its_signature_before(
+    slots: bool,
+) -> None:
+    plain, made = _twins(slots)
+    deferred = made.__init__
+    before = inspect.signature(made)
+    assert str(before) == str(inspect.signature(plain))
+    assert made.__init__.__qualname__ == "Toy.__init__" and made.__module__ == plain.__module__
+    sub = type("Sub", (made,), {})
+    assert _state(sub("a", 5)) == _state(plain("a", 5))  # a subclass's first instance
+    assert made.__init__ is not deferred and "name" in made.__init__.__code__.co_varnames
+    assert sub.__init__ is made.__init__  # handed over on the class that defines it
+    assert str(inspect.signature(made)) == str(before)
+    assert _state(made("b")) == _state(plain("b"))
 
 
 def test_post_init_and_an_undocumented_class_are_the_dataclass_ones() -> None:
