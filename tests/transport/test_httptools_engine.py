@@ -9,11 +9,14 @@ import asyncio
 import base64
 import dataclasses
 import gzip
+import os
 import shutil
 import socket
 import ssl
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -595,6 +598,61 @@ async def test_a_call_that_stops_waiting_leaves_the_shared_context_to_be_made(
     assert not made.cancelled()
     assert isinstance(made.result(timeout=60), ssl.SSLContext)
     assert httptools_engine.tls_context_of(str(store), None) is made
+
+
+def _threaded_tls_server(certificate: tuple[Path, Path]) -> tuple[ThreadingHTTPServer, int]:
+    """A TLS server in threads of its own, answering every POST with the streamed answer
+    (serves a forked child while the parent waits for it)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(SSE)))
+            self.end_headers()
+            self.wfile.write(SSE)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+@needs_openssl
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_process_forked_while_the_context_is_made_makes_its_own(
+    certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    store = tmp_path / "large.pem"  # long enough to read that the fork comes first
+    store.write_bytes(certificate[0].read_bytes() * 300)
+    monkeypatch.setenv("SSL_CERT_FILE", str(store))
+    server, port = _threaded_tls_server(certificate)
+    try:
+        source = source_at(f"https://localhost:{port}/v1")
+        transport = OpenAICompatTransport(source)
+        forked_while_made = not engine_of(transport)._tls.done()
+        child = os.fork()
+        if child == 0:  # the child: its call must not wait on the parent's thread
+            code = 1
+            try:
+                answer = asyncio.run(transport.send(chat(), source, call_id="c"))
+                code = 0 if answer.content == "over tls" else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert forked_while_made  # else this run forked too late to show it
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @needs_openssl

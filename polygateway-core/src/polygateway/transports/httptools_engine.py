@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import os
 import ssl
 import threading
 import time
@@ -72,21 +73,22 @@ def tls_context() -> Future[ssl.SSLContext]:
     Reading the store takes about a quarter of a billion instructions (OpenSSL 3), about
     100 ms: in a thread it is off the event loop, and off the start-up's path until the first
     TLS connection. CPython releases the GIL while OpenSSL loads verify locations (since
-    3.11.0, gh-94637)."""
+    3.11.0, gh-94637). A process forked meanwhile has no such thread: it makes its own."""
     paths = ssl.get_default_verify_paths()
     return tls_context_of(paths.cafile, paths.capath)
 
 
 def tls_context_of(cafile: str | None, capath: str | None) -> Future[ssl.SSLContext]:
     """``tls_context()`` of the CA store named (``ssl.get_default_verify_paths()``'s parts)."""
-    made = _tls_context_for(cafile, capath)
+    made = _tls_context_for(cafile, capath, os.getpid())
     if made.done() and made.exception() is not None:
         _tls_context_for.cache_clear()  # only the callers holding it see that failure
     return made
 
 
 @functools.lru_cache(maxsize=4)
-def _tls_context_for(cafile: str | None, capath: str | None) -> Future[ssl.SSLContext]:
+def _tls_context_for(cafile: str | None, capath: str | None, pid: int) -> Future[ssl.SSLContext]:
+    # ``pid``: a thread is not forked with its process, nor is what it would have finished.
     made: Future[ssl.SSLContext] = Future()
     # Running from now on: a caller that stops waiting (a cancelled call) cannot cancel it.
     made.set_running_or_notify_cancel()
@@ -532,6 +534,7 @@ class HttptoolsEngine:
         # at the first https connection on the event loop, the CA store's read would stall
         # every call in flight. One context serves every engine that reads the same store.
         self._tls: Future[ssl.SSLContext] | None = None
+        self._tls_pid = 0
         self._ca_store = ""
         self._ssl: ssl.SSLContext | None = None
         if not config.plain_http:
@@ -612,7 +615,9 @@ class HttptoolsEngine:
         if context is not None:
             return context
         made = self._tls
-        if made is None:  # an https URL on an engine configured for plain http, or a retry
+        if made is None or (not made.done() and self._tls_pid != os.getpid()):
+            # None yet (an https URL on an engine for plain http), a retry, or begun before
+            # this process was forked (the thread making it stayed in the parent).
             made = self._tls = self._begin_tls()
         try:
             context = made.result() if made.done() else await asyncio.wrap_future(made)
@@ -629,6 +634,7 @@ class HttptoolsEngine:
         error message."""
         paths = ssl.get_default_verify_paths()
         self._ca_store = " and ".join(p for p in (paths.cafile, paths.capath) if p) or "none"
+        self._tls_pid = os.getpid()
         return tls_context_of(paths.cafile, paths.capath)
 
     def _tls_error(self, exc: Exception) -> SourceDeadError:
