@@ -21,6 +21,7 @@ from pgw_redis.keys import LimiterKeys, gate_key, new_id, new_lease_id
 from pgw_redis.scripts import (
     ACQUIRE,
     BATCH,
+    BATCH_REPLY_FIELDS,
     GATE_TRY_ENTER,
     PROGRESS_MARK,
     RELEASE,
@@ -146,7 +147,18 @@ async def run_as_batch(redis: Any, ops: list[Op]) -> list[Any]:
         if start == len(keys):
             keys += op_keys
         args += [str(op.code), *op.args, *op.acquire_args, str(start)]
-    return list(await _run(redis, BATCH, keys, args))
+    flat = list(await _run(redis, BATCH, keys, args))
+    assert len(flat) == sum(BATCH_REPLY_FIELDS[op.code] for op in ops)
+    replies: list[Any] = []
+    for op in ops:
+        width = BATCH_REPLY_FIELDS[op.code]
+        fields, flat = flat[:width], flat[width:]
+        if op.code == 6:
+            gate = BATCH_REPLY_FIELDS[5]
+            replies.append([fields[:gate], fields[gate:]])
+        else:
+            replies.append(fields[0] if width == 1 else fields)
+    return replies
 
 
 async def run_one_by_one(redis: Any, ops: list[Op]) -> list[Any]:
@@ -156,10 +168,18 @@ async def run_one_by_one(redis: Any, ops: list[Op]) -> list[Any]:
         if op.code == 6:
             gate = await _run(redis, GATE_TRY_ENTER, op.keys, op.args)
             admitted = gate[0] and await _run(redis, ACQUIRE, op.acquire_keys, op.acquire_args)
-            replies.append([gate, admitted or []])
+            replies.append([gate, padded(admitted or [], BATCH_REPLY_FIELDS[1])])
+        elif op.code == 1:
+            reply = await _run(redis, ACQUIRE, op.keys, op.args)
+            replies.append(padded(reply, BATCH_REPLY_FIELDS[1]))
         else:
             replies.append(await _run(redis, scripts[op.code], op.keys, op.args))
     return replies
+
+
+def padded(reply: list[Any], width: int) -> list[Any]:
+    """A script's reply as the batch answers it: ``width`` fields, the missing ones 0."""
+    return [*reply, *[0] * (width - len(reply))]
 
 
 async def _run(redis: Any, script: LuaScript, keys: Any, args: Any) -> Any:
@@ -179,14 +199,13 @@ def same_reply(op: Op, batched: Any, alone: Any) -> bool:
 
 
 def same_acquire_reply(batched: list[Any], alone: list[Any]) -> bool:
-    """``{1, now}``, ``{-2, now}``, ``{0, gate, wait ms}``: times compared loosely."""
-    if not batched or not alone:
-        return batched == alone
+    """``{1, now, 0}``, ``{-2, now, 0}``, ``{0, gate, wait ms}``, or zeros where the gate
+    refused: times compared loosely."""
     if batched[0] != alone[0] or len(batched) != len(alone):
         return False
     if batched[0] == 0:
         return bool(batched[1] == alone[1] and close(batched[2], alone[2]))
-    return close(batched[1], alone[1])
+    return close(batched[1], alone[1]) and batched[2] == alone[2]
 
 
 def same_gate_reply(batched: list[Any], alone: list[Any]) -> bool:
@@ -297,7 +316,7 @@ async def test_a_batch_decides_and_leaves_what_its_operations_would_one_by_one(
     for op, b, a in zip(batched_ops, batched, alone, strict=True):
         assert same_reply(op, b, a), (op, b, a)
     # The scenario reaches what it is for: refusals, admissions, a probe, compensations.
-    codes = [r[0] for op, r in zip(batched_ops, batched, strict=True) if op.code == 1 and r]
+    codes = [r[0] for op, r in zip(batched_ops, batched, strict=True) if op.code == 1]
     assert 1 in codes and 0 in codes, codes
     assert_same_state(await state_of(redis, batched_scope), await state_of(redis, alone_scope))
 

@@ -108,7 +108,14 @@ from pgw_redis.connection import (
     bulk,
 )
 from pgw_redis.keys import LimiterKeys, SourceKeys, new_lease_id
-from pgw_redis.scripts import BATCH, BATCH_ARG_COUNTS, INFLIGHT, PROGRESS_AGE, SOURCE_STATS
+from pgw_redis.scripts import (
+    BATCH,
+    BATCH_ARG_COUNTS,
+    BATCH_REPLY_FIELDS,
+    INFLIGHT,
+    PROGRESS_AGE,
+    SOURCE_STATS,
+)
 
 if TYPE_CHECKING:
     from pgw_redis.breaker import RedisGate
@@ -195,6 +202,9 @@ _SETTLE_KEYS: Final = 3
 _SETTLE_ARGS: Final = 1 + BATCH_ARG_COUNTS[3]
 _SETTLE_HEAD: Final = bulk(3)
 _PROGRESS_HEAD: Final = bulk(4)
+_ACQUIRE_FIELDS: Final = BATCH_REPLY_FIELDS[1]
+_GATE_FIELDS: Final = BATCH_REPLY_FIELDS[5]
+_JOINT_FIELDS: Final = BATCH_REPLY_FIELDS[6]
 _KEY_OFFSETS: Final = tuple(bulk(n) for n in range(1024))
 """Where an operation's keys start, encoded once (a batch's distinct keys stay far below)."""
 _TRUE: Final = bulk(1)
@@ -329,13 +339,15 @@ class _SourceWindow:
 
 
 class _Admission:
-    """An admission waiting for the next batch: its operation and its caller's future."""
+    """An admission waiting for the next batch: its operation, its caller's future, and
+    whether it is a gate_acquire (its reply: the gate's fields and the acquire's)."""
 
-    __slots__ = ("future", "op", "sent")
+    __slots__ = ("future", "joint", "op", "sent")
 
-    def __init__(self, op: _Op, future: asyncio.Future[Any]) -> None:
+    def __init__(self, op: _Op, future: asyncio.Future[Any], joint: bool) -> None:
         self.op = op
         self.future = future
+        self.joint = joint
         self.sent = False
 
 
@@ -589,7 +601,7 @@ class RedisLimiter:
             )
             admission = None
             try:
-                admission = self._enqueue(op)
+                admission = self._enqueue(op, joint=True)
                 reply = await admission.future
             except (asyncio.CancelledError, GovernanceBackendError):
                 if admission is not None:
@@ -626,11 +638,11 @@ class RedisLimiter:
             )
         return made
 
-    def _enqueue(self, op: _Op) -> _Admission:
+    def _enqueue(self, op: _Op, *, joint: bool = False) -> _Admission:
         """Queue an admission for the next batch (refused once ``aclose()`` has started)."""
         if self._closed:
             raise GovernanceBackendError(f"Redis limiter (scope {self._scope!r}) is closed")
-        admission = _Admission(op, asyncio.get_running_loop().create_future())
+        admission = _Admission(op, asyncio.get_running_loop().create_future(), joint)
         self._admissions.append(admission)
         self._schedule_flush(admission=True)
         return admission
@@ -996,13 +1008,22 @@ class RedisLimiter:
                 if batch is not None:
                     self._check_accounting(result)
                 raise result
-            replies = result[len(accounting) :]
-            if len(replies) != len(admissions):
-                raise ValueError(
-                    f"the batch answered {len(replies)} admission(s) of {len(admissions)}"
-                )
+            # One flat reply: a value per accounting operation, then each admission's fields.
+            at = len(accounting)
+            expected = at + sum(_JOINT_FIELDS if a.joint else _ACQUIRE_FIELDS for a in admissions)
+            if len(result) != expected:
+                raise ValueError(f"the batch answered {len(result)} values of {expected}")
             self._warn.succeeded()
-            for admission, reply in zip(admissions, replies, strict=True):
+            for admission in admissions:
+                if admission.joint:
+                    reply: Any = (
+                        result[at : at + _GATE_FIELDS],
+                        result[at + _GATE_FIELDS : at + _JOINT_FIELDS],
+                    )
+                    at += _JOINT_FIELDS
+                else:
+                    reply = result[at : at + _ACQUIRE_FIELDS]
+                    at += _ACQUIRE_FIELDS
                 if not admission.future.done():
                     admission.future.set_result(reply)
         except Exception as exc:  # noqa: BLE001 - it reaches every caller, as their error

@@ -29,6 +29,10 @@ import re
 from dataclasses import dataclass, field
 
 _PRELUDE = """
+-- Globals read once: Redis serves a script's globals through a read-only proxy table, and
+-- every read of one through it costs about as much as a small command's own work.
+local KEYS, ARGV, redis, math, string = KEYS, ARGV, redis, math, string
+local tonumber, type, unpack, pcall, error, ipairs = tonumber, type, unpack, pcall, error, ipairs
 if redis.replicate_commands then redis.replicate_commands() end
 local GATE_FIELDS = {'state', 'epoch', 'failures', 'open_until', 'probe_until', 'probe_owner',
                      'abandoned_owner'}
@@ -627,6 +631,13 @@ the script it runs: acquire, release, settle, progress mark, gate_try_enter, and
 then acquire)."""
 
 
+BATCH_REPLY_FIELDS: dict[int, int] = {1: 3, 2: 1, 3: 1, 4: 1, 5: 6, 6: 6 + 3}
+"""How many values of the BATCH script's flat reply each operation answers with: acquire
+``{status, now or gate, wait ms}``, one number for the accounting operations, gate_try_enter
+``{allowed, state, epoch, failures, probe owner, wait ms}``, and gate_acquire the gate's six
+then the acquire's three (zeros when the gate refused)."""
+
+
 def _op(name: str, body: str) -> str:
     """A script's body as a function of the BATCH script, run on its slice of the batch's
     ``KEYS`` and ``ARGV``: ``KEYS[n]`` reads ``KEYS[K + n]`` and ``ARGV[n]`` ``ARGV[A + n]``,
@@ -648,31 +659,49 @@ BATCH = LuaScript(
     + """
 -- The breaker gate, then (if it lets the caller through) the admission: one step for a
 -- breaker and a limiter sharing the scope. KEYS: 1 gate, 2.. acquire's; ARGV: 1-3
--- gate_try_enter's, 4.. acquire's. Reply: {gate reply, acquire reply or {}}.
+-- gate_try_enter's, 4.. acquire's. Returns the gate's reply and the acquire's (or {}).
 local function gate_acquire(K, A)
   local gate = gate_try_enter(K, A)
-  if gate[1] == 0 then return {gate, {}} end
-  return {gate, acquire(K + 1, A + 3)}
+  if gate[1] == 0 then return gate, {} end
+  return gate, acquire(K + 1, A + 3)
 end
 
 -- Several operations in one script call, in order (accounting first, then admissions).
 -- ARGV: per operation its code (1 acquire, 2 release, 3 settle, 4 progress mark,
 -- 5 gate_try_enter, 6 gate_acquire), its arguments (as many as the script of its own takes),
 -- then where its keys start in KEYS (0-based). KEYS: each group of keys once: operations on
--- the same keys (one source's, in one window) share them. Reply: one entry per operation.
+-- the same keys (one source's, in one window) share them.
+-- Reply: one flat array, each operation's fields in turn, as many as BATCH_REPLY_FIELDS says
+-- (missing ones are 0): Redis converts every table of a reply at a cost, so the batch
+-- answers with one.
 local ops = {['1'] = acquire, ['2'] = release, ['3'] = settle, ['4'] = progress_mark,
              ['5'] = gate_try_enter, ['6'] = gate_acquire}
 """
     + "local arg_counts = {"
     + ", ".join(f"['{code}'] = {count}" for code, count in BATCH_ARG_COUNTS.items())
+    + "}\nlocal reply_fields = {"
+    + ", ".join(f"['{code}'] = {count}" for code, count in BATCH_REPLY_FIELDS.items())
     + "}\n"
-    + """local out = {}
+    + """local out, n = {}, 0
+local function put(reply, width)
+  for i = 1, width do out[n + i] = reply[i] or 0 end
+  n = n + width
+end
 local function run_all()
   local a, last = 0, #ARGV
   while a < last do
     local code = ARGV[a + 1]
     local na = arg_counts[code]
-    out[#out + 1] = ops[code](num(ARGV[a + na + 2]), a + 1)
+    local reply, acquired = ops[code](num(ARGV[a + na + 2]), a + 1)
+    if type(reply) ~= 'table' then
+      n = n + 1
+      out[n] = reply
+    elseif acquired then
+      put(reply, 6)
+      put(acquired, 3)
+    else
+      put(reply, reply_fields[code])
+    end
     a = a + na + 2
   end
 end
