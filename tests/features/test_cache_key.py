@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polygateway.backends.memory.cache import MemoryCache
+from polygateway.context import CallContext, with_context
 from polygateway.digest import (
     canonical_json,
     canonical_messages_json,
@@ -18,6 +19,7 @@ from polygateway.digest import (
 )
 from polygateway.errors import ConfigError
 from polygateway.middleware.cache import KEY_PREFIX, CacheMiddleware
+from polygateway.params import ChatParams
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.testing import FakeClock
 from polygateway.types import ChatRequest
@@ -103,6 +105,40 @@ def test_key_is_sha256_of_the_canonical_parts(
         extra_body=extra,
     )
     assert cache.key(request) == expected_key(cache, request, model)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    msgs=messages,
+    namespace=st.one_of(st.none(), text),
+    salt=st.one_of(st.none(), text),
+    structured=st.sampled_from([None, "json"]),
+    extra=st.one_of(st.none(), st.dictionaries(text, text, max_size=2)),
+    params=st.sampled_from([None, ChatParams(), ChatParams(temperature=0.5)]),
+)
+def test_a_call_with_its_context_gets_the_same_key(
+    msgs: list[dict[str, Any]],
+    namespace: str | None,
+    salt: str | None,
+    structured: Any,
+    extra: dict[str, Any] | None,
+    params: ChatParams | None,
+) -> None:
+    """The usual call's key (taken from the call's shared encoding, assembled apart from the
+    general path) is the one every other path computes."""
+    cache = layer()
+    request = ChatRequest(
+        messages=msgs,
+        cache_namespace=namespace,
+        cache_salt=salt,
+        structured=structured,
+        extra_body=extra,
+        params=params,
+    )
+    with_its_context = with_context(request, CallContext())
+    assert cache.key(with_its_context) == cache.key(request)
+    if params is None:
+        assert cache.key(with_its_context) == expected_key(cache, request, "model-a,model-b")
 
 
 def test_a_model_schema_change_changes_the_key() -> None:

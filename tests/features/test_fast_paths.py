@@ -4,6 +4,7 @@ provably identical to the stdlib), cached values that read back equal, the same 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -32,7 +33,8 @@ from polygateway.middleware.cache import (
     decode_fields,
     encode_response,
 )
-from polygateway.middleware.telemetry import build_telemetry_record
+from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
+from polygateway.params import ChatParams
 from polygateway.settings import Secret, SourceConfig
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.telemetry.sqlite import SQLiteRecorder
@@ -43,6 +45,7 @@ from polygateway.types import (
     GovernanceEvent,
     LLMResponse,
     TelemetryRecord,
+    TelemetryValues,
     ToolCall,
     admitted_event,
 )
@@ -202,6 +205,32 @@ def test_messages_json_and_digest_are_unchanged(messages: list[dict[str, Any]]) 
         messages,
     )
     assert outcome(messages_digest, messages) == digest
+
+
+class Backwards(str):
+    """A key that sorts the other way round: the stdlib's sort asks it, orjson does not."""
+
+    def __lt__(self, other: object) -> bool:
+        return str.__gt__(self, other)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {Backwards("role"): "user", Backwards("content"): "hi", Backwards("name"): "n"},
+        {Label("role"): "user", "content": "hi"},
+        {1: "one", "role": "user", "content": "hi"},
+        {None: "none", "role": "user"},
+    ],
+    ids=["ordered-subclass", "str-subclass", "int-key", "none-key"],
+)
+def test_text_messages_with_keys_that_are_no_plain_str_take_the_plain_path(
+    message: dict[Any, Any],
+) -> None:
+    """The text-only fast path leaves keys to orjson, which refuses all of these."""
+    assert outcome(canonical_messages_json, [message]) == outcome(
+        reference_messages_json, [message]
+    )
 
 
 def test_messages_that_are_not_plain_dicts_take_the_same_digest() -> None:
@@ -503,6 +532,142 @@ class ListRecorder:
 
     async def aclose(self) -> None:
         pass
+
+
+class ValuesRecorder(ListRecorder):
+    """Takes rows as values too (``ports.SupportsRecordValues``), keeping them apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.from_values: list[TelemetryRecord] = []
+
+    def record_values_nowait(self, values: TelemetryValues) -> None:
+        self.from_values.append(TelemetryRecord(*values))
+
+
+class FixedPricing:
+    def cost(
+        self,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> float | None:
+        if model == "unpriced":
+            return None
+        return prompt_tokens * 0.5 + completion_tokens + cached_tokens * 0.25 + cache_write_tokens
+
+
+def _rows_of(
+    recorder: ListRecorder,
+    request: ChatRequest,
+    attempts: Sequence[tuple[SourceConfig, str, LLMResponse | BaseException, int]],
+    *,
+    pricing: FixedPricing | None,
+) -> None:
+    """Run one call through a telemetry layer whose dispatcher reports ``attempts``."""
+    clock = FakeClock()
+    clock.advance(1234.5)
+    layer = TelemetryMiddleware(
+        recorder, pricing=pricing, clock=clock, scope="SCOPE", namespace="layer-ns"
+    )
+
+    async def dispatch(sent: ChatRequest) -> LLMResponse:
+        assert sent.context is not None
+        for source, call_id, outcome_, latency_ms in attempts:
+            for observer in sent.context.observers:
+                observer.on_attempt(sent, source, call_id, outcome_, latency_ms)
+        last = attempts[-1][2]
+        if isinstance(last, BaseException):
+            raise last
+        return last
+
+    asyncio.run(layer(with_context(request, CallContext()), dispatch))
+
+
+def _source(name: str, model: str) -> SourceConfig:
+    return SourceConfig(
+        name=name,
+        provider="prov-" + name,
+        base_url="http://127.0.0.1:9/v1",
+        model=model,
+        api_key=Secret("sk-x"),
+        scope="" if name == "bare" else "SRC",
+    )
+
+
+usual_responses = st.builds(
+    LLMResponse,
+    content=texts,
+    thinking=texts,
+    model=st.sampled_from(["", "model-r", "unpriced"]),
+    provider=st.sampled_from(["", "prov-r"]),
+    prompt_tokens=st.integers(0, 10**6),
+    completion_tokens=st.integers(0, 10**6),
+    latency_ms=st.integers(0, 10**6),
+    ttft_ms=st.none() | st.floats(0, 1e6),
+    max_inter_token_ms=st.none() | st.floats(0, 1e6),
+    cache_hit=st.booleans(),
+    source_name=st.sampled_from(["", "named"]),
+    usage_source=st.sampled_from(["measured", "estimated"]),
+    cached_prompt_tokens=st.integers(0, 5),
+    cache_write_tokens=st.integers(0, 5),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    responses=st.lists(usual_responses, min_size=1, max_size=3),
+    failure=st.booleans(),
+    source_model=st.sampled_from(["", "model-s", "unpriced"]),
+    bare=st.booleans(),
+    priced=st.booleans(),
+    request_fields=st.fixed_dictionaries(
+        {
+            "session_id": st.none() | texts,
+            "parent_call_id": st.none() | texts,
+            "cache_namespace": st.none() | st.just("") | texts,
+            "params": st.none() | st.just(ChatParams(temperature=0.5, max_tokens=7)),
+        }
+    ),
+    content=texts,
+)
+def test_the_usual_row_handed_over_as_values_is_build_records(
+    responses: list[LLMResponse],
+    failure: bool,
+    source_model: str,
+    bare: bool,
+    priced: bool,
+    request_fields: dict[str, Any],
+    content: str,
+) -> None:
+    """Attempts reported as successes (and a failed one among them) give the same rows
+    through ``record_values_nowait`` as through ``build_record`` and ``record_nowait``."""
+    request = ChatRequest(messages=[{"role": "user", "content": content}], **request_fields)
+    source = _source("bare" if bare else "main", source_model)
+    attempts: list[tuple[SourceConfig, str, LLMResponse | BaseException, int]] = [
+        (source, f"call-{i}", response, 10 + i) for i, response in enumerate(responses)
+    ]
+    if failure:
+        attempts.insert(0, (source, "call-failed", TimeoutError("slow"), 5))
+    pricing = FixedPricing() if priced else None
+    plain, fast = ListRecorder(), ValuesRecorder()
+    _rows_of(plain, request, attempts, pricing=pricing)
+    _rows_of(fast, request, attempts, pricing=pricing)
+    assert len(fast.from_values) == len(responses)  # every success went as values
+    assert fast.records + fast.from_values == plain.records
+    assert [r.root_call_id for r in plain.records] == [attempts[0][1]] * len(attempts)
+
+
+def test_a_structured_attempt_still_goes_through_build_record() -> None:
+    request = ChatRequest(messages=[{"role": "user", "content": "x"}], structured="json")
+    recorder = ValuesRecorder()
+    _rows_of(
+        recorder, request, [(_source("main", "m"), "c", LLMResponse(content="{}"), 1)], pricing=None
+    )
+    assert recorder.from_values == [] and [r.call_id for r in recorder.records] == ["c"]
 
 
 # --------------------------------------------------------------------------- backends

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import math
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from polygateway.telemetry.sqlite import (
+    _RECORD_VALUES,
     COLUMNS,
     NULLABLE,
     SQLiteRecorder,
@@ -29,6 +31,7 @@ from polygateway.testing.contracts.telemetry import (
     assert_row_matches,
     sample_record,
 )
+from polygateway.types import TelemetryRecord
 
 
 def read_db(path: Path) -> list[dict[str, Any]]:
@@ -83,6 +86,14 @@ async def test_database_is_in_wal_mode_with_the_documented_schema(tmp_path: Path
     (row,) = read_db(path)
     assert_row_matches(row, record)
     assert row["created_at"] == pytest.approx(record.created_at)
+
+
+def test_the_columns_are_the_record_fields_in_order() -> None:
+    """``record_nowait`` hands a record over as its values in ``COLUMNS`` order."""
+    assert list(COLUMNS) == [field.name for field in dataclasses.fields(TelemetryRecord)]
+    record = sample_record()
+    assert _RECORD_VALUES(record) == dataclasses.astuple(record)
+    assert TelemetryRecord(*_RECORD_VALUES(record)) == record
 
 
 async def test_nothing_touches_the_disk_before_the_first_record(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from polygateway.types import (
     OcrTextResult,
     StreamDelta,
     TelemetryRecord,
+    TelemetryValues,
     TransportResult,
 )
 
@@ -575,6 +576,20 @@ class SupportsRecordNowait(Protocol):
     """
 
     def record_nowait(self, record: TelemetryRecord) -> None: ...
+
+
+@runtime_checkable
+class SupportsRecordValues(Protocol):
+    """Optional for a ``TelemetryRecorder`` with ``record_nowait``: a row given as its values.
+
+    ``record_values_nowait(values)`` is ``record_nowait(TelemetryRecord(*values))``
+    (``types.TelemetryValues``: every field, in field order). The telemetry layer hands the
+    usual attempt's row so, without making the record object it would only take apart again.
+    Checked once, when the layer is built; ``TelemetryRecorderContract`` holds the two forms
+    to the same rows.
+    """
+
+    def record_values_nowait(self, values: TelemetryValues) -> None: ...
 
 
 @runtime_checkable

@@ -239,6 +239,35 @@ class TelemetryRecord:
     row. ``""`` from a recorder that predates it (read as a call of its own)."""
 
 
+TelemetryValues: TypeAlias = tuple[
+    str,  # call_id
+    str | None,  # parent_call_id
+    str | None,  # session_id
+    str,  # model
+    str,  # provider
+    str,  # source_name
+    str,  # messages
+    str,  # response
+    str,  # thinking
+    int,  # prompt_tokens
+    int,  # completion_tokens
+    UsageSource,  # usage_source
+    int,  # latency_ms
+    float | None,  # ttft_ms
+    float | None,  # max_inter_token_ms
+    bool,  # cache_hit
+    str | None,  # error
+    float | None,  # cost
+    float,  # created_at
+    str,  # scope
+    str,  # cache_namespace
+    str,  # params
+    str,  # root_call_id
+]
+"""A ``TelemetryRecord``'s field values in field order: ``TelemetryRecord(*values)`` is the
+record (``ports.SupportsRecordValues``: a row handed over without the object)."""
+
+
 GovernanceEventKind: TypeAlias = Literal["admitted", "breaker_refused", "limiter_refused", "waited"]
 
 

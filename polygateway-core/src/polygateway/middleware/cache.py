@@ -48,6 +48,7 @@ _STORED_FIELDS: tuple[str, ...] = tuple(
 )
 _STORED_FIELD_SET = frozenset(_STORED_FIELDS)
 _json_string: Callable[[str], str] = encode_basestring  # a JSON string literal, as json.dumps
+_sha256 = hashlib.sha256
 # What a hit changes (besides a fresh call_id): served from memory, free, nothing streamed.
 _HIT_OVERRIDES: dict[str, Any] = {
     "cache_hit": True,
@@ -101,21 +102,6 @@ def _stored_by_name(r: LLMResponse) -> dict[str, Any]:
 _FIELD_COUNT = len(_STORED_FIELDS) + 1  # and structured_data
 
 
-def _stored(r: LLMResponse) -> dict[str, Any]:
-    """``_stored_by_name(r)`` at two fifths of the cost (this runs on every miss).
-
-    A response's instance dict holds its fields in order and nothing else (``fast_frozen_init``
-    writes it at once): copied whole, ``structured_data`` removed. An instance holding more
-    (an attribute set past the frozen guard) takes the definition.
-    """
-    fields = vars(r).copy()
-    if len(fields) != _FIELD_COUNT:
-        return _stored_by_name(r)
-    del fields["structured_data"]
-    fields["tool_calls"] = _stored_calls(fields["tool_calls"])
-    return fields
-
-
 def encode_response(response: LLMResponse) -> str:
     """The cached form of a response: JSON of its fields, without ``structured_data``.
 
@@ -123,7 +109,17 @@ def encode_response(response: LLMResponse) -> str:
     floats may be spelled otherwise than by the stdlib (``1e-05`` as ``0.00001``) but read
     back equal.
     """
-    fields = _stored(response)
+    # ``_stored_by_name(response)`` at two fifths of the cost. A response's instance dict
+    # holds its fields in order and nothing else (``fast_frozen_init`` writes it at once):
+    # copied whole, ``structured_data`` removed. An instance holding more (an attribute set
+    # past the frozen guard) takes the definition.
+    fields = vars(response).copy()
+    if len(fields) == _FIELD_COUNT:
+        del fields["structured_data"]
+        calls = fields["tool_calls"]
+        fields["tool_calls"] = _stored_calls(calls) if calls else None
+    else:
+        fields = _stored_by_name(response)
     values = fields.values()
     kinds = set(map(type, values))
     if kinds <= _ORJSON_VALUE_TYPES and (
@@ -292,13 +288,29 @@ class CacheMiddleware:
         the outer JSON object is assembled by hand (keys in sorted order) because this runs on
         every call, hits included.
         """
+        context = request.context
+        if (
+            context is not None
+            and request.cache_namespace is None
+            and request.cache_salt is None
+            and request.structured is None
+            and request.params is None
+            and not request.extra_body
+        ):
+            # The usual call (the layer's namespace, no salt, raw text, no parameters): only
+            # the messages vary. The call's context encodes them once per call (the telemetry
+            # rows store the same string); the key hashes it.
+            encoded = context.canonical_messages(request.messages)
+            digest = _sha256(encoded.encode()).hexdigest()
+            key_json = f'{{"messages_digest":"{digest}"{self._default_tail}'
+            return KEY_PREFIX + _sha256(key_json.encode()).hexdigest()
+        return self._key(request)
+
+    def _key(self, request: ChatRequest) -> str:
+        """``key`` of any request (the usual one's too: a test holds the two paths equal)."""
         structured = request.structured
-        # The usual call (the layer's namespace, no salt, raw text) has nothing to check.
-        usual = (
-            request.cache_namespace is None and request.cache_salt is None and structured is None
-        )
         namespace, salt = self.namespace, ""
-        if not usual:
+        if request.cache_namespace is not None or request.cache_salt is not None:
             given_namespace = request.cache_namespace or namespace
             given_salt = request.cache_salt or salt
             if type(given_namespace) is not str or type(given_salt) is not str:
@@ -308,12 +320,10 @@ class CacheMiddleware:
                     f"{type(request.cache_salt).__name__}"
                 )
             namespace, salt = given_namespace, given_salt
-        # The call's context encodes the messages once per call (the telemetry rows store the
-        # same string); the key hashes it.
         context = request.context
         if context is not None:
             encoded = context.canonical_messages(request.messages)
-            digest = hashlib.sha256(encoded.encode("utf-8")).hexdigest()
+            digest = _sha256(encoded.encode()).hexdigest()
         else:
             digest = messages_digest(request.messages)
         if structured is None and not salt and namespace == self.namespace:
@@ -327,7 +337,7 @@ class CacheMiddleware:
             if args is not None:  # the per-call generation parameters change the answer
                 head = '{"args":' + canonical_json(args) + "," + head[1:]
         key_json = f'{head}"messages_digest":"{digest}"{tail}'
-        return KEY_PREFIX + hashlib.sha256(key_json.encode("utf-8")).hexdigest()
+        return KEY_PREFIX + _sha256(key_json.encode()).hexdigest()
 
     def _key_tail(self, namespace: str, salt: str, structured: Any) -> str:
         """The key's JSON object after ``messages_digest`` (its keys sort after it)."""

@@ -4,7 +4,11 @@ as far as an attempt (ARCHITECTURE §4.3, §7.8; D8).
 Every row is built by ``polygateway.records.build_record``, the single helper of every call
 kind (here through ``build_telemetry_record``, its chat form): attempt successes, each
 error class, cache hits, cancellations (``error="cancelled"``) and errors raised before any
-attempt all go through it, so the 18 fields mean the same thing on every path.
+attempt all go through it, so the 18 fields mean the same thing on every path. The usual
+attempt (a success no layer may still reject, no call trace, the row kept as built) goes to a
+recorder that takes rows as values (``ports.SupportsRecordValues``) as ``build_record``'s
+values for it, made in place: no record object, no keyword matched by name (a test holds the
+two equal on every field).
 
 How rows are produced:
 - The layer adds a per-call ``_CallObserver`` to the call's ``CallContext``. The dispatcher
@@ -30,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from polygateway.context import CallContext, with_context
 from polygateway.digest import canonical_json, canonical_messages_json
@@ -41,18 +45,19 @@ from polygateway.ports import (
     Clock,
     Handler,
     Pricing,
+    SupportsRecordNowait,
+    SupportsRecordValues,
     TelemetryRecorder,
 )
 from polygateway.records import (
     CANCELLED,
-    CallRoot,
     RowWriter,
     build_record,
     error_name,
     outcome_cost,
 )
 from polygateway.settings import SourceConfig, TelemetryContent
-from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
+from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord, TelemetryValues
 
 logger = logging.getLogger(__name__)
 
@@ -109,14 +114,18 @@ class TelemetryMiddleware:
 
     __slots__ = (
         "_clock",
-        "_namespace",
+        "_monotonic",
         "_recorder",
         "_rows",
-        "_scope",
         "_traced",
-        "_wants_content",
+        "namespace",
+        "pricing",
+        "record_values",
         "rows",
+        "scope",
         "submit",
+        "time",
+        "wants_content",
         "warn_once",
     )
 
@@ -132,10 +141,14 @@ class TelemetryMiddleware:
     ) -> None:
         """``scope`` and ``namespace`` (the cache's default) fill the rows' ``scope`` and
         ``cache_namespace`` when neither the source nor the call says otherwise."""
-        self._scope = scope
-        self._namespace = namespace or ""
+        self.scope = scope
+        self.namespace = namespace or ""
         self._recorder = recorder
         self._clock = clock
+        # The clock's, bound once: read at every call and every row.
+        self._monotonic = clock.monotonic
+        self.time = clock.time
+        self.pricing = pricing
         # PGW_TELEMETRY_CONTENT applies to every row the writer builds.
         self._rows = RowWriter(recorder, clock=clock, pricing=pricing, content=content)
         # The writer's, bound once: the observer submits every row through them.
@@ -145,10 +158,19 @@ class TelemetryMiddleware:
         # Checked once: recorders that take whole calls get a CallTrace per call.
         self._traced = self._rows.traces_calls
         # Checked once: a recorder that reads no content spares the prompt's encoding per call.
-        self._wants_content = self._rows.wants_content
+        self.wants_content = self._rows.wants_content
+        # Checked once: the usual attempt's row goes to a recorder that takes rows as values
+        # without the record object, when the row is kept as built (content "full").
+        self.record_values: Callable[[TelemetryValues], None] | None = (
+            recorder.record_values_nowait
+            if isinstance(recorder, SupportsRecordValues)
+            and isinstance(recorder, SupportsRecordNowait)
+            and content == "full"
+            else None
+        )
 
     async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
-        started = self._clock.monotonic()
+        started = self._monotonic()
         context = request.context
         if context is None:  # a request made without GatewayClient.chat
             context = CallContext()
@@ -167,6 +189,11 @@ class TelemetryMiddleware:
             self._after_error(observer, request, exc, started)
             self._rows.close_call(trace, exc)
             raise
+        if observer.attempts and observer.last_cost is None and observer.pending is None:
+            # The usual call: its rows are written and there is no cost to fill in.
+            if trace is not None:
+                self._rows.close_call(trace, None)
+            return response
         response = self._after_success(observer, request, context, response, started)
         if trace is not None:
             self._rows.close_call(trace, None)
@@ -177,10 +204,10 @@ class TelemetryMiddleware:
         trace = rows.open_call(
             rows.call_start(
                 "chat",
-                scope=self._scope,
+                scope=self.scope,
                 session_id=request.session_id,
                 parent_call_id=request.parent_call_id,
-                cache_namespace=request.cache_namespace or self._namespace,
+                cache_namespace=request.cache_namespace or self.namespace,
                 stream=context.stream is not None,
             )
         )
@@ -205,7 +232,7 @@ class TelemetryMiddleware:
                     request,
                     response,
                     call_id=response.call_id or new_call_id(),
-                    latency_ms=elapsed_ms(started, self._clock.monotonic()),
+                    latency_ms=elapsed_ms(started, self._monotonic()),
                     messages=self.messages_of(context, request),
                     trace=observer.trace,
                 )
@@ -228,7 +255,7 @@ class TelemetryMiddleware:
                     request,
                     exc,
                     call_id=new_call_id(),
-                    latency_ms=elapsed_ms(started, self._clock.monotonic()),
+                    latency_ms=elapsed_ms(started, self._monotonic()),
                     trace=observer.trace,
                 )
         except Exception as error:  # noqa: BLE001 - telemetry must never mask the call's error
@@ -238,7 +265,7 @@ class TelemetryMiddleware:
         """The rows' ``messages`` for ``request``: its canonical JSON (encoded once per call
         through ``context``), or ``""`` for a recorder that reads no content
         (``ports.DeclaresContentUse``)."""
-        if not self._wants_content:
+        if not self.wants_content:
             return ""
         if context is None:
             return canonical_messages_json(request.messages)
@@ -258,7 +285,7 @@ class TelemetryMiddleware:
         """One row via the single helper, stamped with this layer's clock and pricing."""
         try:
             if messages is None:
-                messages = messages_json(request) if self._wants_content else ""
+                messages = messages_json(request) if self.wants_content else ""
         except Exception as exc:  # noqa: BLE001 - telemetry must never break the call
             self.warn_once("build", "telemetry row could not be built: %r", exc)
             return None
@@ -270,8 +297,8 @@ class TelemetryMiddleware:
             messages=messages,
             latency_ms=latency_ms,
             source=source,
-            scope=self._scope,
-            cache_namespace=request.cache_namespace or self._namespace,
+            scope=self.scope,
+            cache_namespace=request.cache_namespace or self.namespace,
             params=params_json(request) if request.params is not None else "",
             root_call_id=root_call_id,
         )
@@ -339,12 +366,12 @@ class _CallObserver:
 
     __slots__ = (
         "_layer",
-        "_pending",
         "_pending_outcome",
-        "_root",
         "attempts",
         "last_call_id",
         "last_cost",
+        "pending",
+        "root_call_id",
         "trace",
     )
 
@@ -354,12 +381,15 @@ class _CallObserver:
         # context along (``request.context``).
         self._layer = layer
         self.trace = trace
-        self._root = CallRoot()
         self.attempts = 0
-        self._pending: TelemetryRecord | None = None
+        self.pending: TelemetryRecord | None = None
+        """A structured attempt's row, held until its output passes or fails the ladder."""
         self._pending_outcome: object = None
         self.last_call_id = ""
         self.last_cost: float | None = None
+        self.root_call_id = ""
+        """The call's ``root_call_id``: the first attempt's ``call_id`` (``records.CallRoot``'s
+        rule, kept as a string: one object less per call)."""
 
     def on_attempt(
         self,
@@ -372,44 +402,126 @@ class _CallObserver:
         self.attempts += 1
         layer = self._layer
         try:
-            self.release_pending()
-            record = layer.build(
-                request,
-                outcome,
-                call_id=call_id,
-                latency_ms=latency_ms,
-                source=source,
-                messages=layer.messages_of(request.context, request),
-                root_call_id=self._root.of(call_id),
-            )
-            if record is None:
+            if self.pending is not None:
+                self.release_pending()
+            root_call_id = self.root_call_id
+            if not root_call_id:
+                root_call_id = self.root_call_id = call_id
+            record_values = layer.record_values
+            if (
+                record_values is None
+                or type(outcome) is not LLMResponse
+                or request.structured is not None
+                or self.trace is not None
+            ):
+                self._record(request, source, call_id, outcome, latency_ms)
                 return
-            if isinstance(outcome, LLMResponse):
-                self.last_call_id = call_id
-                self.last_cost = record.cost
-                if request.structured is not None:
-                    # The ladder may still reject this output: hold the row until we know.
-                    self._pending = record
-                    self._pending_outcome = outcome
-                    return
-            if self.trace is None:
-                layer.submit(record)
+            # The usual attempt (a success no layer may still reject, no call trace, the row
+            # kept as built): build_record's values, field for field (a test holds the two
+            # equal), handed over without the record object or a keyword matched by name.
+            if layer.wants_content:
+                context = request.context
+                messages = (
+                    canonical_messages_json(request.messages)
+                    if context is None
+                    else context.canonical_messages(request.messages)
+                )
             else:
-                layer.rows.submit_attempt(self.trace, record, outcome)
+                messages = ""
+            params = "" if request.params is None else params_json(request)
+            try:
+                cache_hit = outcome.cache_hit
+                model = outcome.model or source.model
+                pricing = layer.pricing
+                cost = (
+                    None
+                    if pricing is None and not cache_hit
+                    else outcome_cost(outcome, source.model or model, pricing)
+                )
+                values: TelemetryValues = (
+                    call_id,
+                    request.parent_call_id,
+                    request.session_id,
+                    model,
+                    outcome.provider or source.provider,
+                    outcome.source_name or source.name,
+                    messages,
+                    outcome.content,
+                    outcome.thinking,
+                    outcome.prompt_tokens,
+                    outcome.completion_tokens,
+                    outcome.usage_source,
+                    0 if cache_hit else (outcome.latency_ms or latency_ms),
+                    None if cache_hit else outcome.ttft_ms,
+                    None if cache_hit else outcome.max_inter_token_ms,
+                    cache_hit,
+                    None,  # error
+                    cost,
+                    layer.time(),  # created_at
+                    layer.scope or source.scope,
+                    request.cache_namespace or layer.namespace,
+                    params,
+                    root_call_id,
+                )
+            except Exception as exc:  # noqa: BLE001 - as RowWriter.build: no row, one warning
+                layer.warn_once("build", "telemetry row could not be built: %r", exc)
+                return
+            self.last_call_id = call_id
+            self.last_cost = cost
+            try:
+                record_values(values)
+            except Exception as exc:  # noqa: BLE001 - as RowWriter.submit: one warning a cause
+                layer.warn_once(
+                    f"record:{type(exc).__name__}", "telemetry recorder failed: %r", exc
+                )
         except Exception as exc:  # noqa: BLE001 - the observer never raises into the call
             layer.warn_once("observer", "telemetry observer failed: %r", exc)
 
+    def _record(
+        self,
+        request: ChatRequest,
+        source: SourceConfig,
+        call_id: str,
+        outcome: LLMResponse | BaseException,
+        latency_ms: int,
+    ) -> None:
+        """Any attempt's row through ``build_record``: the definition of the usual one."""
+        layer = self._layer
+        record = layer.build(
+            request,
+            outcome,
+            call_id=call_id,
+            latency_ms=latency_ms,
+            source=source,
+            messages=layer.messages_of(request.context, request),
+            root_call_id=self.root_call_id,
+        )
+        if record is None:
+            return
+        if isinstance(outcome, LLMResponse):
+            self.last_call_id = call_id
+            self.last_cost = record.cost
+            if request.structured is not None:
+                # The ladder may still reject this output: hold the row until we know.
+                self.pending = record
+                self._pending_outcome = outcome
+                return
+        if self.trace is None:
+            layer.submit(record)
+        else:
+            layer.rows.submit_attempt(self.trace, record, outcome)
+
     def on_result_invalid(self, call_id: str, error: BaseException) -> None:
         """The structured ladder rejected the output of attempt ``call_id``."""
-        pending = self._pending
+        pending = self.pending
         if pending is not None and pending.call_id == call_id:
-            self._pending = dataclasses.replace(pending, error=error_name(error))
+            self.pending = dataclasses.replace(pending, error=error_name(error))
             self._pending_outcome = error
 
     def release_pending(self) -> None:
-        pending = self._pending
+        pending = self.pending
         if pending is not None:
-            self._pending = None
+            self.pending = None
             if self.trace is None:
                 self._layer.submit(pending)
             else:

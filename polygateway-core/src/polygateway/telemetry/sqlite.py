@@ -31,11 +31,12 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import repeat, starmap
+from operator import attrgetter
 from typing import Any
 
-from polygateway.types import TelemetryRecord
+from polygateway.types import TelemetryRecord, TelemetryValues
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ directly, without the copy a text or blob stand-in costs SQLite. (A process that
 
 _ROW_PARAMS = f"({', '.join('?' * len(COLUMNS))})"
 INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PARAMS}"
-"""One row; its parameters are a ``Row`` (NULLs bound as NaN)."""
+"""One row; its parameters are a record's values in ``COLUMNS`` order, NULL bound as NaN."""
 
 ROWS_PER_STATEMENT = 64
 """Rows one INSERT carries at most. SQLite runs a statement without the GIL, but binding its
@@ -155,43 +156,13 @@ def statement_sizes(per: int) -> frozenset[int]:
     return frozenset((per, *(1 << bit for bit in range(per.bit_length()) if 1 << bit < per)))
 
 
-Row = tuple[Any, ...]
-"""One record as the INSERT's parameters, in ``COLUMNS`` order, NULL bound as NaN."""
-
 ROW_WIDTH = len(COLUMNS)
 """Values a row takes in the recorder's queue."""
 
 
-def _row(record: TelemetryRecord) -> Row:
-    created_at = record.created_at or time.time()
-    parent_call_id, session_id = record.parent_call_id, record.session_id
-    ttft_ms, max_inter_token_ms = record.ttft_ms, record.max_inter_token_ms
-    error, cost = record.error, record.cost
-    return (
-        record.call_id,
-        _NULL if parent_call_id is None else parent_call_id,
-        _NULL if session_id is None else session_id,
-        record.model,
-        record.provider,
-        record.source_name,
-        record.messages,
-        record.response,
-        record.thinking,
-        record.prompt_tokens,
-        record.completion_tokens,
-        record.usage_source,
-        record.latency_ms,
-        _NULL if ttft_ms is None else ttft_ms,
-        _NULL if max_inter_token_ms is None else max_inter_token_ms,
-        1 if record.cache_hit else 0,
-        _NULL if error is None else error,
-        _NULL if cost is None else cost,
-        created_at,
-        record.scope,
-        record.cache_namespace,
-        record.params,
-        record.root_call_id,
-    )
+_RECORD_VALUES: Callable[[TelemetryRecord], TelemetryValues] = attrgetter(*COLUMNS)
+"""A record's values in ``COLUMNS`` order, which is its field order (a test holds the two
+equal): ``TelemetryRecord(*_RECORD_VALUES(record))`` is ``record``."""
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:
@@ -283,31 +254,90 @@ class SQLiteRecorder:
 
     def record_nowait(self, record: TelemetryRecord) -> None:
         """Enqueue without waiting; never raises. Safe to call from synchronous code."""
-        if self._closed or self._broken:
-            self._dropped_on_loop += 1
-            if self._closed:
-                self._warn_once(
-                    "closed",
-                    "telemetry row dropped: the SQLite recorder for %s is closed",
-                    self.path,
-                )
-            return
+        self.record_values_nowait(_RECORD_VALUES(record))
+
+    def record_values_nowait(self, values: TelemetryValues) -> None:
+        """``record_nowait(TelemetryRecord(*values))`` (``ports.SupportsRecordValues``)."""
         queue = self._queue
-        if len(queue) >= self.queue_max * ROW_WIDTH:
-            self._dropped_on_loop += 1
+        if self._closed or self._broken or len(queue) >= self.queue_max * ROW_WIDTH:
+            self._drop_on_loop()
+            return
+        (
+            call_id,
+            parent_call_id,
+            session_id,
+            model,
+            provider,
+            source_name,
+            messages,
+            response,
+            thinking,
+            prompt_tokens,
+            completion_tokens,
+            usage_source,
+            latency_ms,
+            ttft_ms,
+            max_inter_token_ms,
+            cache_hit,
+            error,
+            cost,
+            created_at,
+            scope,
+            cache_namespace,
+            params,
+            root_call_id,
+        ) = values
+        # The row's INSERT parameters, in COLUMNS order, NULL bound as NaN.
+        queue.extend(
+            (
+                call_id,
+                _NULL if parent_call_id is None else parent_call_id,
+                _NULL if session_id is None else session_id,
+                model,
+                provider,
+                source_name,
+                messages,
+                response,
+                thinking,
+                prompt_tokens,
+                completion_tokens,
+                usage_source,
+                latency_ms,
+                _NULL if ttft_ms is None else ttft_ms,
+                _NULL if max_inter_token_ms is None else max_inter_token_ms,
+                1 if cache_hit else 0,
+                _NULL if error is None else error,
+                _NULL if cost is None else cost,
+                created_at or time.time(),
+                scope,
+                cache_namespace,
+                params,
+                root_call_id,
+            )
+        )
+        self._accepted += 1
+        if self._thread is None:
+            self._start()
+        elif len(queue) >= self.batch_size * ROW_WIDTH and not self._wake.is_set():
+            self._wake.set()
+
+    def _drop_on_loop(self) -> None:
+        """Count (and warn of, once per cause) a row refused on the loop: the recorder is
+        closed or broken, or its queue is full."""
+        self._dropped_on_loop += 1
+        if self._closed:
+            self._warn_once(
+                "closed",
+                "telemetry row dropped: the SQLite recorder for %s is closed",
+                self.path,
+            )
+        elif not self._broken:
             self._warn_once(
                 "full",
                 "telemetry queue for %s is full (%d rows): dropping rows, counted in .dropped",
                 self.path,
                 self.queue_max,
             )
-            return
-        queue.extend(_row(record))
-        self._accepted += 1
-        if self._thread is None:
-            self._start()
-        elif len(queue) >= self.batch_size * ROW_WIDTH and not self._wake.is_set():
-            self._wake.set()
 
     async def flush(self) -> None:
         """Wait until every row recorded before this call is written (or counted as dropped)."""

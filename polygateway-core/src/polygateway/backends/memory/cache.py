@@ -27,6 +27,7 @@ class MemoryCache:
         "_checked_ttl_s",
         "_clock",
         "_deadlines",
+        "_monotonic",
         "_values",
         "max_entries",
     )
@@ -35,6 +36,7 @@ class MemoryCache:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"MemoryCache max_entries must be an int >= 1, got {max_entries!r}")
         self._clock = clock
+        self._monotonic = clock.monotonic  # bound once: read at every store and hit
         self.max_entries = max_entries
         # key -> value, in order of use (oldest first), and key -> monotonic deadline: two maps
         # of plain values, not one of (deadline, value) tuples. A tuple per entry is an object
@@ -62,7 +64,7 @@ class MemoryCache:
         value = self._values.get(key)
         if value is None:
             return None
-        if self._deadlines[key] <= self._clock.monotonic():
+        if self._deadlines[key] <= self._monotonic():
             del self._values[key], self._deadlines[key]
             return None
         self._values.move_to_end(key)
@@ -73,7 +75,7 @@ class MemoryCache:
         if ttl_s is not self._checked_ttl:
             self._checked_ttl_s = check_ttl(ttl_s)
             self._checked_ttl = ttl_s
-        deadline = self._clock.monotonic() + self._checked_ttl_s
+        deadline = self._monotonic() + self._checked_ttl_s
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError(
                 f"MemoryCache stores str keys and values, got {type(key).__name__} -> "
@@ -93,7 +95,7 @@ class MemoryCache:
         deadline = self._deadlines.get(key)
         if deadline is None:
             return None
-        remaining = deadline - self._clock.monotonic()
+        remaining = deadline - self._monotonic()
         return remaining if remaining > 0 else None
 
     def __len__(self) -> int:

@@ -23,7 +23,9 @@ Subclass ``TelemetryRecorderContract`` and provide two fixtures on the same stor
 
 A recorder that also implements ``ports.SupportsRecordNowait`` (a synchronous
 ``record_nowait``, which the telemetry layer then uses instead of a task per row) has it held
-to the behaviour of ``record``; those tests skip for a recorder without it.
+to the behaviour of ``record``, and one that implements ``ports.SupportsRecordValues`` has
+``record_values_nowait`` held to ``record_nowait`` of the record; those tests skip for a
+recorder without them.
 
 Text may be stored without NUL characters (Postgres rejects them); every other character
 must round-trip.
@@ -36,12 +38,12 @@ import base64
 import inspect
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import fields, replace
+from dataclasses import astuple, fields, replace
 from typing import Any
 
 import pytest
 
-from polygateway.ports import SupportsRecordNowait, TelemetryRecorder
+from polygateway.ports import SupportsRecordNowait, SupportsRecordValues, TelemetryRecorder
 from polygateway.types import ChatRequest, LLMResponse, TelemetryRecord
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TelemetryRecord) if f.name != "created_at")
@@ -173,6 +175,32 @@ class TelemetryRecorderContract:
         assert sorted(rows) == sorted(r.call_id for r in records)
         for record in records:
             assert_row_matches(rows[record.call_id], record)
+
+    async def test_record_values_nowait_is_record_nowait_of_the_record(
+        self, new_recorder: Callable[[], Awaitable[TelemetryRecorder]], read_rows: RowReader
+    ) -> None:
+        recorder = await new_recorder()
+        if not isinstance(recorder, SupportsRecordValues):
+            pytest.skip("this recorder does not implement ports.SupportsRecordValues")
+        full = sample_record()
+        sparse = sample_record(
+            parent_call_id=None,
+            session_id=None,
+            ttft_ms=None,
+            max_inter_token_ms=None,
+            cost=None,
+            error="cancelled",
+            cache_hit=True,
+            created_at=0.0,  # stamped when recorded, as by record_nowait
+        )
+        for record in (full, sparse):
+            assert recorder.record_values_nowait(astuple(record)) is None  # type: ignore[func-returns-value]
+        recorder.record_values_nowait(astuple(replace(full, response="again")))
+        await recorder.flush()
+        rows = {row["call_id"]: row for row in await read_rows()}
+        assert sorted(rows) == sorted((full.call_id, sparse.call_id))
+        assert_row_matches(rows[full.call_id], full)  # idempotent on call_id, like record()
+        assert_row_matches(rows[sparse.call_id], sparse)
 
     async def test_idempotent_on_call_id(
         self, new_recorder: Callable[[], Awaitable[TelemetryRecorder]], read_rows: RowReader
