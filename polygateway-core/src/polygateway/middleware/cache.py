@@ -110,7 +110,7 @@ def encode_response(response: LLMResponse) -> str:
     back equal.
     """
     # ``_stored_by_name(response)`` at two fifths of the cost. A response's instance dict
-    # holds its fields in order and nothing else (``fast_frozen_init`` writes it at once):
+    # holds its fields in order and nothing else (``frozen_dataclass`` writes it at once):
     # copied whole, ``structured_data`` removed. An instance holding more (an attribute set
     # past the frozen guard) takes the definition.
     fields = vars(response).copy()
