@@ -679,3 +679,24 @@ async def test_a_ca_store_that_cannot_be_read_fails_the_https_calls_not_the_buil
         assert (await transport.send(chat(), source, call_id="c")).content == "over tls"
     finally:
         await transport.aclose()
+
+
+@needs_openssl
+async def test_a_ca_store_repaired_where_it_is_is_read_at_the_next_connection(
+    tls_upstream: int,
+    certificate: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store.pem"
+    store.write_text("not a certificate\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(store))
+    source = source_at(f"https://localhost:{tls_upstream}/v1")
+    transport = OpenAICompatTransport(source)
+    try:
+        with pytest.raises(SourceDeadError):
+            await transport.send(chat(), source, call_id="c")
+        store.write_bytes(certificate[0].read_bytes())  # same path: the same cache key
+        assert (await transport.send(chat(), source, call_id="c")).content == "over tls"
+    finally:
+        await transport.aclose()

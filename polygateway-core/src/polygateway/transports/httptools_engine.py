@@ -80,9 +80,12 @@ def tls_context() -> Future[ssl.SSLContext]:
 
 def tls_context_of(cafile: str | None, capath: str | None) -> Future[ssl.SSLContext]:
     """``tls_context()`` of the CA store named (``ssl.get_default_verify_paths()``'s parts)."""
-    made = _tls_context_for(cafile, capath, os.getpid())
+    pid = os.getpid()
+    made = _tls_context_for(cafile, capath, pid)
     if made.done() and made.exception() is not None:
-        _tls_context_for.cache_clear()  # only the callers holding it see that failure
+        # Only the callers that held it see that failure: this one reads the store again.
+        _tls_context_for.cache_clear()
+        made = _tls_context_for(cafile, capath, pid)
     return made
 
 
@@ -97,10 +100,13 @@ def _tls_context_for(cafile: str | None, capath: str | None, pid: int) -> Future
         try:
             # The store of the cache key, named: the environment may change before this runs.
             context = ssl.create_default_context(cafile=cafile, capath=capath)
-        except BaseException as exc:  # noqa: BLE001 - kept for the first TLS connection
+        except Exception as exc:  # noqa: BLE001 - kept for the first TLS connection
             made.set_exception(exc)
         else:
             made.set_result(context)
+        finally:
+            if not made.done():  # the thread stopped by something else: no caller waits forever
+                made.set_exception(RuntimeError("the TLS context was not made"))
 
     try:
         threading.Thread(target=make, name="polygateway-tls-context").start()
@@ -615,7 +621,9 @@ class HttptoolsEngine:
         if context is not None:
             return context
         made = self._tls
-        if made is None or (not made.done() and self._tls_pid != os.getpid()):
+        # The pid first: a future begun before a fork is not touched in the child (its lock
+        # may have been held by the parent's thread at the fork).
+        if made is None or self._tls_pid != os.getpid():
             # None yet (an https URL on an engine for plain http), a retry, or begun before
             # this process was forked (the thread making it stayed in the parent).
             made = self._tls = self._begin_tls()
