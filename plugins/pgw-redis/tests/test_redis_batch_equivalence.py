@@ -337,3 +337,20 @@ async def test_an_operation_that_fails_leaves_the_batch_s_earlier_writes_whole(
     assert all(ttl > 0 for _kind, _value, ttl in state.values()), state
     rpm = state[f"pgw:limit:{{scope}}:global:rpm:{window}"]
     assert rpm[1] == "1"
+
+
+async def test_a_counter_that_cannot_be_incremented_leaves_no_lease_set_without_expiry(
+    redis: Any, unique_scope: str
+) -> None:
+    """A window counter holding something else than an integer fails the batch's flush, as it
+    fails the single script: the lease sets written before it keep their expiry all the same."""
+    window = int((await redis.time())[0]) // 60
+    scenario = Scenario(unique_scope, window)
+    await redis.set(scenario.keys.rpm_base + str(window), "not a count", ex=120)
+    acquire = Op(1, scenario.acquire_keys("s1"), scenario.acquire_args("s1", new_lease_id(), 100))
+    with pytest.raises(Exception, match="not an integer"):
+        await run_as_batch(redis, [acquire])
+    state = await state_of(redis, unique_scope)
+    leases = [key for key, (kind, _value, _ttl) in state.items() if kind == "zset"]
+    assert len(leases) == 2, state
+    assert all(ttl > 0 for _kind, _value, ttl in state.values()), state

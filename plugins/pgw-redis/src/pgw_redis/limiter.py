@@ -183,8 +183,8 @@ MAX_BATCHES_IN_FLIGHT: Final = 2
 
 _Op: TypeAlias = tuple[int, bytes, int, bytes]
 """One operation of a batch, encoded (``connection.bulk``): its key count, its keys, its
-argument count and its arguments, the BATCH script's three of each operation (code, key count,
-argument count) included."""
+argument count and its arguments, its code (the BATCH script's) included; ``_batch_call``
+appends where its keys start."""
 
 
 # Operations of the BATCH script: code, keys, arguments (see scripts.BATCH). An operation's

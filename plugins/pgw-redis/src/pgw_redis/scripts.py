@@ -237,15 +237,20 @@ local function gate_fields(key)
 end
 local function gate_changed(key) gates[key] = nil end
 
+-- The expiries first, then the increments (the only writes that can fail: a counter holding
+-- something else than an integer), each followed by its key's expiry whatever it answered.
 local function flush()
-  for _, key in ipairs(count_order) do
-    redis.call('INCRBY', key, int(count_adds[key]))
-    redis.call('EXPIRE', key, '120')
-  end
   for _, key in ipairs(lease_order) do redis.call('PEXPIRE', key, int(lease_ttls[key])) end
-  for _, key in ipairs(hold_order) do redis.call('SET', key, int(holds[key]), 'EX', '3600') end
   for _, key in ipairs(settled_order) do redis.call('EXPIREAT', key, int(settled_ends[key])) end
+  for _, key in ipairs(hold_order) do redis.call('SET', key, int(holds[key]), 'EX', '3600') end
   for _, key in ipairs(mark_order) do redis.call('SET', key, marks[key], 'EX', '3600') end
+  local failure
+  for _, key in ipairs(count_order) do
+    local ok, err = pcall(redis.call, 'INCRBY', key, int(count_adds[key]))
+    redis.call('EXPIRE', key, '120')
+    if not ok and failure == nil then failure = err end
+  end
+  if failure ~= nil then error(failure, 0) end
 end
 """
     + _ON_HELPERS
@@ -706,10 +711,12 @@ local function run_all()
   end
 end
 -- The deferred writes land even when an operation fails: what the operations before it
--- wrote stays whole (no lease set or counter without its expiry).
+-- wrote stays whole (no lease set or counter without its expiry). An operation's error is
+-- the one reported, before the flush's.
 local ok, err = pcall(run_all)
-flush()
+local flushed, flush_err = pcall(flush)
 if not ok then error(err, 0) end
+if not flushed then error(flush_err, 0) end
 return out
 """,
 )
