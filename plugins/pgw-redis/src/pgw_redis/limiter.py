@@ -205,8 +205,6 @@ _PROGRESS_HEAD: Final = bulk(4)
 _ACQUIRE_FIELDS: Final = BATCH_REPLY_FIELDS[1]
 _GATE_FIELDS: Final = BATCH_REPLY_FIELDS[5]
 _JOINT_FIELDS: Final = BATCH_REPLY_FIELDS[6]
-_KEY_OFFSETS: Final = tuple(bulk(n) for n in range(1024))
-"""Where an operation's keys start, encoded once (a batch's distinct keys stay far below)."""
 _TRUE: Final = bulk(1)
 _FALSE: Final = bulk(0)
 
@@ -227,9 +225,7 @@ def _batch_call(ops: Sequence[_Op]) -> PackedCall:
     for op_key_count, op_keys, _op_arg_count, op_args in ops:
         offset = offsets.get(op_keys)
         if offset is None:
-            offset = offsets[op_keys] = (
-                _KEY_OFFSETS[key_count] if key_count < len(_KEY_OFFSETS) else bulk(key_count)
-            )
+            offset = offsets[op_keys] = bulk(key_count)
             key_count += op_key_count
         args.append(op_args)
         args.append(offset)

@@ -38,7 +38,7 @@ local GATE_FIELDS = {'state', 'epoch', 'failures', 'open_until', 'probe_until', 
                      'abandoned_owner'}
 """
 
-_ON_HELPERS = """
+_SHARED_HELPERS = """
 -- A typical hold time moves toward the newest (moving average, weight 0.2 for the newest, as
 -- in the in-memory limiter's next_hold).
 local function hold_update(key, duration)
@@ -92,7 +92,7 @@ local function progress_set(key, ms) redis.call('SET', key, ms, 'EX', '3600') en
 local function gate_fields(key) return redis.call('HMGET', key, unpack(GATE_FIELDS)) end
 local function gate_changed(key) end
 """
-    + _ON_HELPERS
+    + _SHARED_HELPERS
 )
 
 _BATCHED = (
@@ -130,14 +130,13 @@ local function now_ms()
   end
   return clock_ms, clock_s
 end
-local function keep(order, seen, key)
-  if not seen[key] then
-    seen[key] = true
-    order[#order + 1] = key
-  end
+-- Each deferred write's keys in the order first written (``values``: what will be written,
+-- nil until then), so that flush() writes in a fixed order.
+local function note(order, values, key)
+  if values[key] == nil then order[#order + 1] = key end
 end
 
-local counts, count_adds, count_order, count_seen = {}, {}, {}, {}
+local counts, count_adds, count_order = {}, {}, {}
 local function counter(key)
   local n = counts[key]
   if n == nil then
@@ -147,11 +146,11 @@ local function counter(key)
   return n + (count_adds[key] or 0)
 end
 local function counter_add(key, n)
+  note(count_order, count_adds, key)
   count_adds[key] = (count_adds[key] or 0) + num(n)
-  keep(count_order, count_seen, key)
 end
 
-local cards, pruned, lease_ttls, lease_order, lease_seen = {}, {}, {}, {}, {}
+local cards, pruned, lease_ttls, lease_order = {}, {}, {}, {}
 local function leases_pruned(key, now)
   if not pruned[key] then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
@@ -172,8 +171,8 @@ local function lease_add(key, expires, id, ttl_ms)
     cards[key] = cards[key] + 1
   end
   local ttl = num(ttl_ms)
+  note(lease_order, lease_ttls, key)
   if (lease_ttls[key] or -1) < ttl then lease_ttls[key] = ttl end
-  keep(lease_order, lease_seen, key)
 end
 local function lease_remove(key, id)
   local removed = redis.call('ZREM', key, id)
@@ -197,7 +196,7 @@ local function abandoned_add(key, now, id, ttl_ms)
   abandoned_present[key] = true
 end
 
-local holds, hold_order, hold_seen = {}, {}, {}
+local holds, hold_order, hold_written = {}, {}, {}
 local function hold_ms(key)
   local h = holds[key]
   if h == nil then
@@ -207,23 +206,24 @@ local function hold_ms(key)
   return h or nil
 end
 local function hold_set(key, value)
-  holds[key] = value
-  keep(hold_order, hold_seen, key)
+  holds[key] = value  -- also what later reads in the batch see
+  note(hold_order, hold_written, key)
+  hold_written[key] = true
 end
 
-local settled_ends, settled_order, settled_seen = {}, {}, {}
+local settled_ends, settled_order = {}, {}
 local function settled_add(key, id, window_end)
   if redis.call('SADD', key, id) == 0 then return false end
   local at = num(window_end)
+  note(settled_order, settled_ends, key)
   if (settled_ends[key] or -1) < at then settled_ends[key] = at end
-  keep(settled_order, settled_seen, key)
   return true
 end
 
-local marks, mark_order, mark_seen = {}, {}, {}
+local marks, mark_order = {}, {}
 local function progress_set(key, ms)
+  note(mark_order, marks, key)
   marks[key] = ms
-  keep(mark_order, mark_seen, key)
 end
 
 local gates = {}
@@ -253,7 +253,7 @@ local function flush()
   if failure ~= nil then error(failure, 0) end
 end
 """
-    + _ON_HELPERS
+    + _SHARED_HELPERS
 )
 
 
