@@ -419,25 +419,12 @@ class _CallObserver:
             # The usual attempt (a success no layer may still reject, no call trace, the row
             # kept as built): build_record's values, field for field (a test holds the two
             # equal), handed over without the record object or a keyword matched by name.
-            if layer.wants_content:
-                context = request.context
-                messages = (
-                    canonical_messages_json(request.messages)
-                    if context is None
-                    else context.canonical_messages(request.messages)
-                )
-            else:
-                messages = ""
+            messages = layer.messages_of(request.context, request)
             params = "" if request.params is None else params_json(request)
             try:
                 cache_hit = outcome.cache_hit
                 model = outcome.model or source.model
-                pricing = layer.pricing
-                cost = (
-                    None
-                    if pricing is None and not cache_hit
-                    else outcome_cost(outcome, source.model or model, pricing)
-                )
+                cost = outcome_cost(outcome, source.model or model, layer.pricing)
                 values: TelemetryValues = (
                     call_id,
                     request.parent_call_id,
