@@ -19,10 +19,18 @@ from typing import Any
 
 import pytest
 from polygateway.telemetry.sqlite import (
+    _NULL,
     _RECORD_VALUES,
     COLUMNS,
     NULLABLE,
+    QUEUED,
+    SCHEMA,
+    SHARED_ALL,
+    SHARED_CALL,
     SQLiteRecorder,
+    insert,
+    shared_tail,
+    shared_values,
     split_rows,
     statement_sizes,
 )
@@ -296,6 +304,86 @@ async def test_a_batch_of_any_size_writes_every_row(tmp_path: Path, size: int) -
     assert len(by_id) == size and recorder.dropped == 0
     for record in records:
         assert_row_matches(by_id[record.call_id], record)
+
+
+class Label(str):
+    """A str subclass: equal to its text, stored as its text."""
+
+
+def queued(record: TelemetryRecord) -> list[Any]:
+    """A record's row as the recorder queues it (``QUEUED`` order, NULL as the stand-in)."""
+    values = dict(zip(COLUMNS, _RECORD_VALUES(record), strict=True))
+    values["cache_hit"] = 1 if values["cache_hit"] else 0
+    return [_NULL if values[name] is None else values[name] for name in QUEUED]
+
+
+def test_the_queued_order_holds_every_column_once() -> None:
+    assert sorted(QUEUED) == sorted(COLUMNS)
+    assert QUEUED[-SHARED_CALL:][0] == "model" and QUEUED[-SHARED_ALL:][0] == "ttft_ms"
+
+
+_VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"model": "model-b"},
+    {"model": Label("model-a")},
+    {"error": "TimeoutError"},
+    {"parent_call_id": None},
+    {"cache_hit": True},
+    {"thinking": ""},
+    {"ttft_ms": 1.0},
+    {"ttft_ms": float("nan")},  # another NaN object: not the stand-in, bound apart
+    {"cost": 0.5},
+    {"prompt_tokens": 7, "messages": "[]"},
+]
+
+
+@pytest.mark.parametrize("rows", [2, 3, 8, 64])
+@pytest.mark.parametrize("base", [{}, {"ttft_ms": None, "max_inter_token_ms": None, "cost": None}])
+def test_rows_sharing_values_are_written_as_with_every_value_bound(
+    rows: int, base: dict[str, Any]
+) -> None:
+    # shared_tail picks the statement binding the shared values once; the rows it writes are
+    # those of the statement binding every value of every row (the definition).
+    expected_forms = set()
+    for variant in _VARIANTS:
+        for odd_row in (0, rows - 1):
+            records = [
+                sample_record(**(base | variant if i == odd_row else base)) for i in range(rows)
+            ]
+            batch = [value for record in records for value in queued(record)]
+            shared = shared_tail(batch, rows)
+            expected_forms.add(shared)
+            tables = []
+            for sql, params in (
+                (insert(rows), batch),
+                (insert(rows, shared), shared_values(batch, shared) if shared else batch),
+            ):
+                with closing(sqlite3.connect(":memory:")) as conn:
+                    conn.executescript(SCHEMA)
+                    conn.execute(sql, params)
+                    tables.append(list(conn.execute("SELECT *, typeof(model) FROM pgw_calls")))
+            assert tables[0] == tables[1], (variant, odd_row)
+            assert len(tables[0]) == rows
+    assert expected_forms == ({0, SHARED_CALL} if not base else {0, SHARED_CALL, SHARED_ALL})
+
+
+def test_values_differing_between_rows_are_not_shared() -> None:
+    same = [sample_record(ttft_ms=None, max_inter_token_ms=None, cost=None) for _ in range(4)]
+    batch = [value for record in same for value in queued(record)]
+    assert shared_tail(batch, 4) == SHARED_ALL
+    for name, value in [("model", "other"), ("error", "E"), ("cache_hit", 1), ("scope", "s")]:
+        changed = batch.copy()
+        changed[3 * len(QUEUED) + QUEUED.index(name)] = value
+        assert shared_tail(changed, 4) == 0, name
+    for name in ("ttft_ms", "max_inter_token_ms", "cost"):
+        changed = batch.copy()
+        changed[QUEUED.index(name)] = 1.5
+        assert shared_tail(changed, 4) == SHARED_CALL, name
+    # A first value neither an exact str nor the NULL stand-in is bound row by row.
+    changed = batch.copy()
+    for row in range(4):
+        changed[row * len(QUEUED) + QUEUED.index("model")] = 5
+    assert shared_tail(changed, 4) == 0
 
 
 async def test_every_insert_is_compiled_when_the_database_opens(

@@ -11,7 +11,9 @@ each batch awaited on the loop.
 Batches are large (``batch_size`` rows, or whatever ``flush_interval_s`` gathered): a row
 costs less the more rows share a commit (about 6.9 us of writer CPU at 256 rows, 4.8 us at
 2048 on the test machine, measured when call ids were random; they are time-ordered now, so
-each commit's keys land together at the end of the key's index).
+each commit's keys land together at the end of the key's index). Values that every row of a
+statement shares (the client's source, scope and namespace, NULLs) are bound once for the
+statement (``shared_tail``): binding costs SQLite a copy of each text under its mutex.
 
 Failures never reach the call: an unopenable database, a write error or a full queue each log
 one warning and count the lost rows in ``dropped``. A database file deleted or replaced while
@@ -124,9 +126,74 @@ directly, without the copy a text or blob stand-in costs SQLite. (A process that
 ``sqlite3`` adapter for ``float`` changes how every float binds, this one included.)"""
 
 
+QUEUED: tuple[str, ...] = (
+    # Different in every row.
+    "call_id",
+    "messages",
+    "response",
+    "prompt_tokens",
+    "completion_tokens",
+    "latency_ms",
+    "created_at",
+    "root_call_id",
+    # NULL in every row of calls without streaming or pricing.
+    "ttft_ms",
+    "max_inter_token_ms",
+    "cost",
+    # The same in most rows of a client: its source, scope and namespace, no error.
+    "model",
+    "provider",
+    "source_name",
+    "thinking",
+    "usage_source",
+    "scope",
+    "cache_namespace",
+    "params",
+    "parent_call_id",
+    "session_id",
+    "error",
+    "cache_hit",
+)
+"""``COLUMNS`` in the order a row's values wait in the queue and bind to the INSERTs: those
+that differ row to row first, those most rows share last (see ``shared_tail``)."""
+
+SHARED_CALL = 12
+"""The last values of a row, ``model`` to ``cache_hit``: the same in most rows of a client."""
+SHARED_ALL = SHARED_CALL + 3
+"""The last values of a row from ``ttft_ms`` on: also NULL in every row of a JSON call
+without pricing."""
+
 _ROW_PARAMS = f"({', '.join('?' * len(COLUMNS))})"
-INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PARAMS}"
-"""One row; its parameters are a record's values in ``COLUMNS`` order, NULL bound as NaN."""
+_INTO = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(QUEUED)}) VALUES "
+INSERT = _INTO + _ROW_PARAMS
+"""One row; its parameters are a record's values in ``QUEUED`` order, NULL bound as NaN."""
+
+
+def insert(rows: int, shared: int = 0) -> str:
+    """The INSERT of ``rows`` rows; its parameters are every row's values one after the other
+    (``shared`` 0), or, column after column, the values of the ``rows`` rows the rows do not
+    share, then the last ``shared`` values (``QUEUED`` order) once for all of them (``?NNN``
+    parameters name a bound value again): ``shared_values`` makes them."""
+    if not shared:
+        return _INTO + ", ".join([_ROW_PARAMS] * rows)
+    own = len(COLUMNS) - shared
+    tail = ", ".join(f"?{own * rows + n}" for n in range(1, shared + 1))
+    return _INTO + ", ".join(
+        f"({', '.join(f'?{column * rows + row + 1}' for column in range(own))}, {tail})"
+        for row in range(rows)
+    )
+
+
+def shared_values(rows: list[Any], shared: int) -> list[Any]:
+    """The parameters of ``insert(count, shared)`` for the ``count`` rows of ``rows`` (their
+    values one after the other), whose last ``shared`` values are the same: a column of the
+    rows' own values is a slice, no value is looked at one by one."""
+    values = rows[0::ROW_WIDTH]
+    for column in range(1, ROW_WIDTH - shared):
+        values += rows[column::ROW_WIDTH]
+    values += rows[ROW_WIDTH - shared : ROW_WIDTH]
+    return values
+
 
 ROWS_PER_STATEMENT = 64
 """Rows one INSERT carries at most. SQLite runs a statement without the GIL, but binding its
@@ -158,6 +225,34 @@ def statement_sizes(per: int) -> frozenset[int]:
 
 ROW_WIDTH = len(COLUMNS)
 """Values a row takes in the recorder's queue."""
+
+_CACHE_HIT = QUEUED.index("cache_hit")
+
+
+def shared_tail(rows: list[Any], count: int) -> int:
+    """How many of the last values (``QUEUED`` order) the ``count`` rows of ``rows`` (their
+    values one after the other) may bind once for all: ``SHARED_ALL``, ``SHARED_CALL`` or 0.
+
+    Binding a value costs more than inserting it (SQLite copies every text it binds, under
+    its connection's mutex), and most of a row's values are those of its client: bound once
+    for a statement of 64 rows, a row binds 8 values instead of 23. A value is shared when
+    every row's equals the first row's, which is an exact ``str`` (its text) or the NULL
+    stand-in itself (NaN equals nothing, so only that object), or ``cache_hit``'s 0 or 1 made
+    by the recorder: equal values of these store the same (a ``str`` subclass redefining
+    equality aside), so the rows are those the statement with every value bound writes (a
+    test holds the two equal).
+    """
+    for position in range(ROW_WIDTH - SHARED_CALL, ROW_WIDTH):
+        column = rows[position::ROW_WIDTH]
+        first = column[0]
+        if (
+            type(first) is not str and first is not _NULL and position != _CACHE_HIT
+        ) or column.count(first) != count:
+            return 0
+    for position in range(ROW_WIDTH - SHARED_ALL, ROW_WIDTH - SHARED_CALL):
+        if rows[position] is not _NULL or rows[position::ROW_WIDTH].count(_NULL) != count:
+            return SHARED_CALL
+    return SHARED_ALL
 
 
 _RECORD_VALUES: Callable[[TelemetryRecord], TelemetryValues] = attrgetter(*COLUMNS)
@@ -238,7 +333,7 @@ class SQLiteRecorder:
         # database is opened, the connection, and the identity (device, inode) of the file it
         # has open.
         self._rows_per_statement = 1
-        self._inserts: dict[int, str] = {1: INSERT}
+        self._inserts: dict[tuple[int, int], str] = {(1, 0): INSERT}
         self._conn: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None
 
@@ -287,32 +382,32 @@ class SQLiteRecorder:
             params,
             root_call_id,
         ) = values
-        # The row's INSERT parameters, in COLUMNS order, NULL bound as NaN.
+        # The row's INSERT parameters, in QUEUED order, NULL bound as NaN.
         queue.extend(
             (
                 call_id,
-                _NULL if parent_call_id is None else parent_call_id,
-                _NULL if session_id is None else session_id,
+                messages,
+                response,
+                prompt_tokens,
+                completion_tokens,
+                latency_ms,
+                created_at or time.time(),
+                root_call_id,
+                _NULL if ttft_ms is None else ttft_ms,
+                _NULL if max_inter_token_ms is None else max_inter_token_ms,
+                _NULL if cost is None else cost,
                 model,
                 provider,
                 source_name,
-                messages,
-                response,
                 thinking,
-                prompt_tokens,
-                completion_tokens,
                 usage_source,
-                latency_ms,
-                _NULL if ttft_ms is None else ttft_ms,
-                _NULL if max_inter_token_ms is None else max_inter_token_ms,
-                1 if cache_hit else 0,
-                _NULL if error is None else error,
-                _NULL if cost is None else cost,
-                created_at or time.time(),
                 scope,
                 cache_namespace,
                 params,
-                root_call_id,
+                _NULL if parent_call_id is None else parent_call_id,
+                _NULL if session_id is None else session_id,
+                _NULL if error is None else error,
+                1 if cache_hit else 0,
             )
         )
         self._accepted += 1
@@ -433,7 +528,11 @@ class SQLiteRecorder:
             # SQLite builds before 3.32 bind at most 999 parameters to one statement.
             fit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)
             self._rows_per_statement = per = max(1, min(ROWS_PER_STATEMENT, fit))
-            self._inserts = {n: INSERT + f",{_ROW_PARAMS}" * (n - 1) for n in statement_sizes(per)}
+            self._inserts = {
+                (rows, shared): insert(rows, shared)
+                for rows in statement_sizes(per)
+                for shared in ((0, SHARED_CALL, SHARED_ALL) if rows > 1 else (0,))
+            }
             self._compile_inserts(conn)
         except Exception:
             conn.close()
@@ -449,8 +548,8 @@ class SQLiteRecorder:
         nothing is written.
         """
         with conn:
-            for size, insert in self._inserts.items():
-                conn.execute(insert, (None,) * (size * ROW_WIDTH))
+            for (rows, shared), sql in self._inserts.items():
+                conn.execute(sql, (None,) * (rows * (ROW_WIDTH - shared) + shared))
 
     def _connect(self) -> bool:
         """Open the database; ``False`` (one warning, the recorder broken) when it cannot."""
@@ -527,7 +626,12 @@ class SQLiteRecorder:
                 start = 0
                 for size in split_rows(len(batch) // ROW_WIDTH, self._rows_per_statement):
                     end = start + size * ROW_WIDTH
-                    conn.execute(inserts[size], batch[start:end])
+                    rows = batch[start:end]
+                    shared = shared_tail(rows, size) if size > 1 else 0
+                    if shared:
+                        conn.execute(inserts[size, shared], shared_values(rows, shared))
+                    else:
+                        conn.execute(inserts[size, 0], rows)
                     start = end
             return
         except _WRITE_ERRORS as exc:
