@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import hashlib
 import json
 import math
 import sqlite3
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -431,6 +433,58 @@ def test_cached_values_read_back_as_the_stdlib_encoding_did(response: LLMRespons
 def test_unusual_field_values_are_encoded_or_refused_as_before(changes: dict[str, Any]) -> None:
     response = dataclasses.replace(LLMResponse(content="ok", ttft_ms=1.5, cost=0.25), **changes)
     assert outcome(encode_response, response) == outcome(reference_encode, response)
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Count(enum.IntEnum):
+    ONE = 1
+
+
+_ODD_VALUES: list[Any] = [
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    1.5,
+    2,
+    True,
+    None,
+    "text",
+    Label("a str subclass"),
+    Colour.RED,
+    Count.ONE,
+    uuid.UUID(int=7),
+    2**80,
+    ["a", 1.5],
+    {"k": float("nan")},
+]
+
+
+@pytest.mark.parametrize("name", [n for n in _STORED_FIELDS if n != "tool_calls"])
+@pytest.mark.parametrize("value", _ODD_VALUES, ids=repr)
+def test_any_value_of_any_field_is_encoded_or_refused_as_the_stdlib_does(
+    name: str, value: Any
+) -> None:
+    # The usual response is checked field by field against the declared types; any value of
+    # another type in any field takes the general check: what orjson stores reads back as
+    # the stdlib's encoding, and what the stdlib refuses is refused.
+    base = LLMResponse(content="ok", model="m", call_id="c", ttft_ms=1.5, finish_reason="stop")
+    response = dataclasses.replace(base, **{name: value})
+    ours = outcome(encode_response, response)
+    theirs = outcome(reference_encode, response)
+    if theirs[0] == "raised" or ours[0] == "raised":
+        assert ours == theirs
+        return
+    assert json.loads(ours[1]) == json.loads(theirs[1])
+    assert outcome(decode_fields, ours[1]) == outcome(decode_fields, theirs[1])
+
+
+def test_the_field_by_field_check_names_the_stored_fields_in_order() -> None:
+    # encode_response unpacks the stored values into one name per field, in field order.
+    names = [n for n in encode_response.__code__.co_varnames if n in _STORED_FIELDS]
+    assert names == list(_STORED_FIELDS)
 
 
 def test_a_response_holding_more_than_its_fields_is_stored_by_name() -> None:

@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -62,9 +62,8 @@ DECODED_MEMO_SIZE = 256
 """Entries whose decoded fields a layer keeps, so a repeated hit skips JSON parsing."""
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 _DECODE = json.JSONDecoder().decode
-# Field values orjson encodes as the stdlib reads them back. orjson would also accept types
-# the stdlib refuses (dataclasses, enums, UUIDs...) and write NaN/inf as null where the
-# stdlib refuses them: such values take the stdlib encoder, which raises as it always has.
+# Field values orjson encodes as the stdlib reads them back (``orjson_values``); others take
+# the stdlib encoder, which raises as it always has.
 _ORJSON_VALUE_TYPES = frozenset({str, int, bool, float, type(None)})
 
 
@@ -121,15 +120,63 @@ def encode_response(response: LLMResponse) -> str:
     else:
         fields = _stored_by_name(response)
     values = fields.values()
-    kinds = set(map(type, values))
-    if kinds <= _ORJSON_VALUE_TYPES and (
-        float not in kinds or all([math.isfinite(v) for v in values if type(v) is float])
-    ):
+    # The usual response, each stored value of its field's declared type, finite floats
+    # (``x - x`` is NaN for an infinity and a NaN) and no tool calls, is checked value by
+    # value, at a third of the cost of ``orjson_values``, which decides anything else:
+    # either way only the types of ``orjson_values`` reach orjson (tested field by field).
+    (
+        content,
+        thinking,
+        model,
+        provider,
+        prompt_tokens,
+        completion_tokens,
+        latency_ms,
+        ttft_ms,
+        max_inter_token_ms,
+        cache_hit,
+        call_id,
+        source_name,
+        cost,
+        usage_source,
+        finish_reason,
+        salvaged,
+        cached_prompt_tokens,
+        cache_write_tokens,
+        tool_calls,
+    ) = values
+    if (
+        str is type(content) is type(thinking) is type(model) is type(provider)
+        and str is type(call_id) is type(source_name) is type(usage_source)
+        and int is type(prompt_tokens) is type(completion_tokens) is type(latency_ms)
+        and int is type(cached_prompt_tokens) is type(cache_write_tokens)
+        and bool is type(cache_hit) is type(salvaged)
+        and tool_calls is None
+        and (finish_reason is None or type(finish_reason) is str)
+        and (ttft_ms is None or (type(ttft_ms) is float and ttft_ms - ttft_ms == 0.0))
+        and (
+            max_inter_token_ms is None
+            or (
+                type(max_inter_token_ms) is float and max_inter_token_ms - max_inter_token_ms == 0.0
+            )
+        )
+        and (cost is None or (type(cost) is float and cost - cost == 0.0))
+    ) or orjson_values(values):
         try:
             return orjson.dumps(fields).decode("utf-8")
         except orjson.JSONEncodeError:
             pass  # an int beyond 64 bits, a lone surrogate: the stdlib's verdict
     return _ENCODER.encode(fields)
+
+
+def orjson_values(values: Iterable[Any]) -> bool:
+    """Whether orjson encodes ``values`` as the stdlib reads them back: plain JSON scalars
+    (exact types), finite floats. orjson would also accept types the stdlib refuses
+    (dataclasses, enums, UUIDs...) and write NaN/inf as null where the stdlib refuses them."""
+    kinds = set(map(type, values))
+    return kinds <= _ORJSON_VALUE_TYPES and (
+        float not in kinds or all([math.isfinite(v) for v in values if type(v) is float])
+    )
 
 
 def decode_fields(value: str) -> dict[str, Any]:
