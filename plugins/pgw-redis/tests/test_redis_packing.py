@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pgw_redis.connection import PackedCall, ScriptCall, _pack, bulk
+from pgw_redis.connection import _MEMO_MAX, EncodedInts, PackedCall, ScriptCall, _pack, bulk
 from pgw_redis.scripts import LuaScript
 from redis.connection import Connection
 
@@ -52,3 +52,19 @@ def test_a_packed_call_is_redis_pys_command_and_decodes_back(
     # What the Cluster pipeline is given instead.
     assert call.keys == [key.encode() for key in keys]
     assert call.args == [str(arg).encode() for arg in args]
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40))
+def test_encoded_ints_are_bulk_strings(values: list[int]) -> None:
+    encoded = EncodedInts()
+    for value in values * 2:  # the second time from the memo
+        packed = b"".join(Connection().pack_command("ECHO", value))
+        assert packed == b"*2\r\n$4\r\nECHO\r\n" + encoded[value]
+
+
+def test_encoded_ints_hold_a_bounded_number() -> None:
+    encoded = EncodedInts()
+    for value in range(3 * _MEMO_MAX):
+        assert encoded[value] == bulk(value)
+        assert len(encoded) <= _MEMO_MAX

@@ -202,23 +202,24 @@ class RedisGate:
     def client(self) -> RedisClient:
         return self._client
 
-    def joint_enter_args(self, source: str) -> tuple[str, str, bytes]:
-        """The gate key, a new probe owner id and the try_enter arguments for ``source``
-        (encoded, ``connection.bulk``)."""
-        owner = new_id()
-        return self._key(source), owner, bulk(owner) + self._enter_tail
+    def joint_enter_args(self, source: str) -> tuple[str, bytes]:
+        """The gate key of ``source`` and try_enter's arguments after the probe owner id,
+        encoded (``connection.bulk``). The limiter sends its lease id as the owner id: it is
+        as unique, and the call needs no second random id."""
+        return self._key(source), self._enter_tail
 
     def hand_back_later(self, key: str, owner: str) -> None:
         """Hand back, in the background, the probe a try_enter for ``owner`` may have got."""
         self._in_background(self._hand_back(key, owner))
 
-    def joint_decision(self, source: str, reply: Any) -> GateDecision:
-        """The decision of a try_enter reply (this instance's view of the source updated)."""
-        allowed, state, epoch, failures, probe_owner, wait_ms = reply
+    def joint_decision(self, source: str, reply: Any, at: int = 0) -> GateDecision:
+        """The decision of a try_enter reply, the six values of ``reply`` from ``at`` (this
+        instance's view of the source updated)."""
+        state = reply[at + 1]
         if type(state) is not str:
             state = as_text(state)
-        epoch = int(epoch)
-        self._views[source] = (epoch, state, int(failures))
+        epoch = int(reply[at + 2])
+        self._views[source] = (epoch, state, int(reply[at + 3]))
         if state == "closed":
             decision = self._closed_decisions.get(source)
             if decision is None or decision.epoch != epoch:
@@ -226,12 +227,16 @@ class RedisGate:
                     source, True, "closed", epoch
                 )
             return decision
-        if int(allowed):
+        if int(reply[at]):
             return GateDecision(
-                source, True, _state(state), epoch, probe_owner=as_text(probe_owner)
+                source, True, _state(state), epoch, probe_owner=as_text(reply[at + 4])
             )
         return GateDecision(
-            source, False, _state(state), epoch, retry_after_s=max(0.0, int(wait_ms) / 1000.0)
+            source,
+            False,
+            _state(state),
+            epoch,
+            retry_after_s=max(0.0, int(reply[at + 5]) / 1000.0),
         )
 
     async def retry_after_s(self, sources: Sequence[str]) -> float:

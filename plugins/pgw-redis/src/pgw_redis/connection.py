@@ -111,6 +111,19 @@ def bulk(value: str | int) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(raw), raw)
 
 
+class EncodedInts(dict[int, bytes]):
+    """Integers as RESP bulk strings (``bulk``), each encoded once: ``encoded[n]``. Holds
+    ``_MEMO_MAX`` at most, then starts afresh."""
+
+    __slots__ = ()
+
+    def __missing__(self, value: int) -> bytes:
+        if len(self) >= _MEMO_MAX:
+            self.clear()
+        encoded = self[value] = bulk(value)
+        return encoded
+
+
 def _unbulk(data: bytes) -> list[bytes]:
     """The values of consecutive RESP bulk strings (``bulk``'s output, joined)."""
     values: list[bytes] = []

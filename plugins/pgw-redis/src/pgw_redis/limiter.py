@@ -100,6 +100,7 @@ from pgw_redis._warn import WarnOnce
 from pgw_redis.connection import (
     BACKEND_ERRORS,
     AnyCall,
+    EncodedInts,
     NotSentError,
     PackedCall,
     RedisClient,
@@ -212,7 +213,7 @@ _arg_count = itemgetter(2)
 _op_of = attrgetter("op")
 
 
-def _batch_call(ops: Sequence[_Op]) -> PackedCall:
+def _batch_call(ops: Sequence[_Op], ints: EncodedInts) -> PackedCall:
     """Every operation of ``ops`` as one call of the BATCH script (they run in order).
 
     Operations on the same keys (one source's, in one window: the same encoded bytes) send
@@ -225,7 +226,7 @@ def _batch_call(ops: Sequence[_Op]) -> PackedCall:
     for op_key_count, op_keys, _op_arg_count, op_args in ops:
         offset = offsets.get(op_keys)
         if offset is None:
-            offset = offsets[op_keys] = bulk(key_count)
+            offset = offsets[op_keys] = ints[key_count]
             key_count += op_key_count
         args.append(op_args)
         args.append(offset)
@@ -246,6 +247,7 @@ class _SourceWindow:
     __slots__ = (
         "_fixed",
         "_gate_key",
+        "_ints",
         "_joint_keys",
         "_limits",
         "_limits_args",
@@ -258,9 +260,15 @@ class _SourceWindow:
     )
 
     def __init__(
-        self, keys: LimiterKeys, source_keys: SourceKeys, window: int, fixed: tuple[int, Limits]
+        self,
+        keys: LimiterKeys,
+        source_keys: SourceKeys,
+        window: int,
+        fixed: tuple[int, Limits],
+        ints: EncodedInts,
     ) -> None:
         w = str(window)
+        self._ints = ints
         self.window = window
         self.window_arg = bulk(window)
         self.window_end_arg = bulk((window + 1) * (WINDOW_MS // 1000))
@@ -305,46 +313,89 @@ class _SourceWindow:
         self._limits: Limits | None = None
         self._limits_args = b""
 
-    def joint_keys(self, gate_key: str) -> bytes:
-        """The gate's key, then the acquire's."""
+    def acquire_op(self, lease_arg: bytes, est_tokens: int, source_limits: Limits) -> _Op:
+        """The acquire operation (``lease_arg``: the lease id, encoded)."""
+        if source_limits is not self._limits:
+            self._encode_limits(source_limits)
+        return (
+            _ACQUIRE_KEYS,
+            self.acquire_keys,
+            _ACQUIRE_ARGS,
+            b"%b%b%b%b%b"
+            % (
+                _ACQUIRE_HEAD,
+                self.window_arg,
+                lease_arg,
+                self._ints[est_tokens],
+                self._limits_args,
+            ),
+        )
+
+    def joint_op(
+        self,
+        gate_key: str,
+        enter_args: bytes,
+        lease_arg: bytes,
+        est_tokens: int,
+        source_limits: Limits,
+    ) -> _Op:
+        """The gate_acquire operation: the gate's try_enter (``enter_args``: its arguments
+        after the probe owner id, which is the lease id), then the acquire."""
+        if source_limits is not self._limits:
+            self._encode_limits(source_limits)
         if gate_key != self._gate_key:
             self._joint_keys = bulk(gate_key) + self.acquire_keys
             self._gate_key = gate_key
-        return self._joint_keys
+        return (
+            _GATE_ACQUIRE_KEYS,
+            self._joint_keys,
+            _GATE_ACQUIRE_ARGS,
+            b"%b%b%b%b%b%b%b"
+            % (
+                _GATE_ACQUIRE_HEAD,
+                lease_arg,
+                enter_args,
+                self.window_arg,
+                lease_arg,
+                self._ints[est_tokens],
+                self._limits_args,
+            ),
+        )
 
-    def acquire_args(self, lease_arg: bytes, est_tokens: int, source_limits: Limits) -> bytes:
-        """The acquire's arguments (``lease_arg``: the lease id, encoded)."""
-        if source_limits is not self._limits:
-            lease_ttl_ms, glimits = self._fixed
-            self._limits_args = b"".join(
-                map(
-                    bulk,
-                    (
-                        lease_ttl_ms,
-                        glimits.max_concurrency,
-                        source_limits.max_concurrency,
-                        glimits.rpm,
-                        source_limits.rpm,
-                        glimits.tpm,
-                        source_limits.tpm,
-                    ),
-                )
+    def _encode_limits(self, source_limits: Limits) -> None:
+        lease_ttl_ms, glimits = self._fixed
+        self._limits_args = b"".join(
+            map(
+                bulk,
+                (
+                    lease_ttl_ms,
+                    glimits.max_concurrency,
+                    source_limits.max_concurrency,
+                    glimits.rpm,
+                    source_limits.rpm,
+                    glimits.tpm,
+                    source_limits.tpm,
+                ),
             )
-            self._limits = source_limits
-        return b"%b%b%b%b" % (self.window_arg, lease_arg, bulk(est_tokens), self._limits_args)
+        )
+        self._limits = source_limits
 
 
 class _Admission:
     """An admission waiting for the next batch: its operation, its caller's future, and
-    whether it is a gate_acquire (its reply: the gate's fields and the acquire's)."""
+    whether it is a gate_acquire (its reply: the gate's fields and the acquire's).
 
-    __slots__ = ("future", "joint", "op", "sent")
+    The future's result is the batch's whole flat reply; ``at`` is where this admission's
+    fields start in it."""
+
+    __slots__ = ("at", "future", "joint", "op", "sent")
 
     def __init__(self, op: _Op, future: asyncio.Future[Any], joint: bool) -> None:
         self.op = op
         self.future = future
         self.joint = joint
         self.sent = False
+        self.at = 0
 
 
 class _QueuedAccounting:
@@ -417,10 +468,10 @@ class RedisPermit(OnceOnlyPermit):
         return self._keys.window
 
     def _apply_settle(self, delta: int) -> None:
-        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, delta=delta)
+        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, delta, False)
 
     def _apply_release(self) -> None:
-        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, release=True)
+        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, 0, True)
 
 
 class RedisLimiter:
@@ -441,6 +492,7 @@ class RedisLimiter:
         "_flush_tasks",
         "_forming",
         "_global_limits",
+        "_ints",
         "_keys",
         "_lease_ttl_arg",
         "_lease_ttl_ms",
@@ -497,6 +549,7 @@ class RedisLimiter:
         self._made_keys: dict[str, _SourceWindow] = {}
         self._made_keys_window = -1
         self._fixed_args = (self._lease_ttl_ms, global_limits)
+        self._ints = EncodedInts()
         self._lease_ttl_arg = bulk(self._lease_ttl_ms)
         self._progress_op: _Op = (1, bulk(self._keys.progress), 1, _PROGRESS_HEAD)
         self._progress_pending = False
@@ -528,7 +581,12 @@ class RedisLimiter:
     async def try_acquire(
         self, source: str, est_tokens: int, source_limits: Limits
     ) -> Permit | Denial:
-        est_tokens = _checked_inputs(est_tokens, source_limits)
+        if (
+            type(est_tokens) is not int
+            or not 0 <= est_tokens <= MAX_TOKENS
+            or (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0
+        ):  # the usual inputs pass without a call
+            est_tokens = _checked_inputs(est_tokens, source_limits)
         # Made before sending, so a script that ran for a caller who never saw the reply can
         # still be released by id.
         lease_id = new_lease_id()
@@ -536,22 +594,17 @@ class RedisLimiter:
         window = self._guess_window()
         for _ in range(_WINDOW_ATTEMPTS):
             keys = self._source_window(source, window)
-            op = (
-                _ACQUIRE_KEYS,
-                keys.acquire_keys,
-                _ACQUIRE_ARGS,
-                _ACQUIRE_HEAD + keys.acquire_args(lease_arg, est_tokens, source_limits),
-            )
-            admission = self._enqueue(op)
+            admission = self._enqueue(keys.acquire_op(lease_arg, est_tokens, source_limits), False)
             try:
                 reply = await admission.future
             except (asyncio.CancelledError, GovernanceBackendError):
                 self._abandon(admission, lease_id, lease_arg, keys, est_tokens)
                 raise
-            admitted = self._admitted(reply, source, lease_id, lease_arg, keys, est_tokens)
+            at = admission.at
+            admitted = self._admitted(reply, at, source, lease_id, lease_arg, keys, est_tokens)
             if admitted is not None:
                 return admitted
-            window = self._learn_server_time(int(reply[1]))
+            window = self._learn_server_time(int(reply[at + 1]))
         raise self._window_error()
 
     def joint_with(self, gate: ProviderGate) -> JointAdmit | None:
@@ -576,28 +629,24 @@ class RedisLimiter:
         Cancelled or failed after sending: the probe it may have been given is handed back
         and the lease compensated, as each call alone would do.
         """
-        est_tokens = _checked_inputs(est_tokens, source_limits)
-        gate_key, owner, gate_args = gate.joint_enter_args(source)
+        if (
+            type(est_tokens) is not int
+            or not 0 <= est_tokens <= MAX_TOKENS
+            or (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0
+        ):  # the usual inputs pass without a call
+            est_tokens = _checked_inputs(est_tokens, source_limits)
         lease_id = new_lease_id()
         lease_arg = bulk(lease_id)
+        gate_key, enter_args = gate.joint_enter_args(source)
         window = self._guess_window()
         answered = False  # a reply came: the gate may have made this caller the probe
         for _ in range(_WINDOW_ATTEMPTS):
             keys = self._source_window(source, window)
-            op = (
-                _GATE_ACQUIRE_KEYS,
-                keys.joint_keys(gate_key),
-                _GATE_ACQUIRE_ARGS,
-                b"%b%b%b"
-                % (
-                    _GATE_ACQUIRE_HEAD,
-                    gate_args,
-                    keys.acquire_args(lease_arg, est_tokens, source_limits),
-                ),
-            )
+            # The lease id is the probe owner id too: one random id a call.
+            op = keys.joint_op(gate_key, enter_args, lease_arg, est_tokens, source_limits)
             admission = None
             try:
-                admission = self._enqueue(op, joint=True)
+                admission = self._enqueue(op, True)
                 reply = await admission.future
             except (asyncio.CancelledError, GovernanceBackendError):
                 if admission is not None:
@@ -605,21 +654,23 @@ class RedisLimiter:
                 # The script may have run and made this caller the probe: hand it back
                 # (unless no script of this call ever reached Redis).
                 if answered or (admission is not None and admission.sent):
-                    gate.hand_back_later(gate_key, owner)
+                    gate.hand_back_later(gate_key, lease_id)
                 raise
             answered = True
-            decision = gate.joint_decision(source, reply[0])
+            at = admission.at
+            decision = gate.joint_decision(source, reply, at)
             if not decision.allowed:
                 return decision, None
+            at += _GATE_FIELDS
             try:
-                admitted = self._admitted(reply[1], source, lease_id, lease_arg, keys, est_tokens)
+                admitted = self._admitted(reply, at, source, lease_id, lease_arg, keys, est_tokens)
             except GovernanceBackendError:
-                gate.hand_back_later(gate_key, owner)
+                gate.hand_back_later(gate_key, lease_id)
                 raise
             if admitted is not None:
                 return decision, admitted
-            window = self._learn_server_time(int(reply[1][1]))
-        gate.hand_back_later(gate_key, owner)
+            window = self._learn_server_time(int(reply[at + 1]))
+        gate.hand_back_later(gate_key, lease_id)
         raise self._window_error()
 
     def _source_window(self, source: str, window: int) -> _SourceWindow:
@@ -630,17 +681,19 @@ class RedisLimiter:
         made = self._made_keys.get(source)
         if made is None:
             made = self._made_keys[source] = _SourceWindow(
-                self._keys, self._keys_of(source), window, self._fixed_args
+                self._keys, self._keys_of(source), window, self._fixed_args, self._ints
             )
         return made
 
-    def _enqueue(self, op: _Op, *, joint: bool = False) -> _Admission:
-        """Queue an admission for the next batch (refused once ``aclose()`` has started)."""
+    def _enqueue(self, op: _Op, joint: bool) -> _Admission:
+        """Queue an admission for the next batch (refused once ``aclose()`` has started);
+        ``joint``: a gate_acquire."""
         if self._closed:
             raise GovernanceBackendError(f"Redis limiter (scope {self._scope!r}) is closed")
         admission = _Admission(op, asyncio.get_running_loop().create_future(), joint)
         self._admissions.append(admission)
-        self._schedule_flush(admission=True)
+        if self._forming is None:  # else it goes in the batch that is forming
+            self._schedule_flush(admission=True)
         return admission
 
     def _abandon(
@@ -662,24 +715,26 @@ class RedisLimiter:
             if admission in self._admissions:  # else a batch took it already
                 self._admissions.remove(admission)
         else:
-            self._queue(lease_id, lease_arg, keys, delta=-est_tokens, compensate=True)
+            self._queue(lease_id, lease_arg, keys, -est_tokens, True, True)
 
     def _admitted(
         self,
         reply: Any,
+        at: int,
         source: str,
         lease_id: str,
         lease_arg: bytes,
         keys: _SourceWindow,
         est_tokens: int,
     ) -> Permit | Denial | None:
-        """The acquire reply as a permit or a denial; ``None``: retry with the server's window."""
-        status = int(reply[0])
+        """The acquire reply (the three values of ``reply`` from ``at``) as a permit or a
+        denial; ``None``: retry with the server's window."""
+        status = int(reply[at])
         if status == 1:
-            self._learn_server_time(int(reply[1]))
+            self._offset_ms = int(reply[at + 1]) - self._now_s() * 1000.0
             return RedisPermit(self, lease_id, lease_arg, source, keys, est_tokens)
         if status == 0:
-            return Denial(_GATES[int(reply[1]) - 1], max(0.0, int(reply[2]) / 1000.0))
+            return Denial(_GATES[int(reply[at + 1]) - 1], max(0.0, int(reply[at + 2]) / 1000.0))
         if status == -2:  # only a compensation writes this; its caller is gone
             raise GovernanceBackendError(f"lease {lease_id} was given up before admission")
         return None
@@ -807,11 +862,13 @@ class RedisLimiter:
             if in_flight:
                 await asyncio.wait(in_flight)
             for batch in batches:
-                (result,) = await self._run((_batch_call(batch.ops),))
+                (result,) = await self._run((_batch_call(batch.ops, self._ints),))
                 sent += 1
                 self._delivered()
                 self._check_accounting(result)
-            calls: tuple[AnyCall, ...] = (call,) if last is None else (_batch_call(last.ops), call)
+            calls: tuple[AnyCall, ...] = (
+                (call,) if last is None else (_batch_call(last.ops, self._ints), call)
+            )
             results = await self._run(calls)
             delivered = True
         except BACKEND_ERRORS as exc:
@@ -861,11 +918,12 @@ class RedisLimiter:
         lease_id: str,
         lease_arg: bytes,
         keys: _SourceWindow,
-        *,
-        delta: int = 0,
-        release: bool = False,
+        delta: int,
+        release: bool,
         compensate: bool = False,
     ) -> None:
+        """Queue a TPM correction of ``delta`` tokens and, if ``release``, the lease's
+        release (``compensate``: of a lease no permit was made of)."""
         if self._disconnected:
             self._warn.failed(
                 "accounting after close",
@@ -877,11 +935,12 @@ class RedisLimiter:
         if entry is None:
             entry = self._pending[lease_id] = _QueuedAccounting(lease_id, lease_arg, keys)
         entry.delta += delta
-        if release or compensate:
+        if release:
             entry.release = True
         if compensate:
-            entry.compensation = True
-        self._schedule_flush()
+            entry.release = entry.compensation = True
+        if self._forming is None and not self._flush_tasks:  # else a batch will take it
+            self._schedule_flush()
 
     def _schedule_flush(self, *, admission: bool = False) -> None:
         # The batch task is made now and runs at the next turn of the loop: the caller usually
@@ -978,7 +1037,7 @@ class RedisLimiter:
         """
         accounting = batch.ops if batch is not None else []
         try:
-            call = _batch_call([*accounting, *map(_op_of, admissions)])
+            call = _batch_call([*accounting, *map(_op_of, admissions)], self._ints)
             (result,) = await self._run((call,))
         except asyncio.CancelledError:
             # The loop is shutting down: the callers learn their admission failed (and
@@ -1005,23 +1064,17 @@ class RedisLimiter:
                     self._check_accounting(result)
                 raise result
             # One flat reply: a value per accounting operation, then each admission's fields.
+            # Every admission gets the whole reply and where its fields start.
             at = len(accounting)
-            expected = at + sum(_JOINT_FIELDS if a.joint else _ACQUIRE_FIELDS for a in admissions)
-            if len(result) != expected:
-                raise ValueError(f"the batch answered {len(result)} values of {expected}")
+            for admission in admissions:
+                admission.at = at
+                at += _JOINT_FIELDS if admission.joint else _ACQUIRE_FIELDS
+            if len(result) != at:
+                raise ValueError(f"the batch answered {len(result)} values of {at}")
             self._warn.succeeded()
             for admission in admissions:
-                if admission.joint:
-                    reply: Any = (
-                        result[at : at + _GATE_FIELDS],
-                        result[at + _GATE_FIELDS : at + _JOINT_FIELDS],
-                    )
-                    at += _JOINT_FIELDS
-                else:
-                    reply = result[at : at + _ACQUIRE_FIELDS]
-                    at += _ACQUIRE_FIELDS
                 if not admission.future.done():
-                    admission.future.set_result(reply)
+                    admission.future.set_result(result)
         except Exception as exc:  # noqa: BLE001 - it reaches every caller, as their error
             _fail(admissions, self._backend_message("try_acquire", exc), exc)
 
@@ -1048,7 +1101,7 @@ class RedisLimiter:
                 args = (
                     _RELEASE_HEAD,
                     entry.lease_arg,
-                    bulk(entry.delta),
+                    self._ints[entry.delta],
                     _TRUE if entry.compensation else _FALSE,
                     _TRUE if mark else _FALSE,
                     self._lease_ttl_arg,
@@ -1057,7 +1110,12 @@ class RedisLimiter:
                 ops.append((_RELEASE_KEYS, keys.release_keys, _RELEASE_ARGS, b"".join(args)))
                 mark = False  # one mark per batch is enough
             elif entry.delta:
-                settle = (_SETTLE_HEAD, bulk(entry.delta), entry.lease_arg, keys.window_end_arg)
+                settle = (
+                    _SETTLE_HEAD,
+                    self._ints[entry.delta],
+                    entry.lease_arg,
+                    keys.window_end_arg,
+                )
                 ops.append((_SETTLE_KEYS, keys.settle_keys, _SETTLE_ARGS, b"".join(settle)))
         if mark:
             if len(ops) < MAX_BATCH_ACCOUNTING:
@@ -1091,7 +1149,7 @@ class RedisLimiter:
         if not batch.ops:
             return True
         try:
-            (result,) = await self._run((_batch_call(batch.ops),))
+            (result,) = await self._run((_batch_call(batch.ops, self._ints),))
         except asyncio.CancelledError:
             # Whoever sent it is going away (a cancelled flush(), the loop shutting down):
             # keep it for this limiter's next command or flush rather than lose it.
@@ -1171,10 +1229,8 @@ class RedisLimiter:
 
 def _checked_inputs(est_tokens: int, source_limits: Limits) -> int:
     """``est_tokens``, checked with ``source_limits`` (``ValueError`` for bad ones)."""
-    if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
-        est_tokens = check_token_count(est_tokens, "est_tokens")
-    if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
-        check_limits(source_limits, "source_limits")
+    est_tokens = check_token_count(est_tokens, "est_tokens")
+    check_limits(source_limits, "source_limits")
     return est_tokens
 
 
