@@ -354,3 +354,39 @@ async def test_a_counter_that_cannot_be_incremented_leaves_no_lease_set_without_
     leases = [key for key, (kind, _value, _ttl) in state.items() if kind == "zset"]
     assert len(leases) == 2, state
     assert all(ttl > 0 for _kind, _value, ttl in state.values()), state
+
+
+@pytest.mark.parametrize("form", ["alone", "batch"])
+@pytest.mark.parametrize("gates", ["admit", "refuse"])
+async def test_an_acquire_re_sent_with_its_lease_id_admits_once(
+    redis: Any, unique_scope: str, form: str, gates: str
+) -> None:
+    """A command re-sent after a lost reply: the second run answers admitted and charges
+    nothing more, whether the gates would now let a new lease in or not (with a concurrency
+    limit of 1 the lease itself fills it)."""
+    for attempt in range(2):  # a run that straddles a minute is run again in the next one
+        window = int((await redis.time())[0]) // 60
+        scenario = Scenario(f"{unique_scope}{attempt}", window)
+        lease = new_lease_id()
+        limit = "1" if gates == "refuse" else "5"
+        args = (str(window), lease, "100", str(LEASE_TTL_MS), limit, "0", "0", "0", "0", "0")
+        op = Op(1, scenario.acquire_keys("s1"), args)
+        replies = []
+        for _ in range(2):
+            if form == "batch":
+                (reply,) = await run_as_batch(redis, [op])
+            else:
+                reply = await _run(redis, ACQUIRE, op.keys, op.args)
+            replies.append(reply)
+        if int((await redis.time())[0]) // 60 == window:
+            break
+    assert [r[0] for r in replies] == [1, 1], replies
+    k, w = scenario.keys, str(window)
+    assert await redis.zcard(k.lease) == 1
+    assert await redis.zcard(k.source("s1").lease) == 1
+    assert await redis.get(k.rpm_base + w) == "1"
+    assert await redis.get(k.tpm_base + w) == "100"
+    # A new lease id is refused by a full gate, or admitted beside it.
+    other = Op(1, op.keys, (args[0], new_lease_id(), *args[2:]))
+    (reply,) = await run_as_batch(redis, [other])
+    assert reply[0] == (0 if gates == "refuse" else 1), reply

@@ -47,6 +47,17 @@ local function hold_update(key, duration)
   if previous then value = previous + 0.2 * (duration - previous) end
   hold_set(key, math.floor(value))
 end
+-- A full concurrency gate's hint: the typical hold time of its released leases (1000 ms
+-- before any), floored at 10 ms and capped by its oldest lease's expiry: the in-memory
+-- limiter's slot_wait, so both backends report the same.
+local function lease_wait(key, hold_key, now)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local expiry_in = tonumber(first[2]) - now
+  local hold = hold_ms(hold_key)
+  local estimate = 1000
+  if hold then estimate = math.max(10, hold) end
+  return math.max(0, math.min(expiry_in, estimate))
+end
 """
 
 _DIRECT = (
@@ -69,8 +80,9 @@ end
 local function leases_pruned(key, now) redis.call('ZREMRANGEBYSCORE', key, '-inf', now) end
 local function lease_count(key) return redis.call('ZCARD', key) end
 local function lease_add(key, expires, id, ttl_ms)
-  redis.call('ZADD', key, expires, id)
+  local added = redis.call('ZADD', key, 'NX', expires, id)
   redis.call('PEXPIRE', key, ttl_ms)
+  return added
 end
 local function lease_remove(key, id) return redis.call('ZREM', key, id) end
 -- Lease ids given up by cancelled callers (usually none).
@@ -167,12 +179,12 @@ local function lease_count(key)
   return n
 end
 local function lease_add(key, expires, id, ttl_ms)
-  if redis.call('ZADD', key, expires, id) == 1 and cards[key] then
-    cards[key] = cards[key] + 1
-  end
+  local added = redis.call('ZADD', key, 'NX', expires, id)
+  if added == 1 and cards[key] then cards[key] = cards[key] + 1 end
   local ttl = num(ttl_ms)
   note(lease_order, lease_ttls, key)
   if (lease_ttls[key] or -1) < ttl then lease_ttls[key] = ttl end
+  return added
 end
 local function lease_remove(key, id)
   local removed = redis.call('ZREM', key, id)
@@ -290,47 +302,41 @@ _ACQUIRE_BODY = """
 local now, sec = now_ms()
 local window = math.floor(sec / 60)
 if window ~= num(ARGV[1]) then return {-1, now} end
-local window_left = (window + 1) * 60000 - now
 local est = num(ARGV[3])
--- Running twice for one lease id (a command re-sent after a lost reply) admits once.
-if redis.call('ZSCORE', KEYS[1], ARGV[2]) then return {1, now} end
 -- A caller cancelled after sending may have had its compensation run first: never admit it.
+-- (Its id is recorded only if it held no lease then, so it cannot hold one now.)
 if abandoned_has(KEYS[7], ARGV[2]) then return {-2, now} end
 
 -- Dropping expired leases is the only change a refusal may make.
 leases_pruned(KEYS[1], now)
 leases_pruned(KEYS[2], now)
 
--- A full concurrency gate's hint: the typical hold time of its released leases (1000 ms
--- before any), floored at 10 ms and capped by its oldest lease's expiry: the in-memory
--- limiter's slot_wait, so both backends report the same.
-local function lease_wait(key, hold_key)
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  local expiry_in = tonumber(first[2]) - now
-  local hold = hold_ms(hold_key)
-  local estimate = 1000
-  if hold then estimate = math.max(10, hold) end
-  return math.max(0, math.min(expiry_in, estimate))
+local gate
+repeat
+  local limit = num(ARGV[5])
+  if limit > 0 and lease_count(KEYS[1]) >= limit then gate = 1; break end
+  limit = num(ARGV[6])
+  if limit > 0 and lease_count(KEYS[2]) >= limit then gate = 2; break end
+  limit = num(ARGV[7])
+  if limit > 0 and counter(KEYS[3]) >= limit then gate = 3; break end
+  limit = num(ARGV[8])
+  if limit > 0 and counter(KEYS[4]) >= limit then gate = 4; break end
+  limit = num(ARGV[9])
+  if limit > 0 and counter(KEYS[5]) + est > limit then gate = 5; break end
+  limit = num(ARGV[10])
+  if limit > 0 and counter(KEYS[6]) + est > limit then gate = 6; break end
+until true
+-- Running twice for one lease id (a command re-sent after a lost reply) admits once: a refusal
+-- first looks for the lease this id may hold already, and an admission adds only a new one.
+if gate then
+  if redis.call('ZSCORE', KEYS[1], ARGV[2]) then return {1, now} end
+  if gate == 1 then return {0, 1, lease_wait(KEYS[1], KEYS[8], now)} end
+  if gate == 2 then return {0, 2, lease_wait(KEYS[2], KEYS[9], now)} end
+  return {0, gate, (window + 1) * 60000 - now}
 end
-local limit = num(ARGV[5])
-if limit > 0 and lease_count(KEYS[1]) >= limit then
-  return {0, 1, lease_wait(KEYS[1], KEYS[8])}
-end
-limit = num(ARGV[6])
-if limit > 0 and lease_count(KEYS[2]) >= limit then
-  return {0, 2, lease_wait(KEYS[2], KEYS[9])}
-end
-limit = num(ARGV[7])
-if limit > 0 and counter(KEYS[3]) >= limit then return {0, 3, window_left} end
-limit = num(ARGV[8])
-if limit > 0 and counter(KEYS[4]) >= limit then return {0, 4, window_left} end
-limit = num(ARGV[9])
-if limit > 0 and counter(KEYS[5]) + est > limit then return {0, 5, window_left} end
-limit = num(ARGV[10])
-if limit > 0 and counter(KEYS[6]) + est > limit then return {0, 6, window_left} end
 
 local expires = int(now + num(ARGV[4]))
-lease_add(KEYS[1], expires, ARGV[2], ARGV[4])
+if lease_add(KEYS[1], expires, ARGV[2], ARGV[4]) == 0 then return {1, now} end
 lease_add(KEYS[2], expires, ARGV[2], ARGV[4])
 counter_add(KEYS[3], 1)
 counter_add(KEYS[4], 1)
