@@ -2,7 +2,7 @@
 
     python tools/bench/floor.py [--seconds 1.0] [--rounds 3] [--conc 1,64,1024]
                                 [--modes stream,json] [--only name,name]
-                                [--engines httptools,aiohttp]
+                                [--engines httptools,aiohttp] [--pin]
     python tools/bench/floor.py --callgrind [--calls-pair 200,600] [--only ...] [--global-limit N]
                                 [--engines aiohttp,httptools]
     python tools/bench/floor.py --startup [--runs 9] [--callgrind]
@@ -22,6 +22,11 @@ concurrency and mode (streaming, 20 chunks, and JSON), calls/s and client CPU µ
   limiter and breaker in memory / on the Redis above; telemetry and cache off;
 - ``full-memory`` / ``full-redis``: the full pipeline (SQLite telemetry, memory cache, every
   call a miss), limiter and breaker in memory / on Redis; rows written are counted.
+
+``--pin`` (two CPUs or more) runs the measuring process, the clients' own, on the first CPU
+and ``pgw fake-upstream`` and ``redis-server`` together on the second: the client's calls/s is
+then bound by its own CPU rather than by how the scheduler shares two CPUs among three busy
+processes (the Redis rows have one process more than the memory rows).
 
 Redis rows carry ``script calls/call``: the script calls the server ran (``INFO commandstats`` after
 a ``CONFIG RESETSTAT``; ``SCRIPT LOAD`` and the commands run inside scripts excluded) divided
@@ -535,10 +540,23 @@ def goals(by_key: dict[tuple[str, str, int], Row], rows: list[Row], tag: str) ->
 # --------------------------------------------------------------------------- modes
 
 
+def pin_processes(*others: int) -> None:
+    """This process on the first CPU it may use, ``others`` together on the second."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs")
+    os.sched_setaffinity(0, {cpus[0]})  # threads started later inherit it
+    for pid in others:
+        for thread in os.listdir(f"/proc/{pid}/task"):  # every thread of theirs
+            os.sched_setaffinity(int(thread), {cpus[1]})
+
+
 async def bench_async(args: argparse.Namespace) -> list[Row]:
     port = free_port()
     upstream = start_upstream(port, args.chunks)
     server = RedisServer()
+    if args.pin:
+        pin_processes(upstream.pid, server.proc.pid)
     url = f"http://127.0.0.1:{port}/v1"
     only = set(args.only.split(",")) if args.only else None
     engines = [e for e in args.engines.split(",") if e]
@@ -983,6 +1001,9 @@ def main() -> None:
     parser.add_argument("--conc", default="1,64,1024")
     parser.add_argument("--modes", default="stream,json")
     parser.add_argument("--only", default="")
+    parser.add_argument(
+        "--pin", action="store_true", help="clients on one CPU, upstream and Redis on another"
+    )
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--calls-pair", default="200,600", help="--callgrind call counts")
     parser.add_argument(
