@@ -61,9 +61,10 @@ class Op:
 class Scenario:
     """Operations on one scope, built from names that do not depend on the scope."""
 
-    def __init__(self, scope: str, window: int) -> None:
+    def __init__(self, scope: str, window: int, now_ms: int = 0) -> None:
         self.scope = scope
         self.window = window
+        self.now_ms = now_ms or window * 60_000
         self.keys = LimiterKeys.for_scope(scope)
 
     def gate(self, source: str) -> str:
@@ -115,9 +116,13 @@ def build_ops(rng: random.Random, scenario: Scenario, ids: list[str]) -> list[Op
                 source, lease = rng.choice(leases)
             else:
                 lease = next(fresh)  # never acquired: a compensation marks it abandoned
+            # The acquire's answer time, known (up to 4 s ago) or not (a compensation's): taken
+            # from the lease id's hex digits, so that the random sequence stays that of the seed.
+            known = int(lease[-4], 16) >= 5
+            acquired = str(scenario.now_ms - int(lease[-3:], 16)) if known else "0"
             args = (
                 lease, str(rng.randrange(-900, 900)), rng.choice("01"), rng.choice("01"),
-                str(LEASE_TTL_MS), scenario.window_end(),
+                str(LEASE_TTL_MS), scenario.window_end(), acquired,
             )  # fmt: skip
             ops.append(Op(2, scenario.release_keys(source), args))
         elif kind == "settle" and leases:
@@ -301,13 +306,16 @@ async def test_a_batch_decides_and_leaves_what_its_operations_would_one_by_one(
     redis: Any, unique_scope: str, seed: int
 ) -> None:
     for _attempt in range(2):  # a run that straddles a minute is run again in the next one
-        window = int((await redis.time())[0]) // 60
+        seconds, micros = await redis.time()
+        window, now_ms = int(seconds) // 60, int(seconds) * 1000 + int(micros) // 1000
         batched_scope, alone_scope = f"{unique_scope}b{seed}", f"{unique_scope}a{seed}"
         ids = [new_lease_id() if i % 3 else new_id() for i in range(200)]
-        batched_ops = build_ops(random.Random(seed), Scenario(batched_scope, window), ids)
-        alone_ops = build_ops(random.Random(seed), Scenario(alone_scope, window), ids)
-        await prepare(redis, Scenario(batched_scope, window))
-        await prepare(redis, Scenario(alone_scope, window))
+        batched_scenario = Scenario(batched_scope, window, now_ms)
+        alone_scenario = Scenario(alone_scope, window, now_ms)
+        batched_ops = build_ops(random.Random(seed), batched_scenario, ids)
+        alone_ops = build_ops(random.Random(seed), alone_scenario, ids)
+        await prepare(redis, batched_scenario)
+        await prepare(redis, alone_scenario)
         batched = await run_as_batch(redis, batched_ops)
         alone = await run_one_by_one(redis, alone_ops)
         if int((await redis.time())[0]) // 60 == window:

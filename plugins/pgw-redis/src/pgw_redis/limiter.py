@@ -208,6 +208,8 @@ _GATE_FIELDS: Final = BATCH_REPLY_FIELDS[5]
 _JOINT_FIELDS: Final = BATCH_REPLY_FIELDS[6]
 _TRUE: Final = bulk(1)
 _FALSE: Final = bulk(0)
+_UNKNOWN_TIME: Final = bulk(0)
+"""A release's acquire time when it is not known (a compensation's): no hold time is taken."""
 
 _arg_count = itemgetter(2)
 _op_of = attrgetter("op")
@@ -399,14 +401,27 @@ class _Admission:
 
 
 class _QueuedAccounting:
-    """What is queued for one lease: a TPM correction, a release, or both (one script)."""
+    """What is queued for one lease: a TPM correction, a release, or both (one script).
+    ``acquired_arg``: the server time its acquire answered, encoded (``_UNKNOWN_TIME`` for a
+    compensation's), from which the release tells how long the lease was held."""
 
-    __slots__ = ("compensation", "delta", "keys", "lease_arg", "lease_id", "release")
+    __slots__ = (
+        "acquired_arg",
+        "compensation",
+        "delta",
+        "keys",
+        "lease_arg",
+        "lease_id",
+        "release",
+    )
 
-    def __init__(self, lease_id: str, lease_arg: bytes, keys: _SourceWindow) -> None:
+    def __init__(
+        self, lease_id: str, lease_arg: bytes, keys: _SourceWindow, acquired_arg: bytes
+    ) -> None:
         self.lease_id = lease_id
         self.lease_arg = lease_arg
         self.keys = keys
+        self.acquired_arg = acquired_arg
         self.delta = 0
         self.release = False
         self.compensation = False
@@ -441,7 +456,7 @@ class RedisPermit(OnceOnlyPermit):
     raises for backend trouble.
     """
 
-    __slots__ = ("_keys", "_lease_arg", "_lease_id", "_limiter")
+    __slots__ = ("_acquired_arg", "_keys", "_lease_arg", "_lease_id", "_limiter")
 
     def __init__(
         self,
@@ -451,12 +466,14 @@ class RedisPermit(OnceOnlyPermit):
         source: str,
         keys: _SourceWindow,
         est_tokens: int,
+        acquired_arg: bytes,
     ) -> None:
         super().__init__(source, est_tokens)
         self._limiter = limiter
         self._lease_id = lease_id
         self._lease_arg = lease_arg
         self._keys = keys
+        self._acquired_arg = acquired_arg
 
     @property
     def lease_id(self) -> str:
@@ -468,10 +485,14 @@ class RedisPermit(OnceOnlyPermit):
         return self._keys.window
 
     def _apply_settle(self, delta: int) -> None:
-        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, delta, False)
+        self._limiter._queue(
+            self._lease_id, self._lease_arg, self._keys, delta, False, False, self._acquired_arg
+        )
 
     def _apply_release(self) -> None:
-        self._limiter._queue(self._lease_id, self._lease_arg, self._keys, 0, True)
+        self._limiter._queue(
+            self._lease_id, self._lease_arg, self._keys, 0, True, False, self._acquired_arg
+        )
 
 
 class RedisLimiter:
@@ -715,7 +736,7 @@ class RedisLimiter:
             if admission in self._admissions:  # else a batch took it already
                 self._admissions.remove(admission)
         else:
-            self._queue(lease_id, lease_arg, keys, -est_tokens, True, True)
+            self._queue(lease_id, lease_arg, keys, -est_tokens, True, True, _UNKNOWN_TIME)
 
     def _admitted(
         self,
@@ -731,8 +752,11 @@ class RedisLimiter:
         denial; ``None``: retry with the server's window."""
         status = int(reply[at])
         if status == 1:
-            self._offset_ms = int(reply[at + 1]) - self._now_s() * 1000.0
-            return RedisPermit(self, lease_id, lease_arg, source, keys, est_tokens)
+            server_ms = int(reply[at + 1])
+            self._offset_ms = server_ms - self._now_s() * 1000.0
+            return RedisPermit(
+                self, lease_id, lease_arg, source, keys, est_tokens, self._ints[server_ms]
+            )
         if status == 0:
             return Denial(_GATES[int(reply[at + 1]) - 1], max(0.0, int(reply[at + 2]) / 1000.0))
         if status == -2:  # only a compensation writes this; its caller is gone
@@ -920,10 +944,12 @@ class RedisLimiter:
         keys: _SourceWindow,
         delta: int,
         release: bool,
-        compensate: bool = False,
+        compensate: bool,
+        acquired_arg: bytes,
     ) -> None:
         """Queue a TPM correction of ``delta`` tokens and, if ``release``, the lease's
-        release (``compensate``: of a lease no permit was made of)."""
+        release (``compensate``: of a lease no permit was made of; ``acquired_arg``: see
+        ``_QueuedAccounting``)."""
         if self._disconnected:
             self._warn.failed(
                 "accounting after close",
@@ -933,7 +959,9 @@ class RedisLimiter:
             return
         entry = self._pending.get(lease_id)
         if entry is None:
-            entry = self._pending[lease_id] = _QueuedAccounting(lease_id, lease_arg, keys)
+            entry = self._pending[lease_id] = _QueuedAccounting(
+                lease_id, lease_arg, keys, acquired_arg
+            )
         entry.delta += delta
         if release:
             entry.release = True
@@ -1106,6 +1134,7 @@ class RedisLimiter:
                     _TRUE if mark else _FALSE,
                     self._lease_ttl_arg,
                     keys.window_end_arg,
+                    entry.acquired_arg,
                 )
                 ops.append((_RELEASE_KEYS, keys.release_keys, _RELEASE_ARGS, b"".join(args)))
                 mark = False  # one mark per batch is enough

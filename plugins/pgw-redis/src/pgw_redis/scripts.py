@@ -353,21 +353,23 @@ _RELEASE_BODY = """
 --       8 global hold ms, 9 source hold ms
 -- ARGV: 1 lease id, 2 tpm delta, 3 compensation (1: the caller never got the permit; apply
 --       the delta only if the acquire ran, and if it has not run yet make sure it never
---       admits), 4 mark progress (1/0), 5 lease ttl ms, 6 end of the acquire-time window (s)
+--       admits), 4 mark progress (1/0), 5 lease ttl ms, 6 end of the acquire-time window (s),
+--       7 the server time the acquire answered (ms; 0 when unknown: a compensation's)
 -- Running twice (a release re-sent after its reply was lost) changes nothing more: ZREM finds
 -- nothing, and the delta is applied only by the run that adds the id to KEYS[7] (see SETTLE).
 -- Reply: 1 when the lease was held, else 0 (already released, expired, or never granted)
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local held = lease_remove(KEYS[1], ARGV[1])
 lease_remove(KEYS[2], ARGV[1])
-local released_at = now_ms()
-expiry = num(expiry)
-if held == 1 and expiry and expiry > released_at then
+local acquired = num(ARGV[7])
+if held == 1 and acquired > 0 then
   -- How long the lease was held feeds the concurrency gates' wait hints; an expired lease
   -- says nothing about how long calls take.
-  local duration = math.max(0, released_at - (expiry - num(ARGV[5])))
-  hold_update(KEYS[8], duration)
-  hold_update(KEYS[9], duration)
+  local released_at = now_ms()
+  if released_at < acquired + num(ARGV[5]) then
+    local duration = math.max(0, released_at - acquired)
+    hold_update(KEYS[8], duration)
+    hold_update(KEYS[9], duration)
+  end
 end
 local delta = num(ARGV[2])
 if delta ~= 0 and (ARGV[3] == '0' or held == 1) and settled_add(KEYS[7], ARGV[1], ARGV[6]) then
@@ -636,7 +638,7 @@ return shortest
 _SLOT = re.compile(r"\b(KEYS|ARGV)\[(\d+)\]")
 
 
-BATCH_ARG_COUNTS: dict[int, int] = {1: 10, 2: 6, 3: 3, 4: 0, 5: 3, 6: 13}
+BATCH_ARG_COUNTS: dict[int, int] = {1: 10, 2: 7, 3: 3, 4: 0, 5: 3, 6: 13}
 """The BATCH script's operation codes and how many arguments of its own each takes (those of
 the script it runs: acquire, release, settle, progress mark, gate_try_enter, and gate_try_enter
 then acquire)."""
