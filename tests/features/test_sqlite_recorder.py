@@ -19,18 +19,19 @@ from typing import Any
 
 import pytest
 from polygateway.telemetry.sqlite import (
-    _NULL,
     _RECORD_VALUES,
+    CALL_COLUMNS,
     COLUMNS,
     NULLABLE,
-    QUEUED,
+    OWN_COLUMNS,
     SCHEMA,
     SHARED_ALL,
     SHARED_CALL,
+    TIMING_COLUMNS,
     SQLiteRecorder,
+    bound_values,
     insert,
     shared_tail,
-    shared_values,
     split_rows,
     statement_sizes,
 )
@@ -311,15 +312,28 @@ class Label(str):
 
 
 def queued(record: TelemetryRecord) -> list[Any]:
-    """A record's row as the recorder queues it (``QUEUED`` order, NULL as the stand-in)."""
-    values = dict(zip(COLUMNS, _RECORD_VALUES(record), strict=True))
-    values["cache_hit"] = 1 if values["cache_hit"] else 0
-    return [_NULL if values[name] is None else values[name] for name in QUEUED]
+    """A record's row as the recorder queues it: its values in ``COLUMNS`` order."""
+    return list(_RECORD_VALUES(record))
 
 
-def test_the_queued_order_holds_every_column_once() -> None:
-    assert sorted(QUEUED) == sorted(COLUMNS)
-    assert QUEUED[-SHARED_CALL:][0] == "model" and QUEUED[-SHARED_ALL:][0] == "ttft_ms"
+def reference_rows(records: Sequence[TelemetryRecord]) -> list[tuple[Any, ...]]:
+    """The rows of ``records`` as one plain INSERT each writes them (None bound as None)."""
+    with closing(sqlite3.connect(":memory:")) as conn:
+        conn.executescript(SCHEMA)
+        for record in records:
+            values = [1 if v is True else 0 if v is False else v for v in _RECORD_VALUES(record)]
+            conn.execute(
+                f"INSERT OR IGNORE INTO pgw_calls ({', '.join(COLUMNS)}) "
+                f"VALUES ({', '.join('?' * len(COLUMNS))})",
+                values,
+            )
+        return list(conn.execute("SELECT *, typeof(model), typeof(cost) FROM pgw_calls"))
+
+
+def test_the_shared_forms_hold_every_column_once() -> None:
+    assert sorted(OWN_COLUMNS + TIMING_COLUMNS + CALL_COLUMNS) == sorted(COLUMNS)
+    assert (len(CALL_COLUMNS), len(TIMING_COLUMNS + CALL_COLUMNS)) == (SHARED_CALL, SHARED_ALL)
+    assert set(TIMING_COLUMNS) < NULLABLE and not set(OWN_COLUMNS) & NULLABLE
 
 
 _VARIANTS: list[dict[str, Any]] = [
@@ -330,60 +344,59 @@ _VARIANTS: list[dict[str, Any]] = [
     {"parent_call_id": None},
     {"cache_hit": True},
     {"thinking": ""},
+    {"ttft_ms": None},
     {"ttft_ms": 1.0},
-    {"ttft_ms": float("nan")},  # another NaN object: not the stand-in, bound apart
+    {"ttft_ms": float("nan")},
     {"cost": 0.5},
     {"prompt_tokens": 7, "messages": "[]"},
 ]
 
 
-@pytest.mark.parametrize("rows", [2, 3, 8, 64])
-@pytest.mark.parametrize("base", [{}, {"ttft_ms": None, "max_inter_token_ms": None, "cost": None}])
-def test_rows_sharing_values_are_written_as_with_every_value_bound(
-    rows: int, base: dict[str, Any]
-) -> None:
-    # shared_tail picks the statement binding the shared values once; the rows it writes are
-    # those of the statement binding every value of every row (the definition).
-    expected_forms = set()
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 64])
+@pytest.mark.parametrize(
+    "base",
+    [{}, {"ttft_ms": None, "max_inter_token_ms": None, "cost": None, "cache_hit": True}],
+)
+def test_a_statement_writes_the_rows_plain_inserts_write(rows: int, base: dict[str, Any]) -> None:
+    # bound_values picks the statement binding the shared values once, or the one binding
+    # every value of every row; either writes the rows plain INSERTs write (the definition).
+    forms = set()
     for variant in _VARIANTS:
         for odd_row in (0, rows - 1):
             records = [
                 sample_record(**(base | variant if i == odd_row else base)) for i in range(rows)
             ]
             batch = [value for record in records for value in queued(record)]
-            shared = shared_tail(batch, rows)
-            expected_forms.add(shared)
-            tables = []
-            for sql, params in (
-                (insert(rows), batch),
-                (insert(rows, shared), shared_values(batch, shared) if shared else batch),
-            ):
-                with closing(sqlite3.connect(":memory:")) as conn:
-                    conn.executescript(SCHEMA)
-                    conn.execute(sql, params)
-                    tables.append(list(conn.execute("SELECT *, typeof(model) FROM pgw_calls")))
-            assert tables[0] == tables[1], (variant, odd_row)
-            assert len(tables[0]) == rows
-    assert expected_forms == ({0, SHARED_CALL} if not base else {0, SHARED_CALL, SHARED_ALL})
+            shared, values = bound_values(batch, rows)
+            forms.add(shared)
+            with closing(sqlite3.connect(":memory:")) as conn:
+                conn.executescript(SCHEMA)
+                conn.execute(insert(rows, shared), values)
+                written = list(conn.execute("SELECT *, typeof(model), typeof(cost) FROM pgw_calls"))
+            assert written == reference_rows(records), (variant, odd_row)
+            assert len(written) == rows
+    expected = {0} if rows == 1 else {0, SHARED_CALL} if not base else {0, SHARED_CALL, SHARED_ALL}
+    assert forms == expected
 
 
 def test_values_differing_between_rows_are_not_shared() -> None:
     same = [sample_record(ttft_ms=None, max_inter_token_ms=None, cost=None) for _ in range(4)]
     batch = [value for record in same for value in queued(record)]
     assert shared_tail(batch, 4) == SHARED_ALL
-    for name, value in [("model", "other"), ("error", "E"), ("cache_hit", 1), ("scope", "s")]:
+    for name, value in [("model", "other"), ("error", "E"), ("cache_hit", True), ("scope", "s")]:
         changed = batch.copy()
-        changed[3 * len(QUEUED) + QUEUED.index(name)] = value
+        changed[3 * len(COLUMNS) + COLUMNS.index(name)] = value
         assert shared_tail(changed, 4) == 0, name
-    for name in ("ttft_ms", "max_inter_token_ms", "cost"):
+    for name in TIMING_COLUMNS:
         changed = batch.copy()
-        changed[QUEUED.index(name)] = 1.5
+        changed[COLUMNS.index(name)] = 1.5
         assert shared_tail(changed, 4) == SHARED_CALL, name
-    # A first value neither an exact str nor the NULL stand-in is bound row by row.
-    changed = batch.copy()
-    for row in range(4):
-        changed[row * len(QUEUED) + QUEUED.index("model")] = 5
-    assert shared_tail(changed, 4) == 0
+    # A first value of another type than the column's plain ones is bound row by row.
+    for name, value in [("model", 5), ("cache_hit", "yes")]:
+        changed = batch.copy()
+        for row in range(4):
+            changed[row * len(COLUMNS) + COLUMNS.index(name)] = value
+        assert shared_tail(changed, 4) == 0, name
 
 
 async def test_every_insert_is_compiled_when_the_database_opens(

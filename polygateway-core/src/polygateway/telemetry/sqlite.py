@@ -126,8 +126,11 @@ directly, without the copy a text or blob stand-in costs SQLite. (A process that
 ``sqlite3`` adapter for ``float`` changes how every float binds, this one included.)"""
 
 
-QUEUED: tuple[str, ...] = (
-    # Different in every row.
+SHARED_CALL = 12
+"""A statement's rows share ``CALL_COLUMNS``, the same in most rows of a client."""
+SHARED_ALL = 15
+"""A statement's rows share ``CALL_COLUMNS`` and ``TIMING_COLUMNS``."""
+OWN_COLUMNS = (
     "call_id",
     "messages",
     "response",
@@ -136,11 +139,11 @@ QUEUED: tuple[str, ...] = (
     "latency_ms",
     "created_at",
     "root_call_id",
-    # NULL in every row of calls without streaming or pricing.
-    "ttft_ms",
-    "max_inter_token_ms",
-    "cost",
-    # The same in most rows of a client: its source, scope and namespace, no error.
+)
+"""Columns that differ row to row."""
+TIMING_COLUMNS = ("ttft_ms", "max_inter_token_ms", "cost")
+"""Columns NULL in every row of calls without streaming or pricing."""
+CALL_COLUMNS = (
     "model",
     "provider",
     "source_name",
@@ -154,45 +157,38 @@ QUEUED: tuple[str, ...] = (
     "error",
     "cache_hit",
 )
-"""``COLUMNS`` in the order a row's values wait in the queue and bind to the INSERTs: those
-that differ row to row first, those most rows share last (see ``shared_tail``)."""
-
-SHARED_CALL = 12
-"""The last values of a row, ``model`` to ``cache_hit``: the same in most rows of a client."""
-SHARED_ALL = SHARED_CALL + 3
-"""The last values of a row from ``ttft_ms`` on: also NULL in every row of a JSON call
-without pricing."""
+"""Columns the same in most rows of a client: its source, scope and namespace, no error."""
+_FORMS: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    0: (COLUMNS, ()),
+    SHARED_CALL: (OWN_COLUMNS + TIMING_COLUMNS, CALL_COLUMNS),
+    SHARED_ALL: (OWN_COLUMNS, TIMING_COLUMNS + CALL_COLUMNS),
+}
+"""By the count of values a statement's rows share: the columns each row binds itself, the
+columns bound once for all."""
+_POSITIONS = {
+    form: ([COLUMNS.index(c) for c in own], [COLUMNS.index(c) for c in shared])
+    for form, (own, shared) in _FORMS.items()
+}
 
 _ROW_PARAMS = f"({', '.join('?' * len(COLUMNS))})"
-_INTO = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(QUEUED)}) VALUES "
-INSERT = _INTO + _ROW_PARAMS
-"""One row; its parameters are a record's values in ``QUEUED`` order, NULL bound as NaN."""
+INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PARAMS}"
+"""One row; its parameters are a record's values in ``COLUMNS`` order, NULL bound as NaN."""
 
 
 def insert(rows: int, shared: int = 0) -> str:
     """The INSERT of ``rows`` rows; its parameters are every row's values one after the other
-    (``shared`` 0), or, column after column, the values of the ``rows`` rows the rows do not
-    share, then the last ``shared`` values (``QUEUED`` order) once for all of them (``?NNN``
-    parameters name a bound value again): ``shared_values`` makes them."""
+    (``shared`` 0), or, column after column, the values of the ``rows`` rows that each row
+    binds itself, then once for all the ``shared`` values they share (``_FORMS``; ``?NNN``
+    parameters name a bound value again): ``bound_values`` makes them."""
     if not shared:
-        return _INTO + ", ".join([_ROW_PARAMS] * rows)
-    own = len(COLUMNS) - shared
-    tail = ", ".join(f"?{own * rows + n}" for n in range(1, shared + 1))
-    return _INTO + ", ".join(
-        f"({', '.join(f'?{column * rows + row + 1}' for column in range(own))}, {tail})"
+        return INSERT + f", {_ROW_PARAMS}" * (rows - 1)
+    own, common = _FORMS[shared]
+    into = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(own + common)}) VALUES "
+    tail = ", ".join(f"?{len(own) * rows + n}" for n in range(1, shared + 1))
+    return into + ", ".join(
+        f"({', '.join(f'?{column * rows + row + 1}' for column in range(len(own)))}, {tail})"
         for row in range(rows)
     )
-
-
-def shared_values(rows: list[Any], shared: int) -> list[Any]:
-    """The parameters of ``insert(count, shared)`` for the ``count`` rows of ``rows`` (their
-    values one after the other), whose last ``shared`` values are the same: a column of the
-    rows' own values is a slice, no value is looked at one by one."""
-    values = rows[0::ROW_WIDTH]
-    for column in range(1, ROW_WIDTH - shared):
-        values += rows[column::ROW_WIDTH]
-    values += rows[ROW_WIDTH - shared : ROW_WIDTH]
-    return values
 
 
 ROWS_PER_STATEMENT = 64
@@ -226,33 +222,61 @@ def statement_sizes(per: int) -> frozenset[int]:
 ROW_WIDTH = len(COLUMNS)
 """Values a row takes in the recorder's queue."""
 
-_CACHE_HIT = QUEUED.index("cache_hit")
+_CACHE_HIT = COLUMNS.index("cache_hit")
+_CREATED_AT = COLUMNS.index("created_at")
+_TIMING = [COLUMNS.index(name) for name in TIMING_COLUMNS]
 
 
 def shared_tail(rows: list[Any], count: int) -> int:
-    """How many of the last values (``QUEUED`` order) the ``count`` rows of ``rows`` (their
-    values one after the other) may bind once for all: ``SHARED_ALL``, ``SHARED_CALL`` or 0.
+    """How many values the ``count`` rows of ``rows`` (their values one after the other,
+    ``COLUMNS`` order) may bind once for all: ``SHARED_ALL``, ``SHARED_CALL`` or 0.
 
     Binding a value costs more than inserting it (SQLite copies every text it binds, under
     its connection's mutex), and most of a row's values are those of its client: bound once
     for a statement of 64 rows, a row binds 8 values instead of 23. A value is shared when
-    every row's equals the first row's, which is an exact ``str`` (its text) or the NULL
-    stand-in itself (NaN equals nothing, so only that object), or ``cache_hit``'s 0 or 1 made
-    by the recorder: equal values of these store the same (a ``str`` subclass redefining
-    equality aside), so the rows are those the statement with every value bound writes (a
-    test holds the two equal).
+    every row's equals the first row's, which is an exact ``str`` (its text), ``None``, or
+    for ``cache_hit`` a ``bool`` or ``int`` (equal numbers are equally true): equal values
+    of these store the same (a ``str`` subclass redefining equality aside), so the rows are
+    those of the statement binding every value (a test holds the two equal).
     """
-    for position in range(ROW_WIDTH - SHARED_CALL, ROW_WIDTH):
+    for position in _POSITIONS[SHARED_CALL][1]:
         column = rows[position::ROW_WIDTH]
         first = column[0]
-        if (
-            type(first) is not str and first is not _NULL and position != _CACHE_HIT
-        ) or column.count(first) != count:
+        kind = type(first)
+        if position == _CACHE_HIT:
+            if kind is not bool and kind is not int:
+                return 0
+        elif kind is not str and first is not None:
             return 0
-    for position in range(ROW_WIDTH - SHARED_ALL, ROW_WIDTH - SHARED_CALL):
-        if rows[position] is not _NULL or rows[position::ROW_WIDTH].count(_NULL) != count:
+        if column.count(first) != count:
+            return 0
+    for position in _TIMING:
+        if rows[position] is not None or rows[position::ROW_WIDTH].count(None) != count:
             return SHARED_CALL
     return SHARED_ALL
+
+
+def bound_values(rows: list[Any], count: int) -> tuple[int, list[Any]]:
+    """The statement for the ``count`` rows of ``rows`` (their values one after the other,
+    ``COLUMNS`` order) and its parameters: ``(shared, parameters)`` for ``insert(count,
+    shared)``. ``None`` is bound as NULL's stand-in, ``cache_hit`` as 0 or 1."""
+    shared = shared_tail(rows, count) if count > 1 else 0
+    if not shared:
+        values = [_NULL if value is None else value for value in rows]
+        values[_CACHE_HIT::ROW_WIDTH] = [1 if hit else 0 for hit in rows[_CACHE_HIT::ROW_WIDTH]]
+        return 0, values
+    own, common = _POSITIONS[shared]
+    values = rows[own[0] :: ROW_WIDTH]
+    for position in own[1:]:
+        column = rows[position::ROW_WIDTH]
+        # None in a NOT NULL column is no row either way: only TIMING_COLUMNS need looking at.
+        if position in _TIMING and None in column:
+            column = [_NULL if value is None else value for value in column]
+        values += column
+    first = rows[:ROW_WIDTH]
+    first[_CACHE_HIT] = 1 if first[_CACHE_HIT] else 0
+    values += [_NULL if first[position] is None else first[position] for position in common]
+    return shared, values
 
 
 _RECORD_VALUES: Callable[[TelemetryRecord], TelemetryValues] = attrgetter(*COLUMNS)
@@ -357,59 +381,14 @@ class SQLiteRecorder:
         if self._closed or self._broken or len(queue) >= self.queue_max * ROW_WIDTH:
             self._drop_on_loop()
             return
-        (
-            call_id,
-            parent_call_id,
-            session_id,
-            model,
-            provider,
-            source_name,
-            messages,
-            response,
-            thinking,
-            prompt_tokens,
-            completion_tokens,
-            usage_source,
-            latency_ms,
-            ttft_ms,
-            max_inter_token_ms,
-            cache_hit,
-            error,
-            cost,
-            created_at,
-            scope,
-            cache_namespace,
-            params,
-            root_call_id,
-        ) = values
-        # The row's INSERT parameters, in QUEUED order, NULL bound as NaN.
-        queue.extend(
-            (
-                call_id,
-                messages,
-                response,
-                prompt_tokens,
-                completion_tokens,
-                latency_ms,
-                created_at or time.time(),
-                root_call_id,
-                _NULL if ttft_ms is None else ttft_ms,
-                _NULL if max_inter_token_ms is None else max_inter_token_ms,
-                _NULL if cost is None else cost,
-                model,
-                provider,
-                source_name,
-                thinking,
-                usage_source,
-                scope,
-                cache_namespace,
-                params,
-                _NULL if parent_call_id is None else parent_call_id,
-                _NULL if session_id is None else session_id,
-                _NULL if error is None else error,
-                1 if cache_hit else 0,
-            )
-        )
+        if len(values) != ROW_WIDTH:
+            raise ValueError(f"a row has {ROW_WIDTH} values, got {len(values)}")
+        # The row's values as given: the writer binds None as NULL and cache_hit as 0 or 1
+        # (``bound_values``), mostly once for a statement of 64 rows.
+        if values[_CREATED_AT]:
+            queue.extend(values)
+        else:
+            queue.extend((*values[:_CREATED_AT], time.time(), *values[_CREATED_AT + 1 :]))
         self._accepted += 1
         if self._thread is None:
             self._start()
@@ -626,12 +605,8 @@ class SQLiteRecorder:
                 start = 0
                 for size in split_rows(len(batch) // ROW_WIDTH, self._rows_per_statement):
                     end = start + size * ROW_WIDTH
-                    rows = batch[start:end]
-                    shared = shared_tail(rows, size) if size > 1 else 0
-                    if shared:
-                        conn.execute(inserts[size, shared], shared_values(rows, shared))
-                    else:
-                        conn.execute(inserts[size, 0], rows)
+                    shared, values = bound_values(batch[start:end], size)
+                    conn.execute(inserts[size, shared], values)
                     start = end
             return
         except _WRITE_ERRORS as exc:
@@ -646,7 +621,7 @@ class SQLiteRecorder:
         for start in range(0, len(batch), ROW_WIDTH):
             try:
                 with conn:
-                    conn.execute(INSERT, batch[start : start + ROW_WIDTH])
+                    conn.execute(INSERT, bound_values(batch[start : start + ROW_WIDTH], 1)[1])
             except _WRITE_ERRORS as exc:
                 self._dropped_by_writer += 1
                 self._warn_once(
