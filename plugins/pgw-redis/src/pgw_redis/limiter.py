@@ -602,12 +602,7 @@ class RedisLimiter:
     async def try_acquire(
         self, source: str, est_tokens: int, source_limits: Limits
     ) -> Permit | Denial:
-        if (
-            type(est_tokens) is not int
-            or not 0 <= est_tokens <= MAX_TOKENS
-            or (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0
-        ):  # the usual inputs pass without a call
-            est_tokens = _checked_inputs(est_tokens, source_limits)
+        est_tokens = _checked_inputs(est_tokens, source_limits)
         # Made before sending, so a script that ran for a caller who never saw the reply can
         # still be released by id.
         lease_id = new_lease_id()
@@ -654,7 +649,7 @@ class RedisLimiter:
             type(est_tokens) is not int
             or not 0 <= est_tokens <= MAX_TOKENS
             or (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0
-        ):  # the usual inputs pass without a call
+        ):  # the usual inputs of the governed path pass without a call
             est_tokens = _checked_inputs(est_tokens, source_limits)
         lease_id = new_lease_id()
         lease_arg = bulk(lease_id)
