@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -548,20 +549,21 @@ def pin_processes(*others: int) -> None:
     os.sched_setaffinity(0, {cpus[0]})  # threads started later inherit it
     for pid in others:
         for thread in os.listdir(f"/proc/{pid}/task"):  # every thread of theirs
-            os.sched_setaffinity(int(thread), {cpus[1]})
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(thread), {cpus[1]})
 
 
 async def bench_async(args: argparse.Namespace) -> list[Row]:
     port = free_port()
     upstream = start_upstream(port, args.chunks)
     server = RedisServer()
-    if args.pin:
-        pin_processes(upstream.pid, server.proc.pid)
     url = f"http://127.0.0.1:{port}/v1"
     only = set(args.only.split(",")) if args.only else None
     engines = [e for e in args.engines.split(",") if e]
     rows: list[Row] = []
     try:
+        if args.pin:
+            pin_processes(upstream.pid, server.proc.pid)
         for mode in args.modes.split(","):
             stream = mode == "stream"
             for conc in (int(c) for c in args.conc.split(",")):

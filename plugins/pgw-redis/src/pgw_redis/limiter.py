@@ -1252,9 +1252,12 @@ class RedisLimiter:
 
 
 def _checked_inputs(est_tokens: int, source_limits: Limits) -> int:
-    """``est_tokens``, checked with ``source_limits`` (``ValueError`` for bad ones)."""
-    est_tokens = check_token_count(est_tokens, "est_tokens")
-    check_limits(source_limits, "source_limits")
+    """``est_tokens``, checked with ``source_limits`` (``ValueError`` for bad ones). The
+    joint admission makes the same two plain checks inline first."""
+    if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
+        est_tokens = check_token_count(est_tokens, "est_tokens")
+    if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
+        check_limits(source_limits, "source_limits")
     return est_tokens
 
 
