@@ -645,12 +645,7 @@ class RedisLimiter:
         Cancelled or failed after sending: the probe it may have been given is handed back
         and the lease compensated, as each call alone would do.
         """
-        if (
-            type(est_tokens) is not int
-            or not 0 <= est_tokens <= MAX_TOKENS
-            or (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0
-        ):  # the usual inputs of the governed path pass without a call
-            est_tokens = _checked_inputs(est_tokens, source_limits)
+        est_tokens = _checked_inputs(est_tokens, source_limits)
         lease_id = new_lease_id()
         lease_arg = bulk(lease_id)
         gate_key, enter_args = gate.joint_enter_args(source)
@@ -708,8 +703,7 @@ class RedisLimiter:
             raise GovernanceBackendError(f"Redis limiter (scope {self._scope!r}) is closed")
         admission = _Admission(op, asyncio.get_running_loop().create_future(), joint)
         self._admissions.append(admission)
-        if self._forming is None:  # else it goes in the batch that is forming
-            self._schedule_flush(admission=True)
+        self._schedule_flush(admission=True)
         return admission
 
     def _abandon(
@@ -748,7 +742,7 @@ class RedisLimiter:
         status = int(reply[at])
         if status == 1:
             server_ms = int(reply[at + 1])
-            self._offset_ms = server_ms - self._now_s() * 1000.0
+            self._learn_server_time(server_ms)
             return RedisPermit(
                 self, lease_id, lease_arg, source, keys, est_tokens, self._ints[server_ms]
             )
@@ -962,8 +956,7 @@ class RedisLimiter:
             entry.release = True
         if compensate:
             entry.release = entry.compensation = True
-        if self._forming is None and not self._flush_tasks:  # else a batch will take it
-            self._schedule_flush()
+        self._schedule_flush()
 
     def _schedule_flush(self, *, admission: bool = False) -> None:
         # The batch task is made now and runs at the next turn of the loop: the caller usually
@@ -1252,8 +1245,7 @@ class RedisLimiter:
 
 
 def _checked_inputs(est_tokens: int, source_limits: Limits) -> int:
-    """``est_tokens``, checked with ``source_limits`` (``ValueError`` for bad ones). The
-    joint admission makes the same two plain checks inline first."""
+    """``est_tokens``, checked with ``source_limits`` (``ValueError`` for bad ones)."""
     if type(est_tokens) is not int or not 0 <= est_tokens <= MAX_TOKENS:
         est_tokens = check_token_count(est_tokens, "est_tokens")
     if (source_limits.max_concurrency | source_limits.rpm | source_limits.tpm) < 0:
