@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,10 @@ from features_helpers import (  # make_rig_fixture provides the make_rig fixture
 from polygateway.backends.memory.cache import MemoryCache
 from polygateway.client import GatewayClient
 from polygateway.errors import ConfigError, ResultInvalidError
-from polygateway.middleware.cache import KEY_PREFIX, CacheMiddleware
+from polygateway.middleware.cache import KEY_PREFIX, CacheMiddleware, encode_response
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.testing import FakeClock, FakeUpstream, Reply
-from polygateway.types import ChatRequest
+from polygateway.types import ChatRequest, LLMResponse
 from pydantic import BaseModel
 
 
@@ -393,6 +394,105 @@ async def test_an_unreadable_entry_is_a_miss(
     async with rig.client as client:
         assert not (await client.chat(MESSAGES)).cache_hit
         assert (await client.chat(MESSAGES)).cache_hit  # the bad entry was replaced
+
+
+class StringOnlyCache:
+    """A backend with the plain port only (strings, coroutines), over a memory cache."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.inner = MemoryCache(clock=clock)
+
+    async def get(self, key: str) -> str | None:
+        return await self.inner.get(key)
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        await self.inner.set(key, value, ttl_s)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _hit_view(response: Any) -> dict[str, Any]:
+    fields = dict(vars(response))
+    del fields["call_id"]
+    return fields
+
+
+async def test_a_hit_is_the_same_whether_the_entry_is_kept_as_an_object_or_as_json(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    reply = Reply.ok(content="Paris ✓", prompt_tokens=11, completion_tokens=2)
+    fake_upstream.script("a", reply, reply)
+    clock = FakeClock()
+    hits = []
+    for backend in (MemoryCache(clock=clock), StringOnlyCache(clock)):
+        rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
+        async with rig.client as client:
+            first = await client.chat(MESSAGES)
+            hits.append(await client.chat(MESSAGES))
+        assert not first.cache_hit and hits[-1].cache_hit
+        assert hits[-1].call_id and hits[-1].call_id != first.call_id
+    assert fake_upstream.requests("a") == 2
+    assert _hit_view(hits[0]) == _hit_view(hits[1])
+    assert hits[0].content == "Paris ✓" and hits[0].cost == 0.0
+
+
+async def test_the_memory_cache_keeps_a_hits_fields_not_their_json(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    backend = MemoryCache(clock=clock)
+    layer = CacheMiddleware(
+        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
+    )
+    key = layer.key(ChatRequest(messages=MESSAGES))
+    rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
+    async with rig.client as client:
+        first = await client.chat(MESSAGES)
+    kept = backend.get_object(key)
+    assert isinstance(kept, dict) and kept["content"] == first.content
+    assert "call_id" not in kept and kept["cache_hit"] is True
+    assert not gc.is_tracked(kept)  # no work for the garbage collector's passes
+    assert backend.get_nowait(key) is None  # no string entry: nothing was encoded
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [42, ("content", "x"), {"text": "no content"}, {"content": 7}, {"content": "x", "oops": 1}],
+    ids=repr,
+)
+async def test_an_object_entry_of_another_kind_is_a_miss(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path, foreign: object
+) -> None:
+    clock = FakeClock()
+    backend = MemoryCache(clock=clock)
+    layer = CacheMiddleware(
+        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
+    )
+    backend.set_object(layer.key(ChatRequest(messages=MESSAGES)), foreign, 60.0)
+    rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
+    async with rig.client as client:
+        assert not (await client.chat(MESSAGES)).cache_hit
+        assert (await client.chat(MESSAGES)).cache_hit  # the foreign entry was replaced
+    assert fake_upstream.requests("a") == 1
+
+
+async def test_a_json_entry_in_the_memory_cache_is_still_a_hit(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    # An entry written through the string form (``set``) reads back as before.
+    clock = FakeClock()
+    backend = MemoryCache(clock=clock)
+    layer = CacheMiddleware(
+        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
+    )
+    stored = encode_response(LLMResponse(content="from json", model="model-a", call_id="old"))
+    await backend.set(layer.key(ChatRequest(messages=MESSAGES)), stored, 60.0)
+    rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
+    async with rig.client as client:
+        hit = await client.chat(MESSAGES)
+    assert hit.cache_hit and hit.content == "from json" and hit.call_id != "old"
+    assert fake_upstream.requests("a") == 0
 
 
 # --------------------------------------------------------------------------- configuration

@@ -30,10 +30,13 @@ from polygateway.digest import (
     messages_digest,
 )
 from polygateway.middleware.cache import (
+    _HIT_OVERRIDES,
     _STORED_FIELDS,
     CacheMiddleware,
+    _hit_fields_by_name,
     decode_fields,
     encode_response,
+    hit_fields,
 )
 from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
 from polygateway.params import ChatParams
@@ -493,6 +496,40 @@ def test_a_response_holding_more_than_its_fields_is_stored_by_name() -> None:
     object.__setattr__(response, "note", "not a field")
     assert encode_response(response) == reference_encode(response)
     assert decode_fields(encode_response(response))["tool_calls"] == response.tool_calls
+
+
+@settings(max_examples=300, deadline=None)
+@given(responses)
+def test_a_hit_kept_as_an_object_is_the_hit_read_back_from_json(response: LLMResponse) -> None:
+    # A backend of the caller's process keeps hit_fields(response); any other backend keeps
+    # encode_response(response), decoded on a hit. Both build the same hit.
+    kept = hit_fields(response)
+    assert kept == _hit_fields_by_name(response)
+    assert type(kept) is dict
+    if outcome(reference_encode, response)[0] == "raised":
+        return  # NaN, infinity: not JSON; an object entry keeps them as they are
+    decoded = decode_fields(encode_response(response))
+    decoded.update(_HIT_OVERRIDES)
+    del decoded["call_id"]
+    # (No tool calls are stored as null and decoded as the default, an empty tuple.)
+    assert LLMResponse(**kept, call_id="hit") == LLMResponse(**decoded, call_id="hit")
+
+
+def test_a_kept_hit_holds_no_call_id_and_the_hit_overrides() -> None:
+    response = LLMResponse(
+        content="ok", call_id="c1", cost=0.5, latency_ms=9, ttft_ms=1.0, cache_hit=False
+    )
+    kept = hit_fields(response)
+    assert "call_id" not in kept and "structured_data" not in kept
+    assert {name: kept[name] for name in _HIT_OVERRIDES} == _HIT_OVERRIDES
+    assert kept["content"] == "ok" and kept["cost"] == 0.0
+
+
+def test_a_response_holding_more_than_its_fields_is_kept_by_name() -> None:
+    response = LLMResponse(content="ok", tool_calls=(ToolCall("i", "n", "{}"),))
+    object.__setattr__(response, "note", "not a field")
+    assert hit_fields(response) == _hit_fields_by_name(response)
+    assert "note" not in hit_fields(response)
 
 
 # --------------------------------------------------------------------------- telemetry

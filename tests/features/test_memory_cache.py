@@ -90,3 +90,14 @@ async def test_an_expired_entry_is_gone_from_both_maps_and_can_be_stored_again()
     await cache.set("c", "c", 5.0)  # evicts "a", its deadline with it
     assert len(cache) == 2 and cache.remaining_ttl_s("a") is None
     assert await cache.get("a") is None
+
+
+async def test_object_and_string_entries_share_one_bound() -> None:
+    cache = MemoryCache(clock=FakeClock(), max_entries=2)
+    cache.set_object("a", {"content": "x"}, 60.0)
+    await cache.set("b", "b", 60.0)
+    assert cache.get_object("a") == {"content": "x"}  # "b" is now the least recently used
+    cache.set_object("c", ("c",), 60.0)
+    assert len(cache) == 2
+    assert await cache.get("b") is None
+    assert cache.get_object("c") == ("c",)

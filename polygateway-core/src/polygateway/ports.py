@@ -518,6 +518,25 @@ class SupportsCacheNowait(Protocol):
     def set_nowait(self, key: str, value: str, ttl_s: float) -> None: ...
 
 
+@runtime_checkable
+class SupportsCacheObjects(Protocol):
+    """Optional for a ``CacheBackend`` in the caller's own process (the memory cache): it keeps
+    Python objects as they are, with the same TTL and eviction as its strings.
+
+    The cache layer then stores what a hit is built from (the response's fields, immutable
+    values) instead of encoding the response as JSON on every miss and decoding it on a hit:
+    nothing leaves the process, so nothing needs encoding. ``get_object`` answers ``None`` for
+    a missing or expired key; ``set_object`` refuses a TTL as ``set`` does, and ``None`` as a
+    value (it reads as absent). An entry holds what was stored in it: ``get``/``get_nowait``
+    read only string entries. Checked once, when the layer is built; ``CacheContract`` holds
+    the object form to the same TTL behaviour.
+    """
+
+    def get_object(self, key: str) -> object | None: ...
+
+    def set_object(self, key: str, value: object, ttl_s: float) -> None: ...
+
+
 class CallTrace(Protocol):
     """The rows of one call, handed to a recorder together (``SupportsCallTraces.open_call``).
 

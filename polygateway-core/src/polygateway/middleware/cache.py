@@ -6,7 +6,9 @@ salt, structured}`` (plus ``extra``, the request's ``extra_body``, when it is no
 body parameters mean another answer; and ``args``, the per-call generation parameters of
 ``polygateway.params``, when any is set). Canonical JSON makes delimiters in tenant ids harmless.
 
-Value: the ``LLMResponse`` as JSON, without ``structured_data``. Only what passed the
+Value: the ``LLMResponse`` as JSON, without ``structured_data``; in a backend of the caller's own
+process (``ports.SupportsCacheObjects``, the memory cache) the fields a hit is built from, as
+they are (``hit_fields``): no encoding per miss, no decoding per hit. Only what passed the
 structured ladder is stored (the structured layer is inside this one), never an empty, a
 truncated (``finish_reason == "length"``) or a filtered (``"content_filter"``) completion. A hit
 is returned with ``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit
@@ -34,7 +36,13 @@ from polygateway.digest import canonical_json, messages_digest
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ids import new_call_id
 from polygateway.params import identity
-from polygateway.ports import CacheBackend, Handler, StructuredOutputStrategy, SupportsCacheNowait
+from polygateway.ports import (
+    CacheBackend,
+    Handler,
+    StructuredOutputStrategy,
+    SupportsCacheNowait,
+    SupportsCacheObjects,
+)
 from polygateway.types import ChatRequest, LLMResponse, ToolCall
 
 logger = logging.getLogger(__name__)
@@ -202,6 +210,33 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
     return LLMResponse(**fields)
 
 
+def _hit_fields_by_name(response: LLMResponse) -> dict[str, Any]:
+    """``hit_fields`` by name: the definition (a test holds the two equal)."""
+    fields = {name: getattr(response, name) for name in _STORED_FIELDS if name != "call_id"}
+    fields.update(_HIT_OVERRIDES)
+    return fields
+
+
+def hit_fields(response: LLMResponse) -> dict[str, Any]:
+    """What a hit on ``response``'s entry is built from, kept as it is by a backend of the
+    caller's process (``ports.SupportsCacheObjects``): the stored fields, as
+    ``decode_fields(encode_response(response))`` reads them back, with the hit's overrides and
+    without ``call_id`` (each hit gets its own). The values are immutable (strings, numbers,
+    a tuple of frozen ``ToolCall``), so hits share them.
+    """
+    # A response's instance dict holds its fields and nothing else (``frozen_dataclass``
+    # writes it at once): copied whole. One holding more (an attribute set past the frozen
+    # guard) takes the definition. A plain dict of plain values, as the copy is, is no object
+    # the garbage collector tracks: an entry kept per miss adds nothing to its passes
+    # (measured: a dict subclass, always tracked, cost 3k a call in collections).
+    fields = vars(response).copy()
+    if len(fields) != _FIELD_COUNT:
+        return _hit_fields_by_name(response)
+    del fields["structured_data"], fields["call_id"]
+    fields.update(_HIT_OVERRIDES)
+    return fields
+
+
 _UNCACHEABLE_FINISH = frozenset(("length", "content_filter"))
 """Finish reasons of an answer that must not be replayed: cut by the token limit, or by the
 content filter (another sampling may pass; the filter's verdict is not the answer)."""
@@ -228,10 +263,12 @@ class CacheMiddleware:
         "_default_tail",
         "_failing",
         "_get_nowait",
+        "_get_object",
         "_model_identity",
         "_model_json",
         "_schema_ids",
         "_set_nowait",
+        "_set_object",
         "_strategy",
         "namespace",
         "ttl_s",
@@ -272,6 +309,13 @@ class CacheMiddleware:
         if isinstance(backend, SupportsCacheNowait):
             self._get_nowait = backend.get_nowait
             self._set_nowait = backend.set_nowait
+        # Backends of the caller's own process keep a hit's fields as they are: no JSON per
+        # miss and per hit (measured: most of what the layer cost on a miss).
+        self._get_object: Callable[[str], object | None] | None = None
+        self._set_object: Callable[[str, object, float], None] | None = None
+        if isinstance(backend, SupportsCacheObjects):
+            self._get_object = backend.get_object
+            self._set_object = backend.set_object
         self.namespace = namespace
         self.ttl_s = float(ttl_s)
         self._model_identity = model_identity
@@ -295,9 +339,15 @@ class CacheMiddleware:
             key = None
         if key is None:  # outside the handler: the call's own errors carry no key error
             return await call_next(request)
-        get_nowait = self._get_nowait
+        get_object, get_nowait = self._get_object, self._get_nowait
         try:
-            cached = get_nowait(key) if get_nowait is not None else await self._backend.get(key)
+            cached: object
+            if get_object is not None:
+                cached = get_object(key)
+            elif get_nowait is not None:
+                cached = get_nowait(key)
+            else:
+                cached = await self._backend.get(key)
         except Exception as exc:  # noqa: BLE001 - a cache outage is a miss, never an error
             self._backend_failed("get", exc)
             cached = None
@@ -310,13 +360,16 @@ class CacheMiddleware:
                 return hit
         response = await call_next(request)
         if is_cacheable(response):
-            set_nowait = self._set_nowait
+            set_object, set_nowait = self._set_object, self._set_nowait
             try:
-                value = encode_response(response)
-                if set_nowait is not None:
-                    set_nowait(key, value, self.ttl_s)
+                if set_object is not None:
+                    set_object(key, hit_fields(response), self.ttl_s)
                 else:
-                    await self._backend.set(key, value, self.ttl_s)
+                    value = encode_response(response)
+                    if set_nowait is not None:
+                        set_nowait(key, value, self.ttl_s)
+                    else:
+                        await self._backend.set(key, value, self.ttl_s)
             except (ValueError, TypeError) as exc:  # e.g. NaN or a non-JSON field value
                 logger.warning("response not cached: it cannot be encoded (%s)", exc)
             except Exception as exc:  # noqa: BLE001 - a cache outage must not fail a good call
@@ -417,20 +470,22 @@ class CacheMiddleware:
 
     # ------------------------------------------------------------------ hit
 
-    def _hit(self, cached: str, request: ChatRequest) -> LLMResponse | None:
-        fields = self._decoded.get(cached)
-        if fields is None:
-            try:
-                fields = decode_fields(cached)
-            except (ValueError, TypeError) as exc:
-                logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)
+    def _hit(self, cached: object, request: ChatRequest) -> LLMResponse | None:
+        fields: dict[str, Any] | None
+        if type(cached) is dict:  # kept as it is (ports.SupportsCacheObjects)
+            fields = cached
+            if type(fields.get("content")) is not str:  # as decode_fields checks an entry
+                logger.warning("unreadable cache entry ignored, calling upstream (no content)")
                 return None
-            fields.update(_HIT_OVERRIDES)
-            fields.pop("call_id", None)  # each hit gets its own
-            decoded = self._decoded
-            if len(decoded) >= DECODED_MEMO_SIZE:
-                decoded.clear()
-            decoded[cached] = fields
+        elif isinstance(cached, str):
+            fields = self._decoded_fields(cached)
+            if fields is None:
+                return None
+        else:
+            logger.warning(
+                "unreadable cache entry ignored, calling upstream (a %s)", type(cached).__name__
+            )
+            return None
         structured = request.structured
         if structured is None:
             data = None
@@ -447,9 +502,27 @@ class CacheMiddleware:
             # A fresh call_id: the hit is a call of its own (its telemetry row, its id).
             return LLMResponse(**fields, call_id=new_call_id(), structured_data=data)
         except TypeError as exc:  # a stored field of the wrong kind
-            self._decoded.pop(cached, None)
+            if isinstance(cached, str):
+                self._decoded.pop(cached, None)
             logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)
             return None
+
+    def _decoded_fields(self, cached: str) -> dict[str, Any] | None:
+        """A stored string's ``hit_fields``, decoded once per entry (``None``: unreadable)."""
+        fields = self._decoded.get(cached)
+        if fields is None:
+            try:
+                fields = decode_fields(cached)
+            except (ValueError, TypeError) as exc:
+                logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)
+                return None
+            fields.update(_HIT_OVERRIDES)
+            fields.pop("call_id", None)  # each hit gets its own
+            decoded = self._decoded
+            if len(decoded) >= DECODED_MEMO_SIZE:
+                decoded.clear()
+            decoded[cached] = fields
+        return fields
 
     # ------------------------------------------------------------------ degradation
 
@@ -479,5 +552,6 @@ __all__ = [
     "decode_fields",
     "decode_response",
     "encode_response",
+    "hit_fields",
     "is_cacheable",
 ]

@@ -18,8 +18,10 @@ _UNCHECKED = object()
 class MemoryCache:
     """``CacheBackend`` for one process. Never fails, so it never needs to degrade.
 
-    ``get``/``set`` and ``get_nowait``/``set_nowait`` are the same operations; the cache layer
-    prefers the second pair, so a subclass that changes one pair must change both.
+    ``get``/``set`` and ``get_nowait``/``set_nowait`` are the same operations on string
+    entries, ``get_object``/``set_object`` (``ports.SupportsCacheObjects``) on entries of any
+    value; the cache layer prefers the last pair, so a subclass that changes one pair must
+    change all three.
     """
 
     __slots__ = (
@@ -43,7 +45,7 @@ class MemoryCache:
         # the garbage collector counts until its next pass, and with every call a miss, one
         # more per call held: a young collection every few hundred calls, each walking every
         # call in flight.
-        self._values: OrderedDict[str, str] = OrderedDict()
+        self._values: OrderedDict[str, object] = OrderedDict()
         self._deadlines: dict[str, float] = {}
         # The last TTL that passed ``check_ttl``: the cache layer stores with the same float
         # object every time, so it is checked once (a number's value cannot change).
@@ -61,6 +63,20 @@ class MemoryCache:
 
     def get_nowait(self, key: str) -> str | None:
         """``get`` without a coroutine."""
+        value = self.get_object(key)
+        return value if isinstance(value, str) else None
+
+    def set_nowait(self, key: str, value: str, ttl_s: float) -> None:
+        """``set`` without a coroutine."""
+        if not isinstance(value, str):
+            raise TypeError(f"MemoryCache.set stores str values, got {type(value).__name__}")
+        self.set_object(key, value, ttl_s)
+
+    # ``ports.SupportsCacheObjects``: in one process a value needs no encoding. The cache
+    # layer stores what a hit is built from, and spares a JSON encoding per miss.
+
+    def get_object(self, key: str) -> object | None:
+        """The value stored under ``key``; ``None`` when absent or expired."""
         value = self._values.get(key)
         if value is None:
             return None
@@ -70,16 +86,16 @@ class MemoryCache:
         self._values.move_to_end(key)
         return value
 
-    def set_nowait(self, key: str, value: str, ttl_s: float) -> None:
-        """``set`` without a coroutine."""
+    def set_object(self, key: str, value: object, ttl_s: float) -> None:
+        """Store ``value`` itself under ``key`` for ``ttl_s`` seconds."""
         if ttl_s is not self._checked_ttl:
             self._checked_ttl_s = check_ttl(ttl_s)
             self._checked_ttl = ttl_s
         deadline = self._monotonic() + self._checked_ttl_s
-        if not isinstance(key, str) or not isinstance(value, str):
+        if not isinstance(key, str) or value is None:
             raise TypeError(
-                f"MemoryCache stores str keys and values, got {type(key).__name__} -> "
-                f"{type(value).__name__}"
+                f"MemoryCache stores str keys and values other than None, got "
+                f"{type(key).__name__} -> {type(value).__name__}"
             )
         values = self._values
         if key in values:

@@ -17,7 +17,10 @@ have ``TTL -1``).
 
 A backend that also implements ``ports.SupportsCacheNowait`` (synchronous ``get_nowait`` /
 ``set_nowait``, which the cache layer then uses instead of a coroutine per lookup) has both
-forms held to the same behaviour; the nowait tests skip for a backend without them.
+forms held to the same behaviour; the nowait tests skip for a backend without them. So has a
+backend that implements ``ports.SupportsCacheObjects`` (entries kept as Python objects, in the
+caller's process): its object entries expire, are refused a bad TTL and are told from string
+entries as the port says.
 
 Keys used here are unique per test run (``pgw:cache:contract:<uuid>:...``), so a shared
 server needs no cleanup between tests; entries expire on their own.
@@ -35,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from polygateway.ports import CacheBackend, SupportsCacheNowait
+from polygateway.ports import CacheBackend, SupportsCacheNowait, SupportsCacheObjects
 from polygateway.testing.clock import FakeClock
 
 REAL_TTL_S = 0.5
@@ -212,6 +215,57 @@ class CacheContract:
         cache_clock.advance(0.2)
         assert cache.get_nowait(key_prefix + "expiring") is None
         assert await cache.get(key_prefix + "expiring") is None
+
+    # ------------------------------------------------------------------ SupportsCacheObjects
+
+    async def test_object_entries_are_kept_as_they_are(
+        self, cache: CacheBackend, key_prefix: str
+    ) -> None:
+        if not isinstance(cache, SupportsCacheObjects):
+            pytest.skip("this backend does not implement ports.SupportsCacheObjects")
+        kept = {"content": "héllo ✓", "prompt_tokens": 3}
+        assert cache.get_object(key_prefix + "missing") is None
+        cache.set_object(key_prefix + "object", kept, 60.0)
+        assert cache.get_object(key_prefix + "object") is kept
+        # An entry holds what was stored in it: the string forms read only strings.
+        assert await cache.get(key_prefix + "object") is None
+        if isinstance(cache, SupportsCacheNowait):
+            assert cache.get_nowait(key_prefix + "object") is None
+        await cache.set(key_prefix + "text", "a string", 60.0)
+        assert cache.get_object(key_prefix + "text") == "a string"
+        cache.set_object(key_prefix + "text", 42, 60.0)  # an overwrite changes the kind
+        assert cache.get_object(key_prefix + "text") == 42
+        assert await cache.get(key_prefix + "text") is None
+
+    @pytest.mark.parametrize("ttl", BAD_TTLS, ids=repr)
+    async def test_set_object_requires_a_positive_ttl(
+        self, cache: CacheBackend, key_prefix: str, ttl: Any
+    ) -> None:
+        if not isinstance(cache, SupportsCacheObjects):
+            pytest.skip("this backend does not implement ports.SupportsCacheObjects")
+        with pytest.raises(ValueError, match="ttl"):
+            cache.set_object(key_prefix + "k", {"v": 1}, ttl)
+        assert cache.get_object(key_prefix + "k") is None
+
+    async def test_set_object_refuses_none(self, cache: CacheBackend, key_prefix: str) -> None:
+        if not isinstance(cache, SupportsCacheObjects):
+            pytest.skip("this backend does not implement ports.SupportsCacheObjects")
+        with pytest.raises(TypeError):
+            cache.set_object(key_prefix + "k", None, 60.0)
+        assert cache.get_object(key_prefix + "k") is None
+
+    async def test_object_entries_expire_after_their_ttl(
+        self, cache: CacheBackend, cache_clock: FakeClock, key_prefix: str
+    ) -> None:
+        if not isinstance(cache, SupportsCacheObjects):
+            pytest.skip("this backend does not implement ports.SupportsCacheObjects")
+        if not self.supports_fake_time:
+            pytest.skip("needs an injectable clock")
+        cache.set_object(key_prefix + "expiring", ("v",), 10.0)
+        cache_clock.advance(9.9)
+        assert cache.get_object(key_prefix + "expiring") == ("v",)
+        cache_clock.advance(0.2)
+        assert cache.get_object(key_prefix + "expiring") is None
 
     async def test_aclose_is_idempotent(self, make_cache: Any) -> None:
         made = make_cache()
