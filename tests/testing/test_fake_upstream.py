@@ -16,8 +16,12 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polygateway.testing import FakeUpstream, ReceivedRequest, Reply
 from polygateway.testing.fake_upstream import estimate_tokens
+from polygateway.testing.fake_upstream.replies import piece_count, split
+from polygateway.testing.fake_upstream.wire import dumps
 
 FIXED_TIME = 1_700_000_000
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -994,3 +998,15 @@ def test_command_line_serves_the_configured_default_until_sigterm() -> None:
         finally:
             process.terminate()
             assert process.wait(timeout=10) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200), st.none() | st.integers(-3, 250))
+def test_a_json_answer_counts_the_pieces_a_stream_would_send(text: str, pieces: int | None) -> None:
+    # A JSON answer waits an inter-token delay per piece but needs only their count.
+    assert piece_count(text, pieces) == len(split(text, pieces))
+
+
+def test_the_fake_encodes_json_as_the_stdlib_dumps_does() -> None:
+    value = {"a": [1, 2.5, None, True], "é": "ü ✓ \u2028", "n": {"x": float("1e-05")}}
+    assert dumps(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))

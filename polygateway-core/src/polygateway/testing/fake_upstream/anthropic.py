@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from polygateway.ports import Clock
-from polygateway.testing.fake_upstream.replies import estimate_tokens, split
+from polygateway.testing.fake_upstream.replies import estimate_tokens, piece_count, split
 from polygateway.testing.fake_upstream.wire import (
     CHUNKED_END,
     CONNECTION_CLOSE,
@@ -331,7 +331,7 @@ class AnthropicAnswers:
                 },
             }
         ).encode()
-        pieces = len(split(text, reply.chunks)) + len(split(reasoning or "", None))
+        pieces = piece_count(text, reply.chunks) + piece_count(reasoning or "", None)
         return json_plan(reply, dumps(answer).encode(), error, ask.close, pieces)
 
     def _stream_plan(self, ask: Ask) -> list[Step]:

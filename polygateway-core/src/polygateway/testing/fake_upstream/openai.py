@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from polygateway.ports import Clock
 from polygateway.testing.fake_upstream.embeddings import INVALID_INPUT_MESSAGE, embeddings_answer
-from polygateway.testing.fake_upstream.replies import Reply, estimate_tokens, split
+from polygateway.testing.fake_upstream.replies import Reply, estimate_tokens, piece_count, split
 from polygateway.testing.fake_upstream.wire import (
     BLACK_HOLE,
     CHUNKED_END,
@@ -379,7 +379,7 @@ class OpenAIAnswers:
                 answer["x_groq"] = {"id": f"req_fake{ask.serial}", "usage": usage}
             else:
                 answer["usage"] = usage
-        pieces = len(split(content, reply.chunks)) + len(split(reasoning or "", None))
+        pieces = piece_count(content, reply.chunks) + piece_count(reasoning or "", None)
         return _json_answer(reply, answer, ask.close, pieces)
 
     def _token_event_tails(

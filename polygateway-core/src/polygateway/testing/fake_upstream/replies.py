@@ -355,6 +355,16 @@ class ReceivedRequest:
     """When it arrived (the server clock's ``monotonic()``): gaps between attempts."""
 
 
+def piece_count(text: str, pieces: int | None) -> int:
+    """``len(split(text, pieces))``, without making the pieces (a JSON answer only counts
+    them)."""
+    if not text:
+        return 0
+    if pieces is None:
+        pieces = min(_MAX_DEFAULT_CHUNKS, -(-len(text) // _CHARS_PER_DEFAULT_CHUNK))
+    return max(0, min(pieces, len(text)))
+
+
 def split(text: str, pieces: int | None) -> list[str]:
     """``text`` in ``pieces`` nearly equal pieces (default: one per 4 characters, at most 20)."""
     if not text:

@@ -120,8 +120,12 @@ def frame(event: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(event), event)
 
 
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+"""``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``'s encoder, made once."""
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def chunked_head(status: int, content_type: str, close: bool, extra: str = "") -> bytes:
