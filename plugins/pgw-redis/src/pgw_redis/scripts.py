@@ -681,7 +681,7 @@ _INLINED: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 function call than most of these helpers spend on their work, and they run several times per
 operation: written out (and the answers given as values), they took redis-server from
 167.7k to 144.0k instructions a call (c=64, JSON). What each operation decides is the same
-(``tests/test_redis_batch_equivalence.py``); ``tests/test_redis_batch.py`` checks that every
+(``tests/test_redis_batch_equivalence.py``); ``tests/test_redis_scripts.py`` checks that every
 rewrite still finds what it rewrites."""
 
 
@@ -733,7 +733,8 @@ BATCH = LuaScript(
     + """
 -- The breaker gate, then (if it lets the caller through) the admission: one step for a
 -- breaker and a limiter sharing the scope. KEYS: 1 gate, 2.. acquire's; ARGV: 1-3
--- gate_try_enter's, 4.. acquire's. Returns the gate's reply and the acquire's (or {}).
+-- gate_try_enter's, 4.. acquire's. Answers with the gate's six values, then the acquire's
+-- (none when the gate refused: the batch writes zeros).
 local function gate_acquire(K, A)
   local allowed, state, epoch, failures, owner, wait = gate_try_enter(K, A)
   if allowed == 0 then return allowed, state, epoch, failures, owner, wait end
