@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from polygateway.assembly import _layer_call
 from polygateway.backends.memory.cache import MemoryCache
 from polygateway.context import CallContext, with_context
 from polygateway.digest import (
@@ -901,3 +902,56 @@ def test_the_per_call_constructors_make_what_the_dataclass_makes(
     field = dataclasses.fields(made)[0].name
     assert dataclasses.replace(made) == expected
     assert getattr(dataclasses.replace(made, **{field: "x"}), field) == "x"
+
+
+# --------------------------------------------------------------------------- calling a layer
+
+
+class _Layer:
+    """A layer with its own ``__call__``."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[object, object]] = []
+
+    async def __call__(self, request: Any, call_next: Any) -> Any:
+        self.seen.append((request, call_next))
+        return "layer"
+
+
+class _InheritedLayer(_Layer):
+    pass
+
+
+class _StaticLayer:
+    @staticmethod
+    async def __call__(request: Any, call_next: Any) -> Any:
+        return ("static", request, call_next)
+
+
+async def _function_layer(request: Any, call_next: Any) -> Any:
+    return ("function", request, call_next)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [_Layer(), _InheritedLayer(), _StaticLayer(), _function_layer],
+    ids=["own", "inherited", "staticmethod", "function"],
+)
+async def test_a_layer_is_called_through_its_bound_method_as_calling_it_does(
+    layer: Any,
+) -> None:
+    call = _layer_call(layer)
+    assert await call("request", "next") == await layer("request", "next")
+    if isinstance(layer, _Layer):
+        assert call.__self__ is layer and call.__func__ is type(layer).__call__
+        assert layer.seen == [("request", "next")] * 2
+    else:
+        assert call is layer
+
+
+async def test_an_instance_attribute_named_call_is_not_what_runs() -> None:
+    """Calling an instance looks ``__call__`` up on its class: so does the bound method."""
+    layer = _Layer()
+    layer.__call__ = _function_layer  # type: ignore[method-assign]
+    assert await _layer_call(layer)("request", "next") == await layer("request", "next")
+    assert layer.seen == [("request", "next")] * 2
