@@ -30,6 +30,7 @@ from polygateway.digest import (
     canonical_messages_json,
     messages_digest,
 )
+from polygateway.ids import elapsed_ms
 from polygateway.middleware.cache import (
     _HIT_OVERRIDES,
     _STORED_FIELDS,
@@ -955,3 +956,21 @@ async def test_an_instance_attribute_named_call_is_not_what_runs() -> None:
     layer.__call__ = _function_layer  # type: ignore[method-assign]
     assert await _layer_call(layer)("request", "next") == await layer("request", "next")
     assert layer.seen == [("request", "next")] * 2
+
+
+# --------------------------------------------------------------------------- milliseconds
+
+
+@given(
+    start=st.floats(-1e9, 1e9, allow_nan=False),
+    now=st.floats(-1e9, 1e9, allow_nan=False),
+)
+def test_elapsed_ms_is_the_clamped_truncation(start: float, now: float) -> None:
+    assert elapsed_ms(start, now) == max(0, int((now - start) * 1000.0))
+    assert type(elapsed_ms(start, now)) is int
+
+
+def test_elapsed_ms_refuses_what_int_refuses() -> None:
+    for start, now in ((0.0, math.nan), (0.0, math.inf), (math.inf, 0.0)):
+        with pytest.raises((ValueError, OverflowError)):
+            elapsed_ms(start, now)
