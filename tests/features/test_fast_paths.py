@@ -36,9 +36,11 @@ from polygateway.middleware.cache import (
     _STORED_FIELDS,
     CacheMiddleware,
     _hit_fields_by_name,
+    _hit_response_by_name,
     decode_fields,
     encode_response,
     hit_fields,
+    hit_response,
 )
 from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
 from polygateway.params import ChatParams
@@ -501,30 +503,57 @@ def test_a_response_holding_more_than_its_fields_is_stored_by_name() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(responses)
-def test_a_hit_kept_as_an_object_is_the_hit_read_back_from_json(response: LLMResponse) -> None:
+@given(responses, st.booleans())
+def test_a_hit_kept_as_an_object_is_the_hit_read_back_from_json(
+    response: LLMResponse, structured: bool
+) -> None:
     # A backend of the caller's process keeps hit_fields(response); any other backend keeps
     # encode_response(response), decoded on a hit. Both build the same hit.
+    if structured:
+        response = dataclasses.replace(response, structured_data={"parsed": True})
     kept = hit_fields(response)
     assert kept == _hit_fields_by_name(response)
-    assert type(kept) is dict
+    assert type(kept) is dict and kept["structured_data"] is None
+    data = object()
+    hit = hit_response(kept, "hit", data)
+    assert hit == _hit_response_by_name(kept, "hit", data)
+    assert hit == dataclasses.replace(
+        response, **_HIT_OVERRIDES, call_id="hit", structured_data=data
+    )
     if outcome(reference_encode, response)[0] == "raised":
         return  # NaN, infinity: not JSON; an object entry keeps them as they are
     decoded = decode_fields(encode_response(response))
-    decoded.update(_HIT_OVERRIDES)
-    del decoded["call_id"]
     # (No tool calls are stored as null and decoded as the default, an empty tuple.)
-    assert LLMResponse(**kept, call_id="hit") == LLMResponse(**decoded, call_id="hit")
+    assert hit_response(decoded, "hit", data) == hit
 
 
-def test_a_kept_hit_holds_no_call_id_and_the_hit_overrides() -> None:
+def test_a_hit_takes_every_field_from_its_place() -> None:
+    # Every field its own value: a field read from the wrong place would show.
+    names = [f.name for f in dataclasses.fields(LLMResponse)]
+    fields: dict[str, Any] = {name: f"value of {name}" for name in names}
+    assert hit_response(fields, "hit", "data") == _hit_response_by_name(fields, "hit", "data")
+    assert len(fields) == len(names)  # the positional path, not the definition
+
+
+def test_a_kept_hit_holds_the_fields_as_they_were_and_the_hit_its_overrides() -> None:
     response = LLMResponse(
         content="ok", call_id="c1", cost=0.5, latency_ms=9, ttft_ms=1.0, cache_hit=False
     )
     kept = hit_fields(response)
-    assert "call_id" not in kept and "structured_data" not in kept
-    assert {name: kept[name] for name in _HIT_OVERRIDES} == _HIT_OVERRIDES
-    assert kept["content"] == "ok" and kept["cost"] == 0.0
+    assert kept == {**vars(response), "structured_data": None}
+    hit = hit_response(kept, "c2", None)
+    assert {name: getattr(hit, name) for name in _HIT_OVERRIDES} == _HIT_OVERRIDES
+    assert hit.content == "ok" and hit.call_id == "c2" and hit.cost == 0.0
+
+
+def test_fields_that_are_not_a_responses_are_refused() -> None:
+    names = [f.name for f in dataclasses.fields(LLMResponse)]
+    foreign = {name: "x" for name in names[:-1]} | {"oops": 1}  # as many keys, one foreign
+    for build in (hit_response, _hit_response_by_name):
+        with pytest.raises((TypeError, KeyError)):
+            build(foreign, "hit", None)
+        with pytest.raises(TypeError):
+            build({"content": "x", "oops": 1}, "hit", None)
 
 
 def test_a_response_holding_more_than_its_fields_is_kept_by_name() -> None:

@@ -210,31 +210,76 @@ def decode_response(value: str, **overrides: Any) -> LLMResponse:
     return LLMResponse(**fields)
 
 
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LLMResponse))
+
+
 def _hit_fields_by_name(response: LLMResponse) -> dict[str, Any]:
     """``hit_fields`` by name: the definition (a test holds the two equal)."""
-    fields = {name: getattr(response, name) for name in _STORED_FIELDS if name != "call_id"}
-    fields.update(_HIT_OVERRIDES)
+    fields = {name: getattr(response, name) for name in _FIELD_NAMES}
+    fields["structured_data"] = None
     return fields
 
 
 def hit_fields(response: LLMResponse) -> dict[str, Any]:
-    """What a hit on ``response``'s entry is built from, kept as it is by a backend of the
-    caller's process (``ports.SupportsCacheObjects``): the stored fields, as
-    ``decode_fields(encode_response(response))`` reads them back, with the hit's overrides and
-    without ``call_id`` (each hit gets its own). The values are immutable (strings, numbers,
-    a tuple of frozen ``ToolCall``), so hits share them.
+    """What a hit on ``response``'s entry is built from (``hit_response``), kept as it is by a
+    backend of the caller's process (``ports.SupportsCacheObjects``): every field of the
+    response as it is, but ``structured_data``, ``None`` (a hit's is rebuilt by the strategy;
+    an entry holds no parsed model). The values are immutable (strings, numbers, a tuple of
+    frozen ``ToolCall``), so hits share them.
     """
     # A response's instance dict holds its fields and nothing else (``frozen_dataclass``
-    # writes it at once): copied whole. One holding more (an attribute set past the frozen
-    # guard) takes the definition. A plain dict of plain values, as the copy is, is no object
-    # the garbage collector tracks: an entry kept per miss adds nothing to its passes
-    # (measured: a dict subclass, always tracked, cost 3k a call in collections).
+    # writes it at once): copied whole, nothing changed in the copy (the hit's overrides are
+    # applied by ``hit_response``: measured, changing seven values of the copy cost as much as
+    # copying it). One holding more (an attribute set past the frozen guard) takes the
+    # definition. A plain dict of plain values, as the copy is, is no object the garbage
+    # collector tracks: an entry kept per miss adds nothing to its passes (measured: a dict
+    # subclass, always tracked, cost 3k a call in collections).
     fields = vars(response).copy()
     if len(fields) != _FIELD_COUNT:
         return _hit_fields_by_name(response)
-    del fields["structured_data"], fields["call_id"]
-    fields.update(_HIT_OVERRIDES)
+    if fields["structured_data"] is not None:
+        fields["structured_data"] = None
     return fields
+
+
+def _hit_response_by_name(fields: dict[str, Any], call_id: str, data: Any) -> LLMResponse:
+    """``hit_response`` by name: the definition (a test holds the two equal)."""
+    return LLMResponse(**{**fields, **_HIT_OVERRIDES, "call_id": call_id, "structured_data": data})
+
+
+def hit_response(fields: dict[str, Any], call_id: str, data: Any) -> LLMResponse:
+    """The hit built from an entry's ``fields`` (``hit_fields``, or what ``decode_fields``
+    read; fields missing from them take their defaults): served from memory (``cache_hit``, no
+    latency, free), ``call_id`` its own (the hit is a call of its own), ``data`` its
+    ``structured_data``. ``TypeError`` or ``KeyError`` for fields that are not a response's.
+    """
+    if len(fields) != _FIELD_COUNT:
+        return _hit_response_by_name(fields, call_id, data)
+    # Every field: positional, in field order (a test gives every field its own value), as
+    # twenty keywords would be matched by name. A dict of twenty keys that are not the
+    # fields misses one of them: ``KeyError``, where the keywords raise ``TypeError``.
+    return LLMResponse(
+        fields["content"],
+        fields["thinking"],
+        fields["model"],
+        fields["provider"],
+        fields["prompt_tokens"],
+        fields["completion_tokens"],
+        0,  # latency_ms
+        None,  # ttft_ms
+        None,  # max_inter_token_ms
+        True,  # cache_hit
+        call_id,
+        fields["source_name"],
+        0.0,  # cost
+        fields["usage_source"],
+        data,  # structured_data
+        fields["finish_reason"],
+        fields["salvaged"],
+        fields["cached_prompt_tokens"],
+        fields["cache_write_tokens"],
+        fields["tool_calls"],
+    )
 
 
 _UNCACHEABLE_FINISH = frozenset(("length", "content_filter"))
@@ -500,15 +545,15 @@ class CacheMiddleware:
                 return None
         try:
             # A fresh call_id: the hit is a call of its own (its telemetry row, its id).
-            return LLMResponse(**fields, call_id=new_call_id(), structured_data=data)
-        except TypeError as exc:  # a stored field of the wrong kind
+            return hit_response(fields, new_call_id(), data)
+        except (TypeError, KeyError) as exc:  # a stored field of the wrong kind
             if isinstance(cached, str):
                 self._decoded.pop(cached, None)
             logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)
             return None
 
     def _decoded_fields(self, cached: str) -> dict[str, Any] | None:
-        """A stored string's ``hit_fields``, decoded once per entry (``None``: unreadable)."""
+        """A stored string's fields, decoded once per entry (``None``: unreadable)."""
         fields = self._decoded.get(cached)
         if fields is None:
             try:
@@ -516,8 +561,6 @@ class CacheMiddleware:
             except (ValueError, TypeError) as exc:
                 logger.warning("unreadable cache entry ignored, calling upstream (%s)", exc)
                 return None
-            fields.update(_HIT_OVERRIDES)
-            fields.pop("call_id", None)  # each hit gets its own
             decoded = self._decoded
             if len(decoded) >= DECODED_MEMO_SIZE:
                 decoded.clear()
@@ -553,5 +596,6 @@ __all__ = [
     "decode_response",
     "encode_response",
     "hit_fields",
+    "hit_response",
     "is_cacheable",
 ]
