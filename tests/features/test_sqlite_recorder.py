@@ -24,6 +24,7 @@ from polygateway.telemetry.sqlite import (
     COLUMNS,
     NULLABLE,
     OWN_COLUMNS,
+    ROOT_IS_CALL_ID,
     SCHEMA,
     SHARED_ALL,
     SHARED_CALL,
@@ -336,6 +337,19 @@ def test_the_shared_forms_hold_every_column_once() -> None:
     assert set(TIMING_COLUMNS) < NULLABLE and not set(OWN_COLUMNS) & NULLABLE
 
 
+_COPY_OF_CALL_ID = object()
+"""``root_call_id``: a string equal to the row's ``call_id``, another object."""
+
+
+def _record(**fields: Any) -> TelemetryRecord:
+    record = sample_record(**{k: v for k, v in fields.items() if v is not _COPY_OF_CALL_ID})
+    if fields.get("root_call_id") is _COPY_OF_CALL_ID:
+        copy = record.call_id[:1] + record.call_id[1:]
+        assert copy == record.call_id and copy is not record.call_id
+        record = dataclasses.replace(record, root_call_id=copy)
+    return record
+
+
 _VARIANTS: list[dict[str, Any]] = [
     {},
     {"model": "model-b"},
@@ -349,6 +363,9 @@ _VARIANTS: list[dict[str, Any]] = [
     {"ttft_ms": float("nan")},
     {"cost": 0.5},
     {"prompt_tokens": 7, "messages": "[]"},
+    {"root_call_id": "an earlier attempt"},
+    {"root_call_id": _COPY_OF_CALL_ID},
+    {"root_call_id": "an earlier attempt", "ttft_ms": 1.0},
 ]
 
 
@@ -358,24 +375,25 @@ _VARIANTS: list[dict[str, Any]] = [
     [{}, {"ttft_ms": None, "max_inter_token_ms": None, "cost": None, "cache_hit": True}],
 )
 def test_a_statement_writes_the_rows_plain_inserts_write(rows: int, base: dict[str, Any]) -> None:
-    # bound_values picks the statement binding the shared values once, or the one binding
-    # every value of every row; either writes the rows plain INSERTs write (the definition).
+    # bound_values picks the statement binding the shared values once (and a row's call_id
+    # once for its root_call_id too, when the row's root_call_id is that object), or the one
+    # binding every value of every row; each writes the rows plain INSERTs write (the
+    # definition).
     forms = set()
     for variant in _VARIANTS:
         for odd_row in (0, rows - 1):
-            records = [
-                sample_record(**(base | variant if i == odd_row else base)) for i in range(rows)
-            ]
+            records = [_record(**(base | variant if i == odd_row else base)) for i in range(rows)]
             batch = [value for record in records for value in queued(record)]
-            shared, values = bound_values(batch, rows)
-            forms.add(shared)
+            form, values = bound_values(batch, rows)
+            forms.add(form)
             with closing(sqlite3.connect(":memory:")) as conn:
                 conn.executescript(SCHEMA)
-                conn.execute(insert(rows, shared), values)
+                conn.execute(insert(rows, form), values)
                 written = list(conn.execute("SELECT *, typeof(model), typeof(cost) FROM pgw_calls"))
             assert written == reference_rows(records), (variant, odd_row)
             assert len(written) == rows
-    expected = {0} if rows == 1 else {0, SHARED_CALL} if not base else {0, SHARED_CALL, SHARED_ALL}
+    shared = {SHARED_CALL} if not base else {SHARED_CALL, SHARED_ALL}
+    expected = {0} if rows == 1 else {0} | shared | {f | ROOT_IS_CALL_ID for f in shared}
     assert forms == expected
 
 

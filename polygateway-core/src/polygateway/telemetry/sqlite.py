@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any
 
 from polygateway.types import TelemetryRecord, TelemetryValues
@@ -156,13 +156,20 @@ CALL_COLUMNS = (
     "cache_hit",
 )
 """Columns the same in most rows of a client: its source, scope and namespace, no error."""
+ROOT_IS_CALL_ID = 1 << 8
+"""Added to a form's count of shared values: each row's ``root_call_id`` is its ``call_id``
+(the call's first attempt: nearly every row), bound once for both columns (a text less a row to
+bind, and SQLite copies every text it binds)."""
+_OWN_BUT_ROOT = tuple(c for c in OWN_COLUMNS if c != "root_call_id")
 _FORMS: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
     0: (COLUMNS, ()),
     SHARED_CALL: (OWN_COLUMNS + TIMING_COLUMNS, CALL_COLUMNS),
     SHARED_ALL: (OWN_COLUMNS, TIMING_COLUMNS + CALL_COLUMNS),
+    SHARED_CALL | ROOT_IS_CALL_ID: (_OWN_BUT_ROOT + TIMING_COLUMNS, CALL_COLUMNS),
+    SHARED_ALL | ROOT_IS_CALL_ID: (_OWN_BUT_ROOT, TIMING_COLUMNS + CALL_COLUMNS),
 }
-"""By the count of values a statement's rows share: the columns each row binds itself, the
-columns bound once for all."""
+"""By form (the count of values a statement's rows share, and ``ROOT_IS_CALL_ID``): the
+columns each row binds itself (``call_id`` first), the columns bound once for all."""
 _POSITIONS = {
     form: ([COLUMNS.index(c) for c in own], [COLUMNS.index(c) for c in shared])
     for form, (own, shared) in _FORMS.items()
@@ -173,18 +180,23 @@ INSERT = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES {_ROW_PAR
 """One row; its parameters are a record's values in ``COLUMNS`` order, NULL bound as NaN."""
 
 
-def insert(rows: int, shared: int = 0) -> str:
+def insert(rows: int, form: int = 0) -> str:
     """The INSERT of ``rows`` rows; its parameters are every row's values one after the other
-    (``shared`` 0), or, column after column, the values of the ``rows`` rows that each row
-    binds itself, then once for all the ``shared`` values they share (``_FORMS``; ``?NNN``
-    parameters name a bound value again): ``bound_values`` makes them."""
-    if not shared:
+    (``form`` 0), or, column after column, the values of the ``rows`` rows that each row
+    binds itself, then once for all the values they share (``_FORMS``; ``?NNN`` parameters
+    name a bound value again, a row's ``call_id`` for its ``root_call_id`` too in a
+    ``ROOT_IS_CALL_ID`` form): ``bound_values`` makes them."""
+    if not form:
         return INSERT + f", {_ROW_PARAMS}" * (rows - 1)
-    own, common = _FORMS[shared]
-    into = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(own + common)}) VALUES "
-    tail = ", ".join(f"?{len(own) * rows + n}" for n in range(1, shared + 1))
+    own, common = _FORMS[form]
+    root = form & ROOT_IS_CALL_ID
+    columns = (*own, "root_call_id", *common) if root else own + common
+    into = f"INSERT OR IGNORE INTO {TABLE} ({', '.join(columns)}) VALUES "
+    tail = ", ".join(f"?{len(own) * rows + n}" for n in range(1, len(common) + 1))
     return into + ", ".join(
-        f"({', '.join(f'?{column * rows + row + 1}' for column in range(len(own)))}, {tail})"
+        f"({', '.join(f'?{column * rows + row + 1}' for column in range(len(own)))}, "
+        + (f"?{row + 1}, " if root else "")  # call_id, the first column
+        + f"{tail})"
         for row in range(rows)
     )
 
@@ -222,6 +234,8 @@ ROW_WIDTH = len(COLUMNS)
 
 _CACHE_HIT = COLUMNS.index("cache_hit")
 _CREATED_AT = COLUMNS.index("created_at")
+_CALL_ID = COLUMNS.index("call_id")
+_ROOT_CALL_ID = COLUMNS.index("root_call_id")
 _TIMING = [COLUMNS.index(name) for name in TIMING_COLUMNS]
 
 
@@ -256,14 +270,17 @@ def shared_tail(rows: list[Any], count: int) -> int:
 
 def bound_values(rows: list[Any], count: int) -> tuple[int, list[Any]]:
     """The statement for the ``count`` rows of ``rows`` (their values one after the other,
-    ``COLUMNS`` order) and its parameters: ``(shared, parameters)`` for ``insert(count,
-    shared)``. ``None`` is bound as NULL's stand-in, ``cache_hit`` as 0 or 1."""
-    shared = shared_tail(rows, count) if count > 1 else 0
-    if not shared:
+    ``COLUMNS`` order) and its parameters: ``(form, parameters)`` for ``insert(count,
+    form)``. ``None`` is bound as NULL's stand-in, ``cache_hit`` as 0 or 1."""
+    form = shared_tail(rows, count) if count > 1 else 0
+    if not form:
         values = [_NULL if value is None else value for value in rows]
         values[_CACHE_HIT::ROW_WIDTH] = [1 if hit else 0 for hit in rows[_CACHE_HIT::ROW_WIDTH]]
         return 0, values
-    own, common = _POSITIONS[shared]
+    # The same object, not an equal one: its text is bound, whatever a subclass calls equal.
+    if all(map(is_, rows[_CALL_ID::ROW_WIDTH], rows[_ROOT_CALL_ID::ROW_WIDTH])):
+        form |= ROOT_IS_CALL_ID
+    own, common = _POSITIONS[form]
     values = rows[own[0] :: ROW_WIDTH]
     for position in own[1:]:
         column = rows[position::ROW_WIDTH]
@@ -274,7 +291,7 @@ def bound_values(rows: list[Any], count: int) -> tuple[int, list[Any]]:
     first = rows[:ROW_WIDTH]
     first[_CACHE_HIT] = 1 if first[_CACHE_HIT] else 0
     values += [_NULL if first[position] is None else first[position] for position in common]
-    return shared, values
+    return form, values
 
 
 _RECORD_VALUES: Callable[[TelemetryRecord], TelemetryValues] = attrgetter(*COLUMNS)
@@ -509,9 +526,9 @@ class SQLiteRecorder:
             fit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMNS)
             self._rows_per_statement = per = max(1, min(ROWS_PER_STATEMENT, fit))
             self._inserts = {
-                (rows, shared): insert(rows, shared)
+                (rows, form): insert(rows, form)
                 for rows in statement_sizes(per)
-                for shared in ((0, SHARED_CALL, SHARED_ALL) if rows > 1 else (0,))
+                for form in (_FORMS if rows > 1 else (0,))
             }
             self._compile_inserts(conn)
         except Exception:
@@ -528,8 +545,9 @@ class SQLiteRecorder:
         nothing is written.
         """
         with conn:
-            for (rows, shared), sql in self._inserts.items():
-                conn.execute(sql, (None,) * (rows * (ROW_WIDTH - shared) + shared))
+            for (rows, form), sql in self._inserts.items():
+                own, common = _FORMS[form]
+                conn.execute(sql, (None,) * (rows * len(own) + len(common)))
 
     def _connect(self) -> bool:
         """Open the database; ``False`` (one warning, the recorder broken) when it cannot."""
@@ -610,8 +628,8 @@ class SQLiteRecorder:
                 start = 0
                 for size in split_rows(len(batch) // ROW_WIDTH, self._rows_per_statement):
                     end = start + size * ROW_WIDTH
-                    shared, values = bound_values(batch[start:end], size)
-                    conn.execute(inserts[size, shared], values)
+                    form, values = bound_values(batch[start:end], size)
+                    conn.execute(inserts[size, form], values)
                     start = end
             return
         except _WRITE_ERRORS as exc:
