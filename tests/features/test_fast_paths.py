@@ -41,6 +41,7 @@ from polygateway.middleware.cache import (
     encode_response,
     hit_fields,
     hit_response,
+    is_cacheable,
 )
 from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
 from polygateway.params import ChatParams
@@ -1003,3 +1004,57 @@ def test_elapsed_ms_refuses_what_int_refuses() -> None:
     for start, now in ((0.0, math.nan), (0.0, math.inf), (math.inf, 0.0)):
         with pytest.raises((ValueError, OverflowError)):
             elapsed_ms(start, now)
+
+
+# --------------------------------------------------------------------------- a miss's entry
+
+
+class _KeptObjects:
+    """An object backend recording what the cache layer stores."""
+
+    def __init__(self) -> None:
+        self.stored: list[object] = []
+
+    async def get(self, key: str) -> str | None:
+        return None
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        raise AssertionError("an object backend gets objects")
+
+    def get_object(self, key: str) -> object | None:
+        return None
+
+    def set_object(self, key: str, value: object, ttl_s: float) -> None:
+        self.stored.append(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    responses,
+    st.sampled_from([None, "stop", "length", "content_filter", "tool_calls"]),
+    st.sampled_from(["", " \n", "text"]),
+    st.booleans(),
+)
+async def test_a_miss_stores_what_is_cacheable_and_hit_fields_say(
+    response: LLMResponse, finish_reason: str | None, content: str, structured: bool
+) -> None:
+    response = dataclasses.replace(
+        response,
+        finish_reason=finish_reason,
+        content=content,
+        structured_data={"parsed": True} if structured else None,
+    )
+    backend = _KeptObjects()
+    layer = CacheMiddleware(
+        backend,  # type: ignore[arg-type]
+        namespace="n",
+        ttl_s=60.0,
+        model_identity="m",
+        strategy=JsonRepairStrategy(),
+    )
+
+    async def answer(request: ChatRequest) -> LLMResponse:
+        return response
+
+    assert await layer(ChatRequest(messages=[{"role": "user", "content": "x"}]), answer) is response
+    assert backend.stored == ([hit_fields(response)] if is_cacheable(response) else [])

@@ -404,11 +404,21 @@ class CacheMiddleware:
             if hit is not None:
                 return hit
         response = await call_next(request)
-        if is_cacheable(response):
+        # ``is_cacheable(response)`` and, for a backend keeping objects, ``hit_fields(response)``
+        # inline (a test holds what is stored to theirs): two calls the less a miss.
+        if (
+            not response.cache_hit
+            and not response.salvaged
+            and response.finish_reason not in _UNCACHEABLE_FINISH
+            and (bool(response.content.strip()) or bool(response.tool_calls))
+        ):
             set_object, set_nowait = self._set_object, self._set_nowait
             try:
                 if set_object is not None:
-                    set_object(key, hit_fields(response), self.ttl_s)
+                    fields = vars(response).copy()
+                    if len(fields) != _FIELD_COUNT or fields["structured_data"] is not None:
+                        fields = hit_fields(response)
+                    set_object(key, fields, self.ttl_s)
                 else:
                     value = encode_response(response)
                     if set_nowait is not None:
