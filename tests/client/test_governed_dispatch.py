@@ -26,6 +26,7 @@ from client_helpers import (
 from polygateway.backends.memory.breaker import InMemoryGate
 from polygateway.backends.memory.limiter import InMemoryLimiter
 from polygateway.chat import ChatDispatcher, check_message_fields
+from polygateway.context import CallContext
 from polygateway.errors import (
     AllSourcesExhausted,
     CircuitOpenError,
@@ -113,6 +114,50 @@ async def test_a_subclass_attempt_is_the_one_the_governor_runs() -> None:
     tagging = Tagging(rig.layer.governor, {"a": rig.transport}, clock=rig.clock)
     response = await tagging(ChatRequest(messages=MESSAGES))
     assert sent == [response.call_id]
+    # With observers too: the attempt that tells them is the subclass's.
+    context = CallContext()
+    context.add_observer(rig.observer)
+    request = ChatRequest(messages=MESSAGES, context=context)
+    observed = await tagging(request)
+    assert sent == [response.call_id, observed.call_id]
+    assert [(call_id, outcome) for _, call_id, outcome, _ in rig.observer.attempts] == [
+        (observed.call_id, observed)
+    ]
+
+
+class _Failing:
+    def on_attempt(self, *args: Any) -> None:
+        raise RuntimeError("observer down")
+
+    def on_result_invalid(self, call_id: str, error: BaseException) -> None:
+        pass
+
+
+class _Hearing:
+    def __init__(self) -> None:
+        self.requests: list[ChatRequest] = []
+
+    def on_attempt(self, request: ChatRequest, *args: Any) -> None:
+        self.requests.append(request)
+
+    def on_result_invalid(self, call_id: str, error: BaseException) -> None:
+        pass
+
+
+async def test_every_observer_hears_of_an_attempt_when_one_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = make_rig(["a"])
+    hearing = _Hearing()
+    context = CallContext()
+    context.add_observer(_Failing())
+    context.add_observer(hearing)
+    request = ChatRequest(messages=MESSAGES, context=context)
+    with caplog.at_level(logging.WARNING):
+        response = await rig.layer(request)
+    assert response.content == "fine"
+    assert hearing.requests == [request]  # with the request the attempt sent
+    assert "observer down" in caplog.text  # logged by the governor, not raised into the call
 
 
 # --------------------------------------------------------------------------- transient

@@ -11,11 +11,17 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 
 from polygateway.chat.messages import check_message_fields
 from polygateway.errors import ConfigError, EmptyCompletionError
-from polygateway.governance import Attempted, AttemptObserver, Governor, governor_problems
+from polygateway.governance import (
+    Attempt,
+    Attempted,
+    AttemptObserver,
+    Governor,
+    governor_problems,
+)
 from polygateway.ids import elapsed_ms
 from polygateway.params import ChatParams
 from polygateway.ports import (
@@ -102,14 +108,15 @@ class ChatDispatcher:
     async def __call__(self, request: ChatRequest) -> LLMResponse:
         check_message_fields(request.messages)
         context = request.context
+        attempt: Attempt[LLMResponse]
         attempt_observer: AttemptObserver[LLMResponse] | None = None
         if context is not None and context.observers:
-            observers = context.observers
-            attempt_observer = (
-                _RequestObserver(observers[0], request)
-                if len(observers) == 1
-                else _RequestObservers(observers, request)
-            )
+            # The attempt and its observer in one object: one object less per call.
+            observed = _ObservedRequest(self, context.observers, request)
+            attempt, attempt_observer = observed.send, observed
+        else:
+            # The function, not a bound method: one object less per call in flight.
+            attempt = functools.partial(type(self)._send, self, request)
         deadline_s = request.deadline_s
         if deadline_s is not None and context is not None and 0 < deadline_s < math.inf:
             # One deadline per call: a structured re-ask dispatches again within what is left.
@@ -118,8 +125,7 @@ class ChatDispatcher:
                 context.deadline_at = now + deadline_s
             deadline_s = max(context.deadline_at - now, _DEADLINE_FLOOR_S)
         outcome = await self._governor.run(
-            # The function, not a bound method: one object less per call in flight.
-            functools.partial(type(self)._send, self, request),
+            attempt,
             observer=attempt_observer,
             deadline_s=deadline_s,
             events=context.events if context is not None else None,
@@ -193,35 +199,28 @@ def _transport_problems(
     return [f"no transport for source(s) {missing}"] if missing else []
 
 
-class _RequestObserver:
-    """The call's ``CallObserver`` seen as the governor's ``AttemptObserver``: adds the request
-    the attempt sent (a re-ask's, not the caller's)."""
+class _ObservedRequest:
+    """A request dispatched while its call has observers (``CallContext.observers``): the
+    governor's attempt (``send``, the dispatcher's ``_send`` of this request) and its
+    ``AttemptObserver``, which tells the call's observers about every attempt together with
+    the request it sent (a re-ask's, not the caller's)."""
 
-    __slots__ = ("_observer", "_request")
+    __slots__ = ("_dispatcher", "_observers", "_request")
 
-    def __init__(self, observer: CallObserver, request: ChatRequest) -> None:
-        self._observer = observer
-        self._request = request
-
-    def on_attempt(
+    def __init__(
         self,
-        source: SourceConfig,
-        call_id: str,
-        outcome: LLMResponse | BaseException,
-        latency_ms: int,
+        dispatcher: ChatDispatcher,
+        observers: tuple[CallObserver, ...],
+        request: ChatRequest,
     ) -> None:
-        self._observer.on_attempt(self._request, source, call_id, outcome, latency_ms)
-
-
-class _RequestObservers:
-    """``_RequestObserver`` for several observers (a plugin layer added one too)."""
-
-    __slots__ = ("_observers", "_request")
-
-    def __init__(self, observers: tuple[CallObserver, ...], request: ChatRequest) -> None:
+        self._dispatcher = dispatcher
         self._observers = observers
         self._request = request
 
+    def send(self, source: SourceConfig, call_id: str) -> Awaitable[Attempted[LLMResponse]]:
+        """``ChatDispatcher._send`` of the request (a subclass's own, if it has one)."""
+        return self._dispatcher._send(self._request, source, call_id)
+
     def on_attempt(
         self,
         source: SourceConfig,
@@ -229,10 +228,14 @@ class _RequestObservers:
         outcome: LLMResponse | BaseException,
         latency_ms: int,
     ) -> None:
+        observers = self._observers
+        if len(observers) == 1:
+            observers[0].on_attempt(self._request, source, call_id, outcome, latency_ms)
+            return
         # The governor logs (once) and ignores what an observer raises; one failing observer
         # must not keep the others from hearing of the attempt.
         failed: Exception | None = None
-        for observer in self._observers:
+        for observer in observers:
             try:
                 observer.on_attempt(self._request, source, call_id, outcome, latency_ms)
             except Exception as exc:  # noqa: BLE001 - re-raised below, after the others
