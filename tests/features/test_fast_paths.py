@@ -668,6 +668,20 @@ class ValuesRecorder(ListRecorder):
         self.from_values.append(TelemetryRecord(*values))
 
 
+class _ContentFree:
+    """A recorder that reads no content (``ports.DeclaresContentUse``)."""
+
+    wants_content = False
+
+
+class ListRecorderReadingNoContent(_ContentFree, ListRecorder):
+    pass
+
+
+class ValuesRecorderReadingNoContent(_ContentFree, ValuesRecorder):
+    pass
+
+
 class FixedPricing:
     def cost(
         self,
@@ -756,6 +770,7 @@ usual_responses = st.builds(
         }
     ),
     content=texts,
+    reads_content=st.booleans(),
 )
 def test_the_usual_row_handed_over_as_values_is_build_records(
     responses: list[LLMResponse],
@@ -765,6 +780,7 @@ def test_the_usual_row_handed_over_as_values_is_build_records(
     priced: bool,
     request_fields: dict[str, Any],
     content: str,
+    reads_content: bool,
 ) -> None:
     """Attempts reported as successes (and a failed one among them) give the same rows
     through ``record_values_nowait`` as through ``build_record`` and ``record_nowait``."""
@@ -776,7 +792,11 @@ def test_the_usual_row_handed_over_as_values_is_build_records(
     if failure:
         attempts.insert(0, (source, "call-failed", TimeoutError("slow"), 5))
     pricing = FixedPricing() if priced else None
-    plain, fast = ListRecorder(), ValuesRecorder()
+    plain, fast = (
+        (ListRecorder(), ValuesRecorder())
+        if reads_content
+        else (ListRecorderReadingNoContent(), ValuesRecorderReadingNoContent())
+    )
     _rows_of(plain, request, attempts, pricing=pricing)
     _rows_of(fast, request, attempts, pricing=pricing)
     assert len(fast.from_values) == len(responses)  # every success went as values
