@@ -74,7 +74,8 @@ class CallContext:
 
     def add_observer(self, observer: CallObserver) -> None:
         """Tell ``observer`` about every attempt of this call from now on."""
-        self.observers = (*self.observers, observer)
+        # A concatenation, not ``(*observers, observer)``: no list made on the way.
+        self.observers += (observer,)
 
     def detach(self, party: object) -> None:
         """The call is over for ``party`` (an observer, the stream sink, or both): it is told
