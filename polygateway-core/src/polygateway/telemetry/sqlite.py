@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import Any
 
 from polygateway.types import TelemetryRecord, TelemetryValues
@@ -277,8 +277,9 @@ def bound_values(rows: list[Any], count: int) -> tuple[int, list[Any]]:
         values = [_NULL if value is None else value for value in rows]
         values[_CACHE_HIT::ROW_WIDTH] = [1 if hit else 0 for hit in rows[_CACHE_HIT::ROW_WIDTH]]
         return 0, values
-    # The same object, not an equal one: its text is bound, whatever a subclass calls equal.
-    if all(map(is_, rows[_CALL_ID::ROW_WIDTH], rows[_ROOT_CALL_ID::ROW_WIDTH])):
+    # Equal, as shared values are (a ``str`` subclass redefining equality aside): the same
+    # object in nearly every row, which list equality settles without comparing texts.
+    if rows[_CALL_ID::ROW_WIDTH] == rows[_ROOT_CALL_ID::ROW_WIDTH]:
         form |= ROOT_IS_CALL_ID
     own, common = _POSITIONS[form]
     values = rows[own[0] :: ROW_WIDTH]
