@@ -28,6 +28,7 @@ from polygateway.digest import (
     canonical_json,
     canonical_json_bytes,
     canonical_messages_json,
+    canonical_messages_utf8,
     messages_digest,
 )
 from polygateway.ids import elapsed_ms
@@ -210,6 +211,11 @@ def test_messages_json_and_digest_are_unchanged(messages: list[dict[str, Any]]) 
     expected = outcome(reference_messages_json, messages)
     assert outcome(canonical_messages_json, messages) == expected
     assert outcome(canonical_messages_json, tuple(messages)) == expected
+    utf8 = ("value", expected[1].encode("utf-8")) if expected[0] == "value" else expected
+    assert outcome(canonical_messages_utf8, messages) == utf8
+    context = CallContext()  # the bytes first, then the string, as a call asks for them
+    assert outcome(context.canonical_messages_utf8, messages) == utf8
+    assert outcome(context.canonical_messages, messages) == expected
     digest = outcome(
         lambda m: hashlib.sha256(reference_messages_json(m).encode("utf-8")).hexdigest(),
         messages,
@@ -329,6 +335,9 @@ def test_cache_keys_are_those_of_the_previous_implementation(name: str) -> None:
     context = CallContext()
     assert layer.key(dataclasses.replace(request, context=context)) == GOLDEN_KEYS[name]
     assert context.canonical_messages(request.messages) == canonical_messages_json(request.messages)
+    assert context.canonical_messages_utf8(request.messages) == canonical_messages_json(
+        request.messages
+    ).encode("utf-8")
 
 
 @settings(max_examples=150, deadline=None)

@@ -8,7 +8,8 @@ request (``getattr(request.observer, ...)``):
 - ``observers``: the ``ports.CallObserver`` s told about every attempt (the telemetry layer
   adds one); the dispatcher hands them to the governor;
 - ``canonical_messages(messages)``: the canonical JSON of the messages, encoded once per call
-  and shared by the telemetry rows and the cache key;
+  and shared by the telemetry rows and the cache key (which hashes its UTF-8,
+  ``canonical_messages_utf8``);
 - ``result_invalid(call_id, error)``: a wrapping layer (the structured ladder) reports that an
   attempt's output was rejected after the attempt was reported as a success.
 
@@ -22,7 +23,7 @@ import logging
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
-from polygateway.digest import canonical_messages_json
+from polygateway.digest import canonical_messages_utf8
 from polygateway.ports import CallObserver, DeltaSink
 from polygateway.types import ChatRequest, GovernanceEvent, Message
 
@@ -37,6 +38,7 @@ class CallContext:
     __slots__ = (
         "_messages_for",
         "_messages_json",
+        "_messages_utf8",
         "deadline_at",
         "events",
         "observers",
@@ -55,6 +57,7 @@ class CallContext:
         dispatcher hands it to ``Governor.run(events=...)``); ``None``: nobody listens."""
         self._messages_for: object = None
         self._messages_json = ""
+        self._messages_utf8 = b""
 
     def listen(self, events: Callable[[GovernanceEvent], None]) -> None:
         """Tell ``events`` about the governor's decisions of this call, besides any listener
@@ -91,9 +94,19 @@ class CallContext:
         hashes the same string the telemetry rows store: neither encodes it again.
         """
         if messages is not self._messages_for:
-            self._messages_json = canonical_messages_json(messages)
+            utf8 = self._messages_utf8 = canonical_messages_utf8(messages)
+            self._messages_json = utf8.decode("utf-8")
             self._messages_for = messages
         return self._messages_json
+
+    def canonical_messages_utf8(self, messages: Sequence[Message]) -> bytes:
+        """``canonical_messages(messages)`` as UTF-8, what the cache key hashes: the bytes the
+        string was decoded from, not an encoding of it again."""
+        if messages is not self._messages_for:
+            utf8 = self._messages_utf8 = canonical_messages_utf8(messages)
+            self._messages_json = utf8.decode("utf-8")
+            self._messages_for = messages
+        return self._messages_utf8
 
     def result_invalid(self, call_id: str, error: BaseException) -> None:
         """Tell the observers that the output of attempt ``call_id`` was rejected."""

@@ -317,12 +317,19 @@ def canonical_messages_json(messages: Sequence[Message]) -> str:
     """``canonical_json(digest_messages(messages))``, the same string, faster: the telemetry
     ``messages`` column, and what the cache key's ``messages_digest`` hashes.
     ``RequestRejectedError`` when a text is not Unicode (``reject_lone_surrogates``)."""
+    return canonical_messages_utf8(messages).decode("utf-8")
+
+
+def canonical_messages_utf8(messages: Sequence[Message]) -> bytes:
+    """``canonical_messages_json(messages).encode("utf-8")``, without the detour through
+    ``str``: what the cache key's ``messages_digest`` hashes.
+    ``RequestRejectedError`` when a text is not Unicode (``reject_lone_surrogates``)."""
     if _text_only(messages):  # the usual request, here without two more calls
         try:
-            return orjson.dumps(messages, option=_SORTED).decode("utf-8")
+            return orjson.dumps(messages, option=_SORTED)
         except orjson.JSONEncodeError:
             pass  # the plain path gives the verdict
-    return _canonical_messages_bytes(messages).decode("utf-8")
+    return _canonical_messages_bytes(messages)
 
 
 def messages_digest(messages: Sequence[Message]) -> str:

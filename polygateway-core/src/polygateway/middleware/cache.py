@@ -453,8 +453,7 @@ class CacheMiddleware:
             # The usual call (the layer's namespace, no salt, raw text, no parameters): only
             # the messages vary. The call's context encodes them once per call (the telemetry
             # rows store the same string); the key hashes it.
-            encoded = context.canonical_messages(request.messages)
-            digest = _sha256(encoded.encode()).hexdigest()
+            digest = _sha256(context.canonical_messages_utf8(request.messages)).hexdigest()
             key_json = f'{{"messages_digest":"{digest}"{self._default_tail}'
             return KEY_PREFIX + _sha256(key_json.encode()).hexdigest()
         return self._key(request)
@@ -475,8 +474,7 @@ class CacheMiddleware:
             namespace, salt = given_namespace, given_salt
         context = request.context
         if context is not None:
-            encoded = context.canonical_messages(request.messages)
-            digest = _sha256(encoded.encode()).hexdigest()
+            digest = _sha256(context.canonical_messages_utf8(request.messages)).hexdigest()
         else:
             digest = messages_digest(request.messages)
         if structured is None and not salt and namespace == self.namespace:
