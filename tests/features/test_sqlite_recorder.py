@@ -386,6 +386,9 @@ def test_a_statement_writes_the_rows_plain_inserts_write(rows: int, base: dict[s
             batch = [value for record in records for value in queued(record)]
             form, values = bound_values(batch, rows)
             forms.add(form)
+            # Read in place in a longer batch: the same statement and parameters.
+            around = queued(sample_record(model="elsewhere", ttft_ms=7.0))
+            assert bound_values([*around, *batch, *around], rows, len(around)) == (form, values)
             with closing(sqlite3.connect(":memory:")) as conn:
                 conn.executescript(SCHEMA)
                 conn.execute(insert(rows, form), values)

@@ -239,9 +239,10 @@ _ROOT_CALL_ID = COLUMNS.index("root_call_id")
 _TIMING = [COLUMNS.index(name) for name in TIMING_COLUMNS]
 
 
-def shared_tail(rows: list[Any], count: int) -> int:
-    """How many values the ``count`` rows of ``rows`` (their values one after the other,
-    ``COLUMNS`` order) may bind once for all: ``SHARED_ALL``, ``SHARED_CALL`` or 0.
+def shared_tail(rows: list[Any], count: int, start: int = 0) -> int:
+    """How many values the ``count`` rows of ``rows`` from index ``start`` (their values one
+    after the other, ``COLUMNS`` order) may bind once for all: ``SHARED_ALL``, ``SHARED_CALL``
+    or 0.
 
     Binding a value costs more than inserting it (SQLite copies every text it binds, under
     its connection's mutex), and most of a row's values are those of its client: bound once
@@ -251,8 +252,9 @@ def shared_tail(rows: list[Any], count: int) -> int:
     of these store the same (a ``str`` subclass redefining equality aside), so the rows are
     those of the statement binding every value (a test holds the two equal).
     """
+    end = start + count * ROW_WIDTH
     for position in _POSITIONS[SHARED_CALL][1]:
-        column = rows[position::ROW_WIDTH]
+        column = rows[start + position : end : ROW_WIDTH]
         first = column[0]
         kind = type(first)
         if position == _CACHE_HIT:
@@ -263,33 +265,41 @@ def shared_tail(rows: list[Any], count: int) -> int:
         if column.count(first) != count:
             return 0
     for position in _TIMING:
-        if rows[position] is not None or rows[position::ROW_WIDTH].count(None) != count:
+        if (
+            rows[start + position] is not None
+            or rows[start + position : end : ROW_WIDTH].count(None) != count
+        ):
             return SHARED_CALL
     return SHARED_ALL
 
 
-def bound_values(rows: list[Any], count: int) -> tuple[int, list[Any]]:
-    """The statement for the ``count`` rows of ``rows`` (their values one after the other,
-    ``COLUMNS`` order) and its parameters: ``(form, parameters)`` for ``insert(count,
-    form)``. ``None`` is bound as NULL's stand-in, ``cache_hit`` as 0 or 1."""
-    form = shared_tail(rows, count) if count > 1 else 0
+def bound_values(rows: list[Any], count: int, start: int = 0) -> tuple[int, list[Any]]:
+    """The statement for the ``count`` rows of ``rows`` from index ``start`` (their values
+    one after the other, ``COLUMNS`` order) and its parameters: ``(form, parameters)`` for
+    ``insert(count, form)``. ``None`` is bound as NULL's stand-in, ``cache_hit`` as 0 or 1.
+
+    The rows are read in place (each column a slice), not copied out of a batch first."""
+    end = start + count * ROW_WIDTH
+    form = shared_tail(rows, count, start) if count > 1 else 0
     if not form:
-        values = [_NULL if value is None else value for value in rows]
-        values[_CACHE_HIT::ROW_WIDTH] = [1 if hit else 0 for hit in rows[_CACHE_HIT::ROW_WIDTH]]
+        values = [_NULL if value is None else value for value in rows[start:end]]
+        values[_CACHE_HIT::ROW_WIDTH] = [
+            1 if hit else 0 for hit in rows[start + _CACHE_HIT : end : ROW_WIDTH]
+        ]
         return 0, values
     # Equal, as shared values are (a ``str`` subclass redefining equality aside): the same
     # object in nearly every row, which list equality settles without comparing texts.
-    if rows[_CALL_ID::ROW_WIDTH] == rows[_ROOT_CALL_ID::ROW_WIDTH]:
+    if rows[start + _CALL_ID : end : ROW_WIDTH] == rows[start + _ROOT_CALL_ID : end : ROW_WIDTH]:
         form |= ROOT_IS_CALL_ID
     own, common = _POSITIONS[form]
-    values = rows[own[0] :: ROW_WIDTH]
+    values = rows[start + own[0] : end : ROW_WIDTH]
     for position in own[1:]:
-        column = rows[position::ROW_WIDTH]
+        column = rows[start + position : end : ROW_WIDTH]
         # None in a NOT NULL column is no row either way: only TIMING_COLUMNS need looking at.
         if position in _TIMING and None in column:
             column = [_NULL if value is None else value for value in column]
         values += column
-    first = rows[:ROW_WIDTH]
+    first = rows[start : start + ROW_WIDTH]
     first[_CACHE_HIT] = 1 if first[_CACHE_HIT] else 0
     values += [_NULL if first[position] is None else first[position] for position in common]
     return form, values
@@ -628,10 +638,9 @@ class SQLiteRecorder:
             with conn:
                 start = 0
                 for size in split_rows(len(batch) // ROW_WIDTH, self._rows_per_statement):
-                    end = start + size * ROW_WIDTH
-                    form, values = bound_values(batch[start:end], size)
+                    form, values = bound_values(batch, size, start)
                     conn.execute(inserts[size, form], values)
-                    start = end
+                    start += size * ROW_WIDTH
             return
         except _WRITE_ERRORS as exc:
             self._warn_once(
