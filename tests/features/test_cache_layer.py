@@ -380,16 +380,20 @@ async def test_backend_failure_degrades_to_one_warning(
     assert "cache backend get failed" in warnings[0].getMessage()
 
 
+def _key_of_messages(backend: MemoryCache) -> str:
+    """The cache key of ``MESSAGES`` for the scope the tests below make (namespace "n")."""
+    layer = CacheMiddleware(
+        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
+    )
+    return layer.key(ChatRequest(messages=MESSAGES))
+
+
 async def test_an_unreadable_entry_is_a_miss(
     make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     clock = FakeClock()
     backend = MemoryCache(clock=clock)
-    layer = CacheMiddleware(
-        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
-    )
-    request = ChatRequest(messages=MESSAGES)
-    await backend.set(layer.key(request), "{not json", 60.0)
+    await backend.set(_key_of_messages(backend), "{not json", 60.0)
     rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
     async with rig.client as client:
         assert not (await client.chat(MESSAGES)).cache_hit
@@ -442,10 +446,7 @@ async def test_the_memory_cache_keeps_a_hits_fields_not_their_json(
 ) -> None:
     clock = FakeClock()
     backend = MemoryCache(clock=clock)
-    layer = CacheMiddleware(
-        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
-    )
-    key = layer.key(ChatRequest(messages=MESSAGES))
+    key = _key_of_messages(backend)
     rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
     async with rig.client as client:
         first = await client.chat(MESSAGES)
@@ -466,10 +467,7 @@ async def test_an_object_entry_of_another_kind_is_a_miss(
 ) -> None:
     clock = FakeClock()
     backend = MemoryCache(clock=clock)
-    layer = CacheMiddleware(
-        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
-    )
-    backend.set_object(layer.key(ChatRequest(messages=MESSAGES)), foreign, 60.0)
+    backend.set_object(_key_of_messages(backend), foreign, 60.0)
     rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
     async with rig.client as client:
         assert not (await client.chat(MESSAGES)).cache_hit
@@ -483,11 +481,8 @@ async def test_a_json_entry_in_the_memory_cache_is_still_a_hit(
     # An entry written through the string form (``set``) reads back as before.
     clock = FakeClock()
     backend = MemoryCache(clock=clock)
-    layer = CacheMiddleware(
-        backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
-    )
     stored = encode_response(LLMResponse(content="from json", model="model-a", call_id="old"))
-    await backend.set(layer.key(ChatRequest(messages=MESSAGES)), stored, 60.0)
+    await backend.set(_key_of_messages(backend), stored, 60.0)
     rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
     async with rig.client as client:
         hit = await client.chat(MESSAGES)

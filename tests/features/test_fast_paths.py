@@ -550,7 +550,8 @@ def test_a_kept_hit_holds_the_fields_as_they_were_and_the_hit_its_overrides() ->
         content="ok", call_id="c1", cost=0.5, latency_ms=9, ttft_ms=1.0, cache_hit=False
     )
     kept = hit_fields(response)
-    assert kept is vars(response)  # written once, when the response was made: not copied
+    # The response's fields, in a dict of the entry's own: the entry shares no state with it.
+    assert kept == vars(response) and kept is not vars(response)
     hit = hit_response(kept, "c2", None)
     assert {name: getattr(hit, name) for name in _HIT_OVERRIDES} == _HIT_OVERRIDES
     assert hit.content == "ok" and hit.call_id == "c2" and hit.cost == 0.0

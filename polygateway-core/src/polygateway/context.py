@@ -94,19 +94,20 @@ class CallContext:
         hashes the same string the telemetry rows store: neither encodes it again.
         """
         if messages is not self._messages_for:
-            utf8 = self._messages_utf8 = canonical_messages_utf8(messages)
-            self._messages_json = utf8.decode("utf-8")
-            self._messages_for = messages
+            self._encode_messages(messages)
         return self._messages_json
 
     def canonical_messages_utf8(self, messages: Sequence[Message]) -> bytes:
         """``canonical_messages(messages)`` as UTF-8, what the cache key hashes: the bytes the
         string was decoded from, not an encoding of it again."""
         if messages is not self._messages_for:
-            utf8 = self._messages_utf8 = canonical_messages_utf8(messages)
-            self._messages_json = utf8.decode("utf-8")
-            self._messages_for = messages
+            self._encode_messages(messages)
         return self._messages_utf8
+
+    def _encode_messages(self, messages: Sequence[Message]) -> None:
+        utf8 = self._messages_utf8 = canonical_messages_utf8(messages)
+        self._messages_json = utf8.decode("utf-8")
+        self._messages_for = messages
 
     def result_invalid(self, call_id: str, error: BaseException) -> None:
         """Tell the observers that the output of attempt ``call_id`` was rejected."""

@@ -250,13 +250,7 @@ class Admission:
                 except Exception as exc:  # noqa: BLE001 - release side degrades (M2 §10)
                     self._warn("permit.release", exc)
             if observer is not None:
-                # ``_observe`` inline: it runs on every observed call.
-                try:
-                    observer.on_attempt(
-                        source, call_id, attempted.value, elapsed_ms(started, clock.monotonic())
-                    )
-                except Exception as exc:  # noqa: BLE001 - an observer must never break the call
-                    self._warn("attempt observer", exc)
+                self._observe(observer, source, call_id, attempted.value, started)
             # The accounting calls are inlined on this path: it runs on every call.
             try:
                 await breaker.record_success(decision)

@@ -225,18 +225,18 @@ def hit_fields(response: LLMResponse) -> dict[str, Any]:
     backend of the caller's process (``ports.SupportsCacheObjects``): every field of the
     response as it is, but ``structured_data``, ``None`` (a hit's is rebuilt by the strategy;
     an entry holds no parsed model). The values are immutable (strings, numbers, a tuple of
-    frozen ``ToolCall``), so hits share them; so is the dict: nothing writes to it.
+    frozen ``ToolCall``), so hits share them.
     """
-    # A response's instance dict holds its fields and nothing else, written once when it is
-    # made (``frozen_dataclass``) and never again (the frozen guard): the entry is that dict,
-    # not a copy (the hit's overrides are applied by ``hit_response``). One holding more (an
-    # attribute set past the guard) or structured data takes the definition. A plain dict of
-    # plain values is no object the garbage collector tracks: an entry kept per miss adds
-    # nothing to its passes (measured: a dict subclass, always tracked, cost 3k a call).
+    # A response's instance dict holds its fields and nothing else (``frozen_dataclass``
+    # writes it at once): copied whole, so that the entry shares no state with the response
+    # (the hit's overrides are applied by ``hit_response``). One holding more (an attribute
+    # set past the guard) or structured data takes the definition. A plain dict of plain
+    # values is no object the garbage collector tracks: an entry kept per miss adds nothing to
+    # its passes (measured: a dict subclass, always tracked, cost 3k a call).
     fields = vars(response)
     if len(fields) != _FIELD_COUNT or fields["structured_data"] is not None:
         return _hit_fields_by_name(response)
-    return fields
+    return fields.copy()
 
 
 def _hit_response_by_name(fields: dict[str, Any], call_id: str, data: Any) -> LLMResponse:
@@ -401,22 +401,11 @@ class CacheMiddleware:
             if hit is not None:
                 return hit
         response = await call_next(request)
-        # ``is_cacheable(response)`` and, for a backend keeping objects, ``hit_fields(response)``
-        # inline (a test holds what is stored to theirs): two calls the less a miss. The
-        # entry is the response's own instance dict (see ``hit_fields``).
-        if (
-            not response.cache_hit
-            and not response.salvaged
-            and response.finish_reason not in _UNCACHEABLE_FINISH
-            and (bool(response.content.strip()) or bool(response.tool_calls))
-        ):
+        if is_cacheable(response):
             set_object, set_nowait = self._set_object, self._set_nowait
             try:
                 if set_object is not None:
-                    fields = vars(response)
-                    if len(fields) != _FIELD_COUNT or fields["structured_data"] is not None:
-                        fields = _hit_fields_by_name(response)
-                    set_object(key, fields, self.ttl_s)
+                    set_object(key, hit_fields(response), self.ttl_s)
                 else:
                     value = encode_response(response)
                     if set_nowait is not None:

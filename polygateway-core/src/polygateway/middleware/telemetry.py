@@ -419,23 +419,12 @@ class _CallObserver:
             # The usual attempt (a success no layer may still reject, no call trace, the row
             # kept as built): build_record's values, field for field (a test holds the two
             # equal), handed over without the record object or a keyword matched by name.
-            # ``messages_of`` and ``outcome_cost`` inline: a call each the less per attempt.
-            context = request.context
-            if not layer.wants_content:
-                messages = ""
-            elif context is None:
-                messages = canonical_messages_json(request.messages)
-            else:
-                messages = context.canonical_messages(request.messages)
+            messages = layer.messages_of(request.context, request)
             params = "" if request.params is None else params_json(request)
             try:
                 cache_hit = outcome.cache_hit
                 model = outcome.model or source.model
-                pricing = layer.pricing
-                if pricing is None:
-                    cost = 0.0 if cache_hit else None
-                else:
-                    cost = outcome_cost(outcome, source.model or model, pricing)
+                cost = outcome_cost(outcome, source.model or model, layer.pricing)
                 values: TelemetryValues = (
                     call_id,
                     request.parent_call_id,
