@@ -321,6 +321,47 @@ async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
         await runner.cleanup()
 
 
+async def test_connections_reading_into_one_buffer_keep_every_body_apart() -> None:
+    # The connections of a loop read into one buffer: what a read hands the consumer must
+    # be its own bytes, untouched by the reads of the other connections after it.
+    piece_size, pieces = 7001, 48  # about 330 KiB each: more than one read of the buffer
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        mark = await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        for index in range(pieces):
+            await response.write(mark * (piece_size // len(mark)) + bytes([index]))
+        await response.write_eof()
+        return response
+
+    runner, port = await serve("/mark", handler)
+    engine = make_engine("httptools", EngineConfig(source_name="marks"))
+
+    async def fetch(mark: bytes) -> list[bytes]:
+        response = await engine.post(f"http://127.0.0.1:{port}/mark", mark)
+        chunks = []
+        while chunk := await response.read_chunk():
+            chunks.append(chunk)
+            await asyncio.sleep(0)  # the other connections read meanwhile
+        await response.aclose()
+        return chunks
+
+    try:
+        marks = [b"%02d" % n for n in range(24)]
+        got = await asyncio.gather(*(fetch(mark) for mark in marks))
+        await asyncio.gather(*(fetch(mark) for mark in reversed(marks)))  # more reads after
+    finally:
+        await engine.aclose()
+        await runner.cleanup()
+    for mark, chunks in zip(marks, got, strict=True):
+        expected = b"".join(
+            mark * (piece_size // len(mark)) + bytes([index]) for index in range(pieces)
+        )
+        assert all(type(chunk) is bytes for chunk in chunks)
+        assert b"".join(chunks) == expected
+
+
 # --------------------------------------------------------------------------- bounds
 
 
@@ -555,7 +596,9 @@ class _RecordingTransport(asyncio.Transport):
 
 @pytest.mark.parametrize("size", [10, 64 * 1024, 64 * 1024 + 1, 5 << 20])
 async def test_a_large_body_is_written_as_it_is_never_joined_to_its_head(size: int) -> None:
-    connection = httptools_engine._Connection(asyncio.get_running_loop())
+    connection = httptools_engine._Connection(
+        asyncio.get_running_loop(), httptools_engine.read_buffer()
+    )
     transport = _RecordingTransport()
     connection.connection_made(transport)
     head, body = b"POST /v1 HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % size, b"x" * size

@@ -58,6 +58,23 @@ _JOIN_BYTES = 64 * 1024
 """A request body up to this size is joined to its head and written at once; a larger one is
 written on its own rather than copied into one buffer with its head."""
 
+_READ_BYTES = 64 * 1024
+"""The most one read from the socket takes (asyncio reads up to 256 KiB for a plain
+``Protocol``); also what the buffer of an event loop's connections holds in memory."""
+
+
+def read_buffer() -> memoryview:
+    """The buffer the connections of one event loop read into.
+
+    asyncio reads for a plain ``Protocol`` into a new 256 KiB bytes object per read and shrinks
+    it to what came; glibc serves an allocation that large by ``mmap`` (or by moving the
+    heap's top), so every read of a small answer cost system calls and a page fault. A
+    ``BufferedProtocol`` is handed a buffer instead, and one serves every connection of a loop:
+    the loop runs one callback at a time, and ``buffer_updated`` parses what came before it
+    returns (httptools hands the callbacks copies)."""
+    return memoryview(bytearray(_READ_BYTES))
+
+
 _MAX_TARGETS = 256
 """URLs whose request head is kept worked out; past this the cache starts afresh (URLs that
 vary per call, by their query, would otherwise grow it without end)."""
@@ -160,12 +177,14 @@ class _Headers(Mapping[str, str]):
         return f"_Headers({self._fields!r})"
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One HTTP/1.1 connection, one request at a time. httptools calls the ``on_*`` methods
-    from ``data_received``; the response's reader waits on ``_waiter``."""
+    from ``data_received``; the response's reader waits on ``_waiter``. The socket is read
+    into ``buffer`` (``read_buffer``: shared by the connections of one event loop)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, buffer: memoryview) -> None:
         self._loop = loop
+        self._buffer = buffer
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -197,7 +216,13 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._buffer[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
         parser = self._parser
         if not self._active or parser is None:
             # Bytes nobody asked for (on an idle connection): it cannot be trusted any more.
@@ -535,6 +560,7 @@ class HttptoolsEngine:
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._busy: set[_Connection] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._read_buffer = memoryview(bytearray())  # one per event loop, made in ``_on_loop``
         self._permits: asyncio.Semaphore | None = None
         # Begun with the engine, when the client is built, in a thread (``tls_context``): made
         # at the first https connection on the event loop, the CA store's read would stall
@@ -610,6 +636,8 @@ class HttptoolsEngine:
                 connection.closed = True  # their transports went with the old loop
         self._idle = {}
         self._busy = set()
+        # An old loop's connections keep reading into their buffer; this loop's get their own.
+        self._read_buffer = read_buffer()
         self._loop = loop
         limit = self._config.max_connections
         self._permits = asyncio.Semaphore(limit) if limit > 0 else None
@@ -669,8 +697,9 @@ class HttptoolsEngine:
         return None
 
     async def _connect(self, target: _Target, loop: asyncio.AbstractEventLoop) -> _Connection:
+        buffer = self._read_buffer
         _, connection = await loop.create_connection(
-            lambda: _Connection(loop),
+            lambda: _Connection(loop, buffer),
             target.host,
             target.port,
             ssl=await self._ssl_context() if target.tls else None,
