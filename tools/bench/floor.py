@@ -2,7 +2,7 @@
 
     python tools/bench/floor.py [--seconds 1.0] [--rounds 3] [--conc 1,64,1024]
                                 [--modes stream,json] [--only name,name]
-                                [--engines httptools,aiohttp] [--pin]
+                                [--engines httptools,aiohttp] [--pin] [--upstream canned]
     python tools/bench/floor.py --callgrind [--calls-pair 200,600] [--only ...] [--global-limit N]
                                 [--engines aiohttp,httptools]
     python tools/bench/floor.py --startup [--runs 9] [--callgrind]
@@ -27,6 +27,13 @@ concurrency and mode (streaming, 20 chunks, and JSON), calls/s and client CPU µ
 and ``pgw fake-upstream`` and ``redis-server`` together on the second: the client's calls/s is
 then bound by its own CPU rather than by how the scheduler shares two CPUs among three busy
 processes (the Redis rows have one process more than the memory rows).
+
+``--upstream canned`` answers with ``canned_upstream.py`` instead: the bytes ``pgw
+fake-upstream`` sent for a JSON and for a streamed request (captured at start-up), written back
+for every request of that kind. The fake upstream's generality (every fault of the error model)
+costs it about as much CPU per answer as a governed call; the canned server a small share of
+that, so with ``--pin`` the second CPU has room for ``redis-server`` as well and the client's
+own CPU bounds its calls/s.
 
 Redis rows carry ``script calls/call``: the script calls the server ran (``INFO commandstats`` after
 a ``CONFIG RESETSTAT``; ``SCRIPT LOAD`` and the commands run inside scripts excluded) divided
@@ -96,6 +103,7 @@ from overhead import (
     measure_point,
     run_calls,
     start_upstream,
+    wait_listening,
 )
 
 SCRIPT_COMMANDS = frozenset(("evalsha", "evalsha_ro", "eval", "eval_ro", "fcall", "fcall_ro"))
@@ -553,9 +561,40 @@ def pin_processes(*others: int) -> None:
                 os.sched_setaffinity(int(thread), {cpus[1]})
 
 
+def start_bench_upstream(port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """``--upstream``: ``pgw fake-upstream`` on ``port``, or (``canned``) a server sending the
+    bytes the fake upstream sent for a JSON and for a streamed request (``canned_upstream``)."""
+    if args.upstream == "fake":
+        return start_upstream(port, args.chunks)
+    from canned_upstream import capture
+
+    fake_port = free_port()
+    fake = start_upstream(fake_port, args.chunks)
+    try:
+        answers = {kind: capture(fake_port, body(kind == "stream")) for kind in ("json", "stream")}
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for kind, raw in answers.items():
+            paths[kind] = os.path.join(tmp, f"{kind}.http")
+            Path(paths[kind]).write_bytes(raw)
+        script = str(Path(__file__).resolve().parent / "canned_upstream.py")
+        command = [sys.executable, script, "--port", str(port)]
+        command += ["--json", paths["json"], "--stream", paths["stream"]]
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        wait_listening(proc, port)  # it has read both files once it listens
+    return proc
+
+
 async def bench_async(args: argparse.Namespace) -> list[Row]:
     port = free_port()
-    upstream = start_upstream(port, args.chunks)
+    upstream = start_bench_upstream(port, args)
     server = RedisServer()
     url = f"http://127.0.0.1:{port}/v1"
     only = set(args.only.split(",")) if args.only else None
@@ -710,7 +749,7 @@ def run_callgrind(args: argparse.Namespace) -> None:
         else ["floor-aiohttp", "governed-memory", "governed-redis", "full-memory", "full-redis"]
     )
     port = free_port()
-    upstream = start_upstream(port, args.chunks)
+    upstream = start_bench_upstream(port, args)
     server = RedisServer()
     url = f"http://127.0.0.1:{port}/v1"
     results: dict[tuple[str, str], float] = {}
@@ -1005,6 +1044,13 @@ def main() -> None:
     parser.add_argument("--only", default="")
     parser.add_argument(
         "--pin", action="store_true", help="clients on one CPU, upstream and Redis on another"
+    )
+    parser.add_argument(
+        "--upstream",
+        choices=("fake", "canned"),
+        default="fake",
+        help="what answers: pgw fake-upstream, or a server sending the bytes it sent "
+        "(canned_upstream.py: a small share of a CPU per call)",
     )
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--calls-pair", default="200,600", help="--callgrind call counts")

@@ -133,18 +133,24 @@ def start_upstream(port: int, chunks: int, extra: Sequence[str] = ()) -> subproc
         *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_listening(proc, port)
+    return proc
+
+
+def wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
+    """Return once ``proc`` accepts connections on ``port``; its error if it exits first."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc
+                return
         except OSError:
             if proc.poll() is not None:
                 err = proc.stderr.read().decode() if proc.stderr else "died"
                 raise RuntimeError(err) from None
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("fake upstream did not start")
+    raise RuntimeError(f"the upstream on port {port} did not start")
 
 
 def body(stream: bool) -> bytes:
