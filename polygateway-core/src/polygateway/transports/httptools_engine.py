@@ -178,9 +178,9 @@ class _Headers(Mapping[str, str]):
 
 
 class _Connection(asyncio.BufferedProtocol):
-    """One HTTP/1.1 connection, one request at a time. httptools calls the ``on_*`` methods
-    from ``data_received``; the response's reader waits on ``_waiter``. The socket is read
-    into ``buffer`` (``read_buffer``: shared by the connections of one event loop)."""
+    """One HTTP/1.1 connection, one request at a time. The socket is read into ``buffer``
+    (``read_buffer``: shared by the connections of one event loop); httptools calls the
+    ``on_*`` methods from ``buffer_updated``; the response's reader waits on ``_waiter``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, buffer: memoryview) -> None:
         self._loop = loop
@@ -220,16 +220,13 @@ class _Connection(asyncio.BufferedProtocol):
         return self._buffer
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(self._buffer[:nbytes])
-
-    def data_received(self, data: bytes | memoryview) -> None:
         parser = self._parser
         if not self._active or parser is None:
             # Bytes nobody asked for (on an idle connection): it cannot be trusted any more.
             self.abort()
             return
         try:
-            parser.feed_data(data)
+            parser.feed_data(self._buffer[:nbytes])
         except httptools.HttpParserUpgrade:
             self._fail(ConnectionError("unexpected protocol upgrade"))
         except httptools.HttpParserError as exc:
