@@ -321,25 +321,45 @@ async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
         await runner.cleanup()
 
 
-async def test_connections_reading_into_one_buffer_keep_every_body_apart() -> None:
-    # The connections of a loop read into one buffer: what a read hands the consumer must
-    # be its own bytes, untouched by the reads of the other connections after it.
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+async def test_connections_reading_into_one_buffer_keep_every_body_apart(
+    tls: bool, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The connections of a loop read into one buffer (over TLS, asyncio's SSL protocol
+    # decrypts into it): what a read hands the consumer must be its own bytes, untouched by
+    # the reads of the other connections after it, also when a reader falls behind and its
+    # connection pauses.
     piece_size, pieces = 7001, 48  # about 330 KiB each: more than one read of the buffer
+
+    def body_of(mark: bytes) -> list[bytes]:
+        return [mark * (piece_size // len(mark)) + bytes([index]) for index in range(pieces)]
 
     async def handler(request: web.Request) -> web.StreamResponse:
         mark = await request.read()
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         await response.prepare(request)
-        for index in range(pieces):
-            await response.write(mark * (piece_size // len(mark)) + bytes([index]))
+        for piece in body_of(mark):
+            await response.write(piece)
         await response.write_eof()
         return response
 
-    runner, port = await serve("/mark", handler)
-    engine = make_engine("httptools", EngineConfig(source_name="marks"))
+    context, host = None, "127.0.0.1"
+    if tls:
+        if shutil.which("openssl") is None:
+            pytest.skip("openssl CLI")
+        cert, key = request.getfixturevalue("certificate")
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read when the engine is made
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        host = "localhost"  # the name the certificate gives
+    runner, port = await serve("/mark", handler, context)
+    engine = make_engine("httptools", EngineConfig(source_name="marks", plain_http=not tls))
+    url = f"{'https' if tls else 'http'}://{host}:{port}/mark"
 
-    async def fetch(mark: bytes) -> list[bytes]:
-        response = await engine.post(f"http://127.0.0.1:{port}/mark", mark)
+    async def fetch(mark: bytes, behind: bool = False) -> list[bytes]:
+        response = await engine.post(url, mark)
+        if behind:  # nothing read yet: the connection stops reading, the others go on
+            await wait_until(lambda: response.reading_paused)
         chunks = []
         while chunk := await response.read_chunk():
             chunks.append(chunk)
@@ -349,17 +369,15 @@ async def test_connections_reading_into_one_buffer_keep_every_body_apart() -> No
 
     try:
         marks = [b"%02d" % n for n in range(24)]
-        got = await asyncio.gather(*(fetch(mark) for mark in marks))
-        await asyncio.gather(*(fetch(mark) for mark in reversed(marks)))  # more reads after
+        async with asyncio.timeout(60):  # a body that never ends fails, not hangs
+            got = await asyncio.gather(*(fetch(mark, behind=mark == b"07") for mark in marks))
+            await asyncio.gather(*(fetch(mark) for mark in reversed(marks)))  # more reads after
     finally:
         await engine.aclose()
         await runner.cleanup()
     for mark, chunks in zip(marks, got, strict=True):
-        expected = b"".join(
-            mark * (piece_size // len(mark)) + bytes([index]) for index in range(pieces)
-        )
         assert all(type(chunk) is bytes for chunk in chunks)
-        assert b"".join(chunks) == expected
+        assert b"".join(chunks) == b"".join(body_of(mark))
 
 
 # --------------------------------------------------------------------------- bounds
