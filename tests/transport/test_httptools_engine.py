@@ -15,7 +15,7 @@ import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,9 @@ SSE = (
     b'data: {"choices":[{"index":0,"delta":{"content":"tls"},"finish_reason":"stop"}]}\n\n'
     b"data: [DONE]\n\n"
 )
+
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI")
 
 
 def chat(stream: bool = True) -> ChatRequest:
@@ -90,6 +93,16 @@ async def serve(
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
     return runner, runner.addresses[0][1]
+
+
+async def stream_octets(request: web.Request, pieces: Iterable[bytes]) -> web.StreamResponse:
+    """An ``application/octet-stream`` answer to ``request`` written piece by piece."""
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    await response.prepare(request)
+    for piece in pieces:
+        await response.write(piece)
+    await response.write_eof()
+    return response
 
 
 # --------------------------------------------------------------------------- pool
@@ -294,12 +307,7 @@ async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
     pieces = 128  # 8 MiB
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        await response.prepare(request)
-        for _ in range(pieces):
-            await response.write(piece)
-        await response.write_eof()
-        return response
+        return await stream_octets(request, [piece] * pieces)
 
     runner, port = await serve("/big", handler)
     engine = make_engine("httptools", EngineConfig(source_name="big"))
@@ -321,7 +329,9 @@ async def test_a_slow_reader_pauses_the_socket_and_misses_nothing() -> None:
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+@pytest.mark.parametrize(
+    "tls", [pytest.param(False, id="tcp"), pytest.param(True, id="tls", marks=needs_openssl)]
+)
 async def test_connections_reading_into_one_buffer_keep_every_body_apart(
     tls: bool, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -335,18 +345,10 @@ async def test_connections_reading_into_one_buffer_keep_every_body_apart(
         return [mark * (piece_size // len(mark)) + bytes([index]) for index in range(pieces)]
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        mark = await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        await response.prepare(request)
-        for piece in body_of(mark):
-            await response.write(piece)
-        await response.write_eof()
-        return response
+        return await stream_octets(request, body_of(await request.read()))
 
     context, host = None, "127.0.0.1"
     if tls:
-        if shutil.which("openssl") is None:
-            pytest.skip("openssl CLI")
         cert, key = request.getfixturevalue("certificate")
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # read when the engine is made
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -501,8 +503,6 @@ def test_no_credential_in_a_target_repr_and_the_url_cache_is_bounded() -> None:
 
 
 # --------------------------------------------------------------------------- TLS
-
-needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI")
 
 
 @pytest.fixture(scope="module")
