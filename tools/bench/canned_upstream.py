@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,11 @@ import httptools
 import orjson
 
 
-def capture(port: int, body: bytes, path: str = "/v1/chat/completions") -> bytes:
-    """The raw bytes (head and body, as sent) of one answer of the server on ``port``."""
+def capture(
+    port: int, body: bytes, headers: Mapping[str, str], path: str = "/v1/chat/completions"
+) -> bytes:
+    """The raw bytes (head and body, as sent) of the answer of the server on ``port`` to a
+    POST of ``body`` with ``headers`` (the benchmark clients' own)."""
     done: list[bool] = []
 
     class Collector:
@@ -34,9 +38,9 @@ def capture(port: int, body: bytes, path: str = "/v1/chat/completions") -> bytes
             done.append(True)
 
     parser = httptools.HttpResponseParser(Collector())
+    fields = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{fields}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     raw = bytearray()

@@ -88,6 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson
 from overhead import (
+    HEADERS,
     MESSAGES,
     MODEL,
     Load,
@@ -571,7 +572,9 @@ def start_bench_upstream(port: int, args: argparse.Namespace) -> subprocess.Pope
     fake_port = free_port()
     fake = start_upstream(fake_port, args.chunks)
     try:
-        answers = {kind: capture(fake_port, body(kind == "stream")) for kind in ("json", "stream")}
+        answers = {
+            kind: capture(fake_port, body(kind == "stream"), HEADERS) for kind in ("json", "stream")
+        }
     finally:
         fake.terminate()
         fake.wait(10)
@@ -660,7 +663,6 @@ async def worker_async(args: argparse.Namespace) -> None:
                 await client.chat(messages, stream=stream)
         elif name == "floor-aiohttp":
             import aiohttp
-            from overhead import HEADERS
 
             data = body(stream)
             session = aiohttp.ClientSession(
@@ -685,7 +687,6 @@ async def worker_async(args: argparse.Namespace) -> None:
                         orjson.loads(await r.read())
         elif name == "engine":
             # The engine alone, as the transport drives it: post, raw reads to the end, close.
-            from overhead import HEADERS
             from polygateway.transports.engines import (
                 ACCEPT_ENCODING,
                 DEFAULT_ENGINE,
