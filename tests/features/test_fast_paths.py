@@ -46,6 +46,7 @@ from polygateway.middleware.cache import (
 )
 from polygateway.middleware.telemetry import TelemetryMiddleware, build_telemetry_record
 from polygateway.params import ChatParams
+from polygateway.records import AttemptSummary, build_record
 from polygateway.settings import Secret, SourceConfig
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.telemetry.sqlite import SQLiteRecorder
@@ -814,6 +815,34 @@ def test_the_usual_row_handed_over_as_values_is_build_records(
     assert [r.root_call_id for r in plain.records] == [attempts[0][1]] * len(attempts)
 
 
+def test_a_sub_millisecond_attempt_keeps_its_zero_latency_in_the_row() -> None:
+    """The row holds the latency the caller saw, 0 included, on both ways a row is built;
+    only a summary that gives none (``AttemptSummary``) takes the governor's measure."""
+    request = ChatRequest(messages=[{"role": "user", "content": "x"}])
+    attempts: list[tuple[SourceConfig, str, LLMResponse | BaseException, int]] = [
+        (_source("main", "m"), "c", LLMResponse(content="ok", latency_ms=0), 3)
+    ]
+    plain, fast = ListRecorder(), ValuesRecorder()
+    _rows_of(plain, request, attempts, pricing=None)
+    _rows_of(fast, request, attempts, pricing=None)
+    assert [r.latency_ms for r in plain.records + fast.from_values] == [0, 0]
+    source = _source("main", "m")
+    rows = [
+        build_record(
+            summary,
+            call_id="c",
+            parent_call_id=None,
+            session_id=None,
+            messages="",
+            latency_ms=3,
+            created_at=1.0,
+            source=source,
+        ).latency_ms
+        for summary in (AttemptSummary(latency_ms=0), AttemptSummary())
+    ]
+    assert rows == [0, 3]
+
+
 def test_a_structured_attempt_still_goes_through_build_record() -> None:
     request = ChatRequest(messages=[{"role": "user", "content": "x"}], structured="json")
     recorder = ValuesRecorder()
@@ -853,9 +882,9 @@ async def test_no_row_is_lost_across_many_batches(tmp_path: Path) -> None:
     records = [
         build_telemetry_record(
             ChatRequest(messages=[{"role": "user", "content": f"prompt {i} ü"}]),
-            LLMResponse(content=f"answer {i}", cost=0.5 if i % 2 else None),
+            LLMResponse(content=f"answer {i}", cost=0.5 if i % 2 else None, latency_ms=i),
             call_id=f"call-{i}",
-            latency_ms=i,
+            latency_ms=i + 1,  # the governor's: the response's own goes in the row
             created_at=0.0 if i % 3 == 0 else 1000.0 + i,
         )
         for i in range(1050)

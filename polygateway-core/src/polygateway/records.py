@@ -100,7 +100,9 @@ class RowSummary(Protocol):
     def usage_source(self) -> UsageSource: ...
 
     @property
-    def latency_ms(self) -> int: ...
+    def latency_ms(self) -> int | None:
+        """The attempt's own latency; ``None`` leaves the row the governor's measure."""
+        ...
 
     @property
     def ttft_ms(self) -> float | None: ...
@@ -128,7 +130,7 @@ class AttemptSummary:
     """A ``RowSummary`` for call kinds without an ``LLMResponse`` (embeddings, OCR, ...).
 
     Empty ``model``/``provider``/``source_name`` fall back to the attempt's source; a
-    ``latency_ms`` of 0 to the latency the governor measured.
+    ``latency_ms`` of ``None`` to the latency the governor measured.
     """
 
     content: str = ""
@@ -139,7 +141,7 @@ class AttemptSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usage_source: UsageSource = "measured"
-    latency_ms: int = 0
+    latency_ms: int | None = None
     ttft_ms: float | None = None
     max_inter_token_ms: float | None = None
     cache_hit: bool = False
@@ -245,7 +247,8 @@ def build_record(
             completion_tokens,
             outcome.usage_source,
             # latency_ms: the outcome's own, so the row and what the caller saw agree.
-            0 if cache_hit else (outcome.latency_ms or latency_ms),
+            # (0 is a measure too: a call under a millisecond.)
+            0 if cache_hit else (latency_ms if outcome.latency_ms is None else outcome.latency_ms),
             None if cache_hit else outcome.ttft_ms,
             None if cache_hit else outcome.max_inter_token_ms,
             cache_hit,

@@ -332,7 +332,7 @@ class EmbeddingClient:
             call_dim.dim = result.dim
             if normalize:
                 result = replace(result, vectors=l2_normalize(result.vectors))
-            latency_ms = max(0, int((clock.monotonic() - started) * 1000))
+            latency_ms = elapsed_ms(started, clock.monotonic())
             measured = result.usage_source == "measured"
             return Attempted(
                 _Batch(result, latency_ms), tokens=result.prompt_tokens if measured else None

@@ -438,7 +438,7 @@ class _CallObserver:
                     outcome.prompt_tokens,
                     outcome.completion_tokens,
                     outcome.usage_source,
-                    0 if cache_hit else (outcome.latency_ms or latency_ms),
+                    0 if cache_hit else outcome.latency_ms,
                     None if cache_hit else outcome.ttft_ms,
                     None if cache_hit else outcome.max_inter_token_ms,
                     cache_hit,
