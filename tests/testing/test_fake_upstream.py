@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polygateway.testing import FakeUpstream, ReceivedRequest, Reply
+from polygateway.testing.contracts.transport import wait_until
 from polygateway.testing.fake_upstream import estimate_tokens
 from polygateway.testing.fake_upstream.replies import piece_count, split
 from polygateway.testing.fake_upstream.wire import dumps
@@ -673,6 +674,52 @@ async def test_max_inflight_counts_concurrent_requests_per_source() -> None:
         assert (fake.inflight("a"), fake.inflight()) == (0, 0)
         assert (fake.requests("a"), fake.requests("b"), fake.requests()) == (5, 3, 8)
         assert fake.requests("a", route="embeddings") == 0
+
+
+async def test_answer_together_holds_requests_until_a_group_is_full(fake: FakeUpstream) -> None:
+    fake.answer_together("a", 3)
+    async with httpx.AsyncClient() as client:
+
+        def post(source: str) -> asyncio.Task[httpx.Response]:
+            url = fake.base_url(source) + "/chat/completions"
+            return asyncio.create_task(client.post(url, content=chat_body()))
+
+        first = [post("a"), post("a")]
+        await fake.wait_for_requests(2, "a")
+        # Another source is not held: its answer comes while the two wait.
+        assert (await post("b")).status_code == 200
+        assert fake.inflight("a") == 2 and not any(task.done() for task in first)
+        responses = await asyncio.gather(*first, post("a"))
+        assert [r.status_code for r in responses] == [200] * 3
+        assert fake.max_inflight("a") == 3  # none was answered before the third arrived
+        fake.answer_together("a", 1)  # ends it
+        assert (await post("a")).status_code == 200
+
+
+async def test_a_client_leaving_answer_together_drops_out_of_its_group(
+    fake: FakeUpstream,
+) -> None:
+    fake.answer_together("a", 2)
+    url = fake.base_url("a") + "/chat/completions"
+    async with httpx.AsyncClient() as leaving:
+        left = asyncio.create_task(leaving.post(url, content=chat_body()))
+        await fake.wait_for_requests(1, "a")
+        left.cancel()
+    await asyncio.gather(left, return_exceptions=True)
+    await wait_until(lambda: fake.inflight("a") == 0)  # its connection closed: it left
+    async with httpx.AsyncClient() as client:
+        alone = asyncio.create_task(client.post(url, content=chat_body()))
+        await fake.wait_for_requests(2, "a")
+        assert fake.inflight("a") == 1 and not alone.done()  # the one that left does not count
+        responses = await asyncio.gather(alone, client.post(url, content=chat_body()))
+    assert [r.status_code for r in responses] == [200, 200]
+
+
+def test_answer_together_rejects_a_size_below_one() -> None:
+    fake = FakeUpstream()
+    for size in (0, -2, 2.0):
+        with pytest.raises(ValueError, match="size must be an int >= 1"):
+            fake.answer_together("a", size)  # type: ignore[arg-type]
 
 
 async def test_scripts_are_fifo_per_source_then_default(fake: FakeUpstream) -> None:

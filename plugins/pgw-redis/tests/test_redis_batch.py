@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 from pgw_redis.breaker import RedisGate
 from pgw_redis.connection import connect
@@ -323,12 +324,30 @@ async def test_governed_calls_cost_one_script_call_each_and_fewer_when_concurren
     try:
         await client.chat([{"role": "user", "content": "warm"}])
         await admin.config_resetstat()
-        await asyncio.gather(
+        # Made exact, however slow the machine: the 40 are admitted together, answered together
+        # (with a 41st request of the test's own), and return while Redis takes no script call,
+        # so that all their releases are queued when it takes them again.
+        fake_upstream.answer_together("a", 41)
+        sent = fake_upstream.requests("a")
+        calls = asyncio.gather(
             *(client.chat([{"role": "user", "content": f"many {i}"}]) for i in range(40))
         )
-        assert await _script_calls(admin) < 20
+        async with asyncio.timeout(60):
+            await fake_upstream.wait_for_requests(sent + 40, "a", timeout=60)
+            await admin.client_pause(60_000, all=False)  # writes (every script call) wait
+            try:
+                async with httpx.AsyncClient() as raw:
+                    url = fake_upstream.base_url("a") + "/chat/completions"
+                    body = {"model": "m", "messages": [{"role": "user", "content": "41st"}]}
+                    assert (await raw.post(url, json=body)).status_code == 200
+                await calls
+            finally:
+                await admin.client_unpause()
     finally:
         await client.aclose()
+    # 5 script calls admit the 40 (8 a call); their releases take 2 at most (one that went
+    # alone while Redis paused, and the rest); and perhaps the warm call's release.
+    assert await _script_calls(admin) <= 8
 
 
 async def test_decisions_from_the_joint_step_are_the_gates_own(spare_redis: RedisServer) -> None:

@@ -17,6 +17,7 @@ from polygateway.testing.fake_upstream.wire import (
     MAX_HEAD_BYTES,
     RESET,
     BadRequest,
+    Hold,
     HttpRequest,
     Step,
     decode_chunked,
@@ -132,6 +133,8 @@ class Connection(asyncio.Protocol):
                         await self._write_ready
                 elif isinstance(step, float):
                     await self._clock.sleep(step)
+                elif isinstance(step, Hold):
+                    await step.until()
                 elif step is RESET:
                     self._reset()
                     return

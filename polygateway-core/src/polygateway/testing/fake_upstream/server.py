@@ -28,6 +28,7 @@ from polygateway.testing.fake_upstream.wire import (
     RESET,
     Answers,
     Ask,
+    Hold,
     HttpRequest,
     Step,
     json_head,
@@ -55,6 +56,28 @@ _ROUTES: Final[frozenset[str]] = _SCRIPTABLE_ROUTES | {"other"}
 class _Waiter:
     ready: Callable[[], bool]
     notify: Callable[[], object]
+
+
+class _Group:
+    """Requests held until ``size`` of them wait, then answered together (a barrier)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._waiting: list[asyncio.Future[None]] = []
+
+    async def join(self) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = self._waiting
+        waiting.append(future)
+        if len(waiting) >= self.size:
+            self._waiting = []
+            for member in waiting:
+                member.set_result(None)
+        try:
+            await future
+        finally:
+            if future.cancelled() and future in self._waiting:
+                self._waiting.remove(future)  # a client that left no longer counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +178,7 @@ class FakeUpstream:
         self._defaults: dict[tuple[str, str], Reply] = {}
         self._flaps: dict[tuple[str, str], _Flap] = {}
         self._mixes: dict[tuple[str, str], _Mix] = {}
+        self._groups: dict[tuple[str, str], _Group] = {}
         self._requests: dict[tuple[str | None, str], int] = {}
         self._inflight: dict[tuple[str | None, str], int] = {}
         self._max_inflight: dict[tuple[str | None, str], int] = {}
@@ -332,6 +356,20 @@ class FakeUpstream:
                 tuple(reply for _, reply in weighted), tuple(cumulative), random.Random(seed)
             )
 
+    def answer_together(self, source: str, size: int, *, route: str = "chat") -> None:
+        """From now on requests to ``source`` are held until ``size`` of them wait, then all
+        answered at once, group after group (a client that leaves drops out of its group):
+        concurrency made exact. ``size`` 1 ends it, as does ``reset``."""
+        _check_source(source)
+        _check_route(route, scriptable=True)
+        if type(size) is not int or size < 1:
+            raise ValueError(f"answer_together() size must be an int >= 1, got {size!r}")
+        with self._lock:
+            if size == 1:
+                self._groups.pop((source, route), None)
+            else:
+                self._groups[(source, route)] = _Group(size)
+
     def reset(self) -> None:
         """Clear scripts, defaults, counters and recorded requests; close connections that are
         still answering (black holes, delayed replies) so nothing leaks into the next test."""
@@ -340,6 +378,7 @@ class FakeUpstream:
             self._defaults.clear()
             self._flaps.clear()
             self._mixes.clear()
+            self._groups.clear()
             self._requests.clear()
             self._inflight.clear()
             self._max_inflight.clear()
@@ -606,6 +645,10 @@ class FakeUpstream:
             logger.exception("fake upstream could not build its reply")
             message = f"fake upstream reply failed: {type(exc).__name__}: {exc}"
             plan = self._openai.error(500, "server_error", None, message, close)
+        with self._lock:
+            group = self._groups.get((source, route))
+        if group is not None:
+            plan = [Hold(group.join), *plan]  # a new list: a plan may be shared
         return plan, done
 
     def _plan(self, ask: Ask) -> list[Step]:

@@ -1,5 +1,5 @@
 """HTTP/1.1 byte framing of the fake upstream's answers, and the steps a response plan is made
-of: bytes to write, delays (floats) and terminal actions (reset, black hole, close).
+of: bytes to write, delays (floats), holds and terminal actions (reset, black hole, close).
 
 Protocol-neutral: a protocol's answers (``openai.py``, ...) build plans from these pieces.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import http
 import json
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -35,7 +35,15 @@ RESET: Final = Action("reset")
 BLACK_HOLE: Final = Action("black_hole")
 CLOSE: Final = Action("close")
 
-Step = bytes | float | Action | Iterator[bytes]
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A step of a response plan that waits for ``until()`` before the next one."""
+
+    until: Callable[[], Awaitable[None]]
+
+
+Step = bytes | float | Action | Hold | Iterator[bytes]
 """One step of a response plan (a float is a delay in seconds; an iterator's bytes are made
 while they are written, under the connection's flow control)."""
 
