@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,12 @@ from features_helpers import (  # make_rig_fixture provides the make_rig fixture
 from polygateway.backends.memory.cache import MemoryCache
 from polygateway.client import GatewayClient
 from polygateway.errors import ConfigError, ResultInvalidError
-from polygateway.middleware.cache import KEY_PREFIX, CacheMiddleware, encode_response
+from polygateway.middleware.cache import (
+    KEY_PREFIX,
+    OBJECT_KEY_MAX,
+    CacheMiddleware,
+    encode_response,
+)
 from polygateway.structured.json_repair import JsonRepairStrategy
 from polygateway.testing import FakeClock, FakeUpstream, Reply
 from polygateway.types import ChatRequest, LLMResponse
@@ -381,11 +387,12 @@ async def test_backend_failure_degrades_to_one_warning(
 
 
 def _key_of_messages(backend: MemoryCache) -> str:
-    """The cache key of ``MESSAGES`` for the scope the tests below make (namespace "n")."""
+    """Where ``backend`` files the entry of ``MESSAGES`` for the scope the tests below make
+    (namespace "n")."""
     layer = CacheMiddleware(
         backend, namespace="n", ttl_s=60.0, model_identity="model-a", strategy=JsonRepairStrategy()
     )
-    return layer.key(ChatRequest(messages=MESSAGES))
+    return layer.entry_key(ChatRequest(messages=MESSAGES))
 
 
 async def test_an_unreadable_entry_is_a_miss(
@@ -455,6 +462,49 @@ async def test_the_memory_cache_keeps_a_hits_fields_not_their_json(
     assert kept["call_id"] == first.call_id and kept["cache_hit"] is False  # as it was
     assert not gc.is_tracked(kept)  # no work for the garbage collector's passes
     assert backend.get_nowait(key) is None  # no string entry: nothing was encoded
+
+
+class _StringsOnly:
+    """A backend of strings only (as a shared one is): entries go under the hashed key."""
+
+    async def get(self, key: str) -> str | None:
+        return None
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        pass
+
+
+def test_an_in_process_backend_files_a_short_key_json_as_it_is() -> None:
+    def layer(backend: Any) -> CacheMiddleware:
+        return CacheMiddleware(
+            backend, namespace="n", ttl_s=60.0, model_identity="m", strategy=JsonRepairStrategy()
+        )
+
+    in_process, shared = layer(MemoryCache(clock=FakeClock())), layer(_StringsOnly())
+    usual = ChatRequest(messages=MESSAGES)
+    key_json = in_process.key_json(usual)
+    assert key_json.startswith('{"messages_digest":"') and len(key_json) <= OBJECT_KEY_MAX
+    assert in_process.entry_key(usual) == key_json
+    assert in_process.key(usual) == KEY_PREFIX + hashlib.sha256(key_json.encode()).hexdigest()
+    assert shared.entry_key(usual) == shared.key(usual) == in_process.key(usual)
+    # A key JSON past the bound (a large extra_body) goes under its hash in any backend.
+    large = ChatRequest(messages=MESSAGES, extra_body={"tools": ["x" * OBJECT_KEY_MAX]})
+    assert len(in_process.key_json(large)) > OBJECT_KEY_MAX
+    assert in_process.entry_key(large) == in_process.key(large) == shared.entry_key(large)
+
+
+async def test_short_and_long_key_jsons_both_hit_in_the_memory_cache(
+    make_rig: RigFactory, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    backend = MemoryCache(clock=clock)
+    rig = make_rig(tmp_path, scope(fake_upstream, namespace="n"), cache=backend, clock=clock)
+    large = {"extra_body": {"metadata": {"note": "y" * OBJECT_KEY_MAX}}}
+    async with rig.client as client:
+        for kwargs in ({}, large):
+            assert not (await client.chat(MESSAGES, **kwargs)).cache_hit
+            assert (await client.chat(MESSAGES, **kwargs)).cache_hit
+    assert fake_upstream.requests("a") == 2 and len(backend) == 2
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,14 @@ salt, structured}`` (plus ``extra``, the request's ``extra_body``, when it is no
 body parameters mean another answer; and ``args``, the per-call generation parameters of
 ``polygateway.params``, when any is set). Canonical JSON makes delimiters in tenant ids harmless.
 
+A backend of the caller's own process (``ports.SupportsCacheObjects``, the memory cache) files
+an entry under the JSON the key hashes (``key_json``) when it is at most ``OBJECT_KEY_MAX``
+characters (the usual call's: about 150), under the key otherwise: nothing leaves the process,
+so the text needs no second hash to be short.
+
 Value: the ``LLMResponse`` as JSON, without ``structured_data``; in a backend of the caller's own
-process (``ports.SupportsCacheObjects``, the memory cache) the fields a hit is built from, as
-they are (``hit_fields``): no encoding per miss, no decoding per hit. Only what passed the
+process the fields a hit is built from, as they are (``hit_fields``): no encoding per miss, no
+decoding per hit. Only what passed the
 structured ladder is stored (the structured layer is inside this one), never an empty, a
 truncated (``finish_reason == "length"``) or a filtered (``"content_filter"``) completion. A hit
 is returned with ``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit
@@ -48,6 +53,10 @@ from polygateway.types import ChatRequest, LLMResponse, ToolCall
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "pgw:cache:"
+OBJECT_KEY_MAX = 256
+"""The longest ``key_json`` an in-process backend files an entry under as it is; a longer one
+(a large ``extra_body``, a long namespace) goes under its hash, as in any backend. Entries of
+the two kinds never meet: a ``key_json`` starts with ``{``, a key with ``KEY_PREFIX``."""
 
 # Stored fields: everything but structured_data (rebuilt on a hit). Unknown names in a stored
 # value are ignored and missing ones take their defaults, so entries survive field additions.
@@ -57,6 +66,13 @@ _STORED_FIELDS: tuple[str, ...] = tuple(
 _STORED_FIELD_SET = frozenset(_STORED_FIELDS)
 _json_string: Callable[[str], str] = encode_basestring  # a JSON string literal, as json.dumps
 _sha256 = hashlib.sha256
+
+
+def _hashed(key_json: str) -> str:
+    """The cache key of the key's JSON."""
+    return KEY_PREFIX + _sha256(key_json.encode()).hexdigest()
+
+
 # What a hit changes (besides a fresh call_id): served from memory, free, nothing streamed.
 _HIT_OVERRIDES: dict[str, Any] = {
     "cache_hit": True,
@@ -371,7 +387,7 @@ class CacheMiddleware:
 
     async def __call__(self, request: ChatRequest, call_next: Handler) -> LLMResponse:
         try:
-            key: str | None = self.key(request)
+            key: str | None = self.entry_key(request)
         except RequestRejectedError:
             raise
         except (TypeError, ValueError) as exc:
@@ -424,10 +440,23 @@ class CacheMiddleware:
     # ------------------------------------------------------------------ key
 
     def key(self, request: ChatRequest) -> str:
-        """The cache key of ``request``; ``RequestRejectedError`` for an unusable salt/namespace.
+        """The cache key of ``request``: ``KEY_PREFIX`` + the sha256 of ``key_json(request)``;
+        ``RequestRejectedError`` for an unusable salt/namespace."""
+        return _hashed(self.key_json(request))
 
-        Equal to ``KEY_PREFIX + sha256_hex(canonical_json({...}))`` of the documented parts;
-        the outer JSON object is assembled by hand (keys in sorted order) because this runs on
+    def entry_key(self, request: ChatRequest) -> str:
+        """What this layer's backend files the entry of ``request`` under: ``key(request)``,
+        or in a backend of the caller's process ``key_json(request)`` itself when it is at
+        most ``OBJECT_KEY_MAX`` characters (no second hash per call)."""
+        key_json = self.key_json(request)
+        if self._get_object is None or len(key_json) > OBJECT_KEY_MAX:
+            return _hashed(key_json)
+        return key_json
+
+    def key_json(self, request: ChatRequest) -> str:
+        """The canonical JSON of the key's documented parts, what the key hashes.
+
+        The outer JSON object is assembled by hand (keys in sorted order) because this runs on
         every call, hits included.
         """
         context = request.context
@@ -443,12 +472,12 @@ class CacheMiddleware:
             # the messages vary. The call's context encodes them once per call (the telemetry
             # rows store the same string); the key hashes it.
             digest = _sha256(context.canonical_messages_utf8(request.messages)).hexdigest()
-            key_json = f'{{"messages_digest":"{digest}"{self._default_tail}'
-            return KEY_PREFIX + _sha256(key_json.encode()).hexdigest()
-        return self._key(request)
+            return f'{{"messages_digest":"{digest}"{self._default_tail}'
+        return self._key_json(request)
 
-    def _key(self, request: ChatRequest) -> str:
-        """``key`` of any request (the usual one's too: a test holds the two paths equal)."""
+    def _key_json(self, request: ChatRequest) -> str:
+        """``key_json`` of any request (the usual one's too: a test holds the two paths
+        equal)."""
         structured = request.structured
         namespace, salt = self.namespace, ""
         if request.cache_namespace is not None or request.cache_salt is not None:
@@ -476,8 +505,7 @@ class CacheMiddleware:
             args = identity(params)
             if args is not None:  # the per-call generation parameters change the answer
                 head = '{"args":' + canonical_json(args) + "," + head[1:]
-        key_json = f'{head}"messages_digest":"{digest}"{tail}'
-        return KEY_PREFIX + _sha256(key_json.encode()).hexdigest()
+        return f'{head}"messages_digest":"{digest}"{tail}'
 
     def _key_tail(self, namespace: str, salt: str, structured: Any) -> str:
         """The key's JSON object after ``messages_digest`` (its keys sort after it)."""
