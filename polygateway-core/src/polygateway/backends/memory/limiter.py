@@ -179,6 +179,7 @@ class InMemoryLimiter:
 
     __slots__ = (
         "_clock",
+        "_first_held",
         "_global_limits",
         "_global_usage",
         "_hold_s",
@@ -223,6 +224,8 @@ class InMemoryLimiter:
         # the key; the id string is built only when a permit's ``lease_id`` is read).
         self._lease_prefix = secrets.token_hex(4) + "-"
         self._lease_numbers = itertools.count(1)
+        # No lease numbered below this is held: where the search for the oldest lease starts.
+        self._first_held = 1
         self._waiters: deque[_Waiter] = deque()
         self._serving = False
         # One task watches the time for the whole line (deadlines, lease expiry), while
@@ -436,7 +439,8 @@ class InMemoryLimiter:
         leases = self._leases
         purged = False
         while leases:
-            lease_id, state = next(iter(leases.items()))
+            lease_id = self._first_lease()
+            state = leases[lease_id]
             if state.leases[lease_id] > now:
                 return purged
             del leases[lease_id]
@@ -474,16 +478,31 @@ class InMemoryLimiter:
         """When the next lease that blocks ``source`` expires (``inf``: none held)."""
         expiry = math.inf
         if self._leases:
-            lease_id, state = next(iter(self._leases.items()))
-            expiry = state.leases[lease_id]
+            lease_id = self._first_lease()
+            expiry = self._leases[lease_id].leases[lease_id]
         own = self._sources.get(source)
         if own is not None and own.leases:
             expiry = min(expiry, next(iter(own.leases.values())))
         return expiry
 
+    def _first_lease(self) -> int:
+        """The number of the oldest lease held (``_leases`` is not empty).
+
+        Numbers grow with time and the TTL is constant, so the lowest number held is the
+        earliest expiry. The search starts at the lowest number not yet known to be gone, and
+        each number is passed over once: ``next(iter(...))`` over the dict would scan every
+        slot freed since its last resize, on every look (a full gate looks several times per
+        waiting call)."""
+        leases = self._leases
+        number = self._first_held
+        while number not in leases:
+            number += 1
+        self._first_held = number
+        return number
+
     def _lease_wait(self, now: float, leases: dict[int, _SourceState]) -> float:
-        lease_id, state = next(iter(leases.items()))
-        return slot_wait(state.leases[lease_id] - now, self._hold_s)
+        lease_id = self._first_lease()
+        return slot_wait(leases[lease_id].leases[lease_id] - now, self._hold_s)
 
     def _source_lease_wait(self, now: float, state: _SourceState) -> float:
         return slot_wait(next(iter(state.leases.values())) - now, state.hold_s)
