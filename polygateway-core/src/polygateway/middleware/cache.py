@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from polygateway.digest import canonical_json, messages_digest
+from polygateway.digest import canonical_json, messages_digest, sha256_hex
 from polygateway.errors import ConfigError, RequestRejectedError, ResultInvalidError
 from polygateway.ids import new_call_id
 from polygateway.params import identity
@@ -66,11 +66,6 @@ _STORED_FIELDS: tuple[str, ...] = tuple(
 _STORED_FIELD_SET = frozenset(_STORED_FIELDS)
 _json_string: Callable[[str], str] = encode_basestring  # a JSON string literal, as json.dumps
 _sha256 = hashlib.sha256
-
-
-def _hashed(key_json: str) -> str:
-    """The cache key of the key's JSON."""
-    return KEY_PREFIX + _sha256(key_json.encode()).hexdigest()
 
 
 # What a hit changes (besides a fresh call_id): served from memory, free, nothing streamed.
@@ -442,7 +437,7 @@ class CacheMiddleware:
     def key(self, request: ChatRequest) -> str:
         """The cache key of ``request``: ``KEY_PREFIX`` + the sha256 of ``key_json(request)``;
         ``RequestRejectedError`` for an unusable salt/namespace."""
-        return _hashed(self.key_json(request))
+        return KEY_PREFIX + sha256_hex(self.key_json(request))
 
     def entry_key(self, request: ChatRequest) -> str:
         """What this layer's backend files the entry of ``request`` under: ``key(request)``,
@@ -450,7 +445,7 @@ class CacheMiddleware:
         most ``OBJECT_KEY_MAX`` characters (no second hash per call)."""
         key_json = self.key_json(request)
         if self._get_object is None or len(key_json) > OBJECT_KEY_MAX:
-            return _hashed(key_json)
+            return KEY_PREFIX + sha256_hex(key_json)
         return key_json
 
     def key_json(self, request: ChatRequest) -> str:
