@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
@@ -713,6 +714,29 @@ async def test_a_client_leaving_answer_together_drops_out_of_its_group(
         assert fake.inflight("a") == 1 and not alone.done()  # the one that left does not count
         responses = await asyncio.gather(alone, client.post(url, content=chat_body()))
     assert [r.status_code for r in responses] == [200, 200]
+
+
+async def test_ending_answer_together_answers_the_requests_it_held(fake: FakeUpstream) -> None:
+    fake.answer_together("a", 3)
+    url = fake.base_url("a") + "/chat/completions"
+    async with httpx.AsyncClient() as client:
+        held = [asyncio.create_task(client.post(url, content=chat_body())) for _ in range(2)]
+        await fake.wait_for_requests(2, "a")
+        assert fake.inflight("a") == 2
+        fake.answer_together("a", 1)
+        async with asyncio.timeout(30):
+            responses = await asyncio.gather(*held)
+    assert [r.status_code for r in responses] == [200, 200]
+
+
+def test_ending_answer_together_from_another_thread_answers_the_held_request() -> None:
+    with FakeUpstream.in_thread() as fake, ThreadPoolExecutor(1) as pool:
+        fake.answer_together("a", 2)
+        url = fake.base_url("a") + "/chat/completions"
+        held = pool.submit(httpx.post, url, content=chat_body(), timeout=30)
+        fake.wait_for_requests_sync(1, "a")
+        fake.answer_together("a", 1)  # from this thread, not the server's
+        assert held.result(timeout=30).status_code == 200
 
 
 def test_answer_together_rejects_a_size_below_one() -> None:

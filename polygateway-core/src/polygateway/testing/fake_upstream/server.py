@@ -79,6 +79,13 @@ class _Group:
             if future.cancelled() and future in self._waiting:
                 self._waiting.remove(future)  # a client that left no longer counts
 
+    def release(self) -> None:
+        """Answer the requests held so far without waiting for the group to fill."""
+        waiting, self._waiting = self._waiting, []
+        for member in waiting:
+            if not member.done():
+                member.set_result(None)
+
 
 @dataclass(frozen=True, slots=True)
 class _Flap:
@@ -359,16 +366,23 @@ class FakeUpstream:
     def answer_together(self, source: str, size: int, *, route: str = "chat") -> None:
         """From now on requests to ``source`` are held until ``size`` of them wait, then all
         answered at once, group after group (a client that leaves drops out of its group):
-        concurrency made exact. ``size`` 1 ends it, as does ``reset``."""
+        concurrency made exact. ``size`` 1 ends it, as does ``reset``; ending or resizing it
+        answers the requests held until then."""
         _check_source(source)
         _check_route(route, scriptable=True)
         if type(size) is not int or size < 1:
             raise ValueError(f"answer_together() size must be an int >= 1, got {size!r}")
         with self._lock:
-            if size == 1:
-                self._groups.pop((source, route), None)
-            else:
+            ended = self._groups.pop((source, route), None)
+            if size > 1:
                 self._groups[(source, route)] = _Group(size)
+        loop = self._loop
+        if ended is None or loop is None or loop.is_closed():
+            return
+        if threading.get_ident() == self._loop_thread:
+            ended.release()
+        else:
+            loop.call_soon_threadsafe(ended.release)
 
     def reset(self) -> None:
         """Clear scripts, defaults, counters and recorded requests; close connections that are
