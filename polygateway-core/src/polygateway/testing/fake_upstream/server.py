@@ -366,8 +366,8 @@ class FakeUpstream:
     def answer_together(self, source: str, size: int, *, route: str = "chat") -> None:
         """From now on requests to ``source`` are held until ``size`` of them wait, then all
         answered at once, group after group (a client that leaves drops out of its group):
-        concurrency made exact. ``size`` 1 ends it, as does ``reset``; ending or resizing it
-        answers the requests held until then."""
+        concurrency made exact. ``size`` 1 ends it and answers the requests held until then,
+        as another size does; ``reset`` closes them, as it closes every busy connection."""
         _check_source(source)
         _check_route(route, scriptable=True)
         if type(size) is not int or size < 1:
