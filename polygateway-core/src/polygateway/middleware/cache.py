@@ -11,14 +11,13 @@ an entry under the JSON the key hashes (``key_json``) when it is at most ``OBJEC
 characters (the usual call's: about 150), under the key otherwise: nothing leaves the process,
 so the text needs no second hash to be short.
 
-Value: the ``LLMResponse`` as JSON, without ``structured_data``; in a backend of the caller's own
-process the fields a hit is built from, as they are (``hit_fields``): no encoding per miss, no
-decoding per hit. Only what passed the
-structured ladder is stored (the structured layer is inside this one), never an empty, a
-truncated (``finish_reason == "length"``) or a filtered (``"content_filter"``) completion. A hit
-is returned with ``cache_hit=True``, ``latency_ms=0``, ``cost=0.0``, a fresh ``call_id`` (the hit
-is a call of
-its own in telemetry) and ``structured_data`` rebuilt by the strategy, without network.
+Value: the ``LLMResponse`` as JSON, without ``structured_data``; in a backend of the caller's
+own process the fields a hit is built from, as they are (``hit_fields``): no encoding per miss,
+no decoding per hit. Only what passed the structured ladder is stored (the structured layer is
+inside this one), never an empty, a truncated (``finish_reason == "length"``) or a filtered
+(``"content_filter"``) completion. A hit is returned with ``cache_hit=True``, ``latency_ms=0``,
+``cost=0.0``, a fresh ``call_id`` (the hit is a call of its own in telemetry) and
+``structured_data`` rebuilt by the strategy, without network.
 
 The cache is an optimisation: a failing backend or an unreadable entry is a miss plus a
 warning (one per outage), never an error of the call.
@@ -66,8 +65,6 @@ _STORED_FIELDS: tuple[str, ...] = tuple(
 _STORED_FIELD_SET = frozenset(_STORED_FIELDS)
 _json_string: Callable[[str], str] = encode_basestring  # a JSON string literal, as json.dumps
 _sha256 = hashlib.sha256
-
-
 # What a hit changes (besides a fresh call_id): served from memory, free, nothing streamed.
 _HIT_OVERRIDES: dict[str, Any] = {
     "cache_hit": True,
