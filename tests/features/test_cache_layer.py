@@ -464,23 +464,14 @@ async def test_the_memory_cache_keeps_a_hits_fields_not_their_json(
     assert backend.get_nowait(key) is None  # no string entry: nothing was encoded
 
 
-class _StringsOnly:
-    """A backend of strings only (as a shared one is): entries go under the hashed key."""
-
-    async def get(self, key: str) -> str | None:
-        return None
-
-    async def set(self, key: str, value: str, ttl_s: float) -> None:
-        pass
-
-
 def test_an_in_process_backend_files_a_short_key_json_as_it_is() -> None:
     def layer(backend: Any) -> CacheMiddleware:
         return CacheMiddleware(
             backend, namespace="n", ttl_s=60.0, model_identity="m", strategy=JsonRepairStrategy()
         )
 
-    in_process, shared = layer(MemoryCache(clock=FakeClock())), layer(_StringsOnly())
+    # A backend of strings only (as a shared one is): its entries go under the hashed key.
+    in_process, shared = layer(MemoryCache(clock=FakeClock())), layer(StringOnlyCache(FakeClock()))
     usual = ChatRequest(messages=MESSAGES)
     key_json = in_process.key_json(usual)
     assert key_json.startswith('{"messages_digest":"') and len(key_json) <= OBJECT_KEY_MAX

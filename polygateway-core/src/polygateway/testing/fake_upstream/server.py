@@ -67,12 +67,9 @@ class _Group:
 
     async def join(self) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiting = self._waiting
-        waiting.append(future)
-        if len(waiting) >= self.size:
-            self._waiting = []
-            for member in waiting:
-                member.set_result(None)
+        self._waiting.append(future)
+        if len(self._waiting) >= self.size:
+            self.release()
         try:
             await future
         finally:
